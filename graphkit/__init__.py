@@ -1,0 +1,1 @@
+"""graphkit: see, analyse and split PyTorch autograd graphs."""
