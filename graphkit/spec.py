@@ -1,0 +1,277 @@
+"""Model specs: one string that names a model and the inputs of one forward call.
+
+A *spec* tells graphkit's commands and notebooks which model to look at. Four forms are understood:
+
+``zoo:NAME``
+    A built-in model from :mod:`graphkit.zoo`, e.g. ``zoo:gpt``.
+``path/to/file.py:function``
+    A function in a Python file. The file is imported as a fresh module (its folder is on ``sys.path``
+    while it is imported and while the function runs, so it can import files next to it).
+``package.module:function``
+    A function in an importable module, e.g. ``my_project.models:make_stage``.
+``hf:ARCH[?key=value&...]``
+    A Hugging Face ``transformers`` model built from a small config with random weights, handled by
+    ``graphkit.hf.load_hf_spec`` (extra ``models``).
+
+The function takes no arguments and returns ``(module, inputs)``: an ``nn.Module`` and either a tuple of
+positional arguments or a dict of keyword arguments for ``module(...)``. Input tensors with
+``requires_grad=True`` are the stage inputs. Every mistake raises :class:`SpecError`, whose message says what
+was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from torch import nn
+
+__all__ = ["SpecError", "load_spec", "spec_inputs_as_call"]
+
+_FORMS = "zoo:NAME, path/to/file.py:function, package.module:function or hf:ARCH"
+
+
+class SpecError(ValueError):
+    """A model spec could not be turned into ``(module, inputs)``; the message says why and how to fix it."""
+
+
+def load_spec(spec: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
+    """Build the model a spec names and return ``(module, inputs)``.
+
+    Args:
+        spec: ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or
+            ``hf:ARCH[?key=value&...]`` (see the module docstring).
+
+    Returns:
+        ``(module, inputs)`` where ``inputs`` is a tuple of positional arguments or a dict of keyword
+        arguments (a list returned by a spec function becomes a tuple).
+
+    Raises:
+        SpecError: the spec is malformed; the zoo has no such model; the file does not exist; the module
+            cannot be imported; the function is missing, needs arguments, raises, or returns something other
+            than ``(nn.Module, tuple | dict)``.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecError(f"a model spec must be a non-empty string such as {_FORMS}; got {spec!r}")
+    spec = spec.strip()
+    if spec.startswith("zoo:"):
+        return _load_zoo(spec, spec[len("zoo:") :])
+    if spec.startswith("hf:"):
+        return _load_hf(spec)
+
+    target, colon, function_name = spec.rpartition(":")
+    if not colon or not target or not function_name:
+        raise SpecError(
+            f"model spec {spec!r} names no function: write it as {_FORMS} "
+            "(the function takes no arguments and returns (module, inputs))"
+        )
+    if _looks_like_path(target):
+        module = _import_file(spec, Path(target))
+        with _on_sys_path(Path(target).resolve().parent):
+            return _call_spec_function(spec, module, function_name)
+    module = _import_module(spec, target)
+    return _call_spec_function(spec, module, function_name)
+
+
+def spec_inputs_as_call(
+    inputs: tuple[Any, ...] | list[Any] | Mapping[str, Any],
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Turn the ``inputs`` of a spec into ``(args, kwargs)`` for ``module(*args, **kwargs)``.
+
+    A tuple or list gives ``(tuple(inputs), {})``; a mapping gives ``((), dict(inputs))``.
+
+    Raises:
+        SpecError: ``inputs`` is neither a tuple/list nor a mapping with string keys.
+    """
+    if isinstance(inputs, tuple | list):
+        return tuple(inputs), {}
+    if isinstance(inputs, Mapping):
+        bad_keys = [key for key in inputs if not isinstance(key, str)]
+        if bad_keys:
+            raise SpecError(f"keyword inputs must have string keys; got {bad_keys!r}")
+        return (), dict(inputs)
+    raise SpecError(
+        f"inputs must be a tuple of positional arguments or a dict of keyword arguments; "
+        f"got {type(inputs).__name__} (wrap a single tensor as (x,))"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# The four forms
+
+
+def _load_zoo(spec: str, name: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
+    from graphkit import zoo
+
+    if name not in zoo.MODELS:
+        known = ", ".join(zoo.MODELS)
+        raise SpecError(f"unknown zoo model {name!r} in spec {spec!r}; known models: {known} (e.g. zoo:gpt)")
+    return _check_result(spec, f"zoo.{name}", zoo.MODELS[name].build())
+
+
+def _load_hf(spec: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
+    try:
+        hf = importlib.import_module("graphkit.hf")
+    except ModuleNotFoundError as error:
+        if error.name != "graphkit.hf":
+            raise
+        raise SpecError(
+            f"spec {spec!r} needs graphkit.hf, which this installation of graphkit does not have; "
+            "use a zoo: or file spec instead"
+        ) from error
+    result = hf.load_hf_spec(spec)
+    return _check_result(spec, "graphkit.hf.load_hf_spec", result)
+
+
+def _looks_like_path(target: str) -> bool:
+    """True when the part before ``:function`` is a file path rather than a dotted module name."""
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _import_file(spec: str, path: Path) -> ModuleType:
+    if not path.is_file():
+        where = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise SpecError(
+            f"model spec {spec!r}: the file {str(path)!r} {where} (relative to {str(Path.cwd())!r}); "
+            "give the path of a .py file, then ':' and the function name"
+        )
+    resolved = path.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    module_name = f"graphkit_spec_{_identifier(resolved.stem)}_{digest}"
+    import_spec = importlib.util.spec_from_file_location(module_name, resolved)
+    if import_spec is None or import_spec.loader is None:
+        raise SpecError(f"model spec {spec!r}: {str(path)!r} cannot be imported as Python; is it a .py file?")
+    module = importlib.util.module_from_spec(import_spec)
+    sys.modules[module_name] = module
+    try:
+        with _on_sys_path(resolved.parent):
+            import_spec.loader.exec_module(module)
+    except Exception as error:
+        sys.modules.pop(module_name, None)
+        raise SpecError(
+            f"model spec {spec!r}: importing {str(path)!r} failed with "
+            f"{type(error).__name__}: {error}; fix the file so that `python {path}` runs"
+        ) from error
+    return module
+
+
+def _import_module(spec: str, module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except Exception as error:
+        hint = (
+            "check the module name and that its package is installed or on PYTHONPATH; "
+            "for a file, write path/to/file.py:function"
+        )
+        raise SpecError(
+            f"model spec {spec!r}: importing module {module_name!r} failed with "
+            f"{type(error).__name__}: {error}; {hint}"
+        ) from error
+
+
+def _call_spec_function(
+    spec: str, module: ModuleType, function_name: str
+) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
+    where = getattr(module, "__file__", None) or module.__name__
+    function = getattr(module, function_name, None)
+    if function is None:
+        candidates = _public_functions(module)
+        listed = ", ".join(candidates) if candidates else "none"
+        raise SpecError(
+            f"model spec {spec!r}: {where!s} has no function {function_name!r}; functions it defines: {listed}"
+        )
+    if not callable(function):
+        raise SpecError(
+            f"model spec {spec!r}: {function_name!r} in {where!s} is a {type(function).__name__}, not a function; "
+            "point the spec at a function that returns (module, inputs)"
+        )
+    _check_takes_no_arguments(spec, function_name, function)
+    try:
+        result = function()
+    except Exception as error:
+        raise SpecError(
+            f"model spec {spec!r}: calling {function_name}() raised {type(error).__name__}: {error}"
+        ) from error
+    return _check_result(spec, f"{function_name}()", result)
+
+
+def _check_takes_no_arguments(spec: str, function_name: str, function: Callable[..., Any]) -> None:
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return
+    required = [
+        name
+        for name, parameter in signature.parameters.items()
+        if parameter.default is inspect.Parameter.empty
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if required:
+        raise SpecError(
+            f"model spec {spec!r}: {function_name}() requires arguments {required!r}; a spec function takes no "
+            "arguments (give them defaults, or wrap the call in a function without parameters)"
+        )
+
+
+def _check_result(
+    spec: str, producer: str, result: Any
+) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
+    shape_hint = "return (module, inputs) with module an nn.Module and inputs a tuple or a dict"
+    if not isinstance(result, tuple | list) or len(result) != 2:
+        got = f"a {type(result).__name__}"
+        if isinstance(result, tuple | list):
+            got += f" of length {len(result)}"
+        raise SpecError(f"model spec {spec!r}: {producer} returned {got}; {shape_hint}")
+    module, inputs = result
+    if not isinstance(module, nn.Module):
+        raise SpecError(
+            f"model spec {spec!r}: {producer} returned {type(module).__name__} as the module; {shape_hint}"
+        )
+    try:
+        args, kwargs = spec_inputs_as_call(inputs)
+    except SpecError as error:
+        raise SpecError(
+            f"model spec {spec!r}: {producer} returned bad inputs: {error}; {shape_hint}"
+        ) from None
+    return module, (kwargs if isinstance(inputs, Mapping) else args)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _identifier(text: str) -> str:
+    return "".join(character if character.isalnum() else "_" for character in text) or "module"
+
+
+def _public_functions(module: ModuleType) -> list[str]:
+    return sorted(
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and inspect.isfunction(value)
+        and getattr(value, "__module__", None) == module.__name__
+    )
+
+
+@contextmanager
+def _on_sys_path(folder: Path) -> Iterator[None]:
+    """Put ``folder`` first on ``sys.path`` for the duration of the block (unless it is already there)."""
+    entry = str(folder)
+    if entry in sys.path:
+        yield
+        return
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with suppress(ValueError):
+            sys.path.remove(entry)
