@@ -1,1 +1,77 @@
-"""graphkit: see, analyse and split PyTorch autograd graphs."""
+"""graphkit: see, analyse and split PyTorch autograd graphs.
+
+Capture the autograd graph behind a model's outputs into networkx (:func:`capture`, :func:`trace`),
+find the parameter groups a zero-bubble pipeline schedule needs (:func:`param_groups`), run the split
+backward they drive (:mod:`graphkit.split`) and check it against a full backward (:func:`verify_split`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from graphkit.closures import (
+    Intermediate,
+    WeightSideEdge,
+    input_closure,
+    intermediates,
+    parameter_closure,
+    reverse_adjacency,
+    weight_only_nodes,
+    weight_only_subgraph,
+)
+from graphkit.graph import AutogradGraph, GraphEndpoint, NodeKind, capture
+from graphkit.groups import GroupFlag, ParamGroup, ParamGroups, param_groups
+from graphkit.split import (
+    Phase,
+    SplitState,
+    backward_full,
+    backward_input,
+    backward_weight,
+    current_phase,
+)
+from graphkit.tensors import GraphkitInputError
+from graphkit.trace import trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutogradGraph",
+    "GraphEndpoint",
+    "GraphkitInputError",
+    "GroupFlag",
+    "Intermediate",
+    "NodeKind",
+    "ParamGroup",
+    "ParamGroups",
+    "Phase",
+    "SplitState",
+    "WeightSideEdge",
+    "backward_full",
+    "backward_input",
+    "backward_weight",
+    "capture",
+    "current_phase",
+    "draw",
+    "input_closure",
+    "intermediates",
+    "parameter_closure",
+    "param_groups",
+    "reverse_adjacency",
+    "trace",
+    "verify_split",
+    "weight_only_nodes",
+    "weight_only_subgraph",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Presentation and verification load lazily: importing graphkit stays light.
+    if name == "draw":
+        from graphkit.draw import draw
+
+        return draw
+    if name == "verify_split":
+        from graphkit.verify import verify_split
+
+        return verify_split
+    raise AttributeError(f"module 'graphkit' has no attribute {name!r}")

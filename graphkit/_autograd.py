@@ -1,0 +1,160 @@
+"""Small, isolated accessors for the parts of PyTorch's autograd ``Node`` that have no public API.
+
+Everything that touches a private attribute of ``torch.autograd.graph.Node`` lives here, so that a change
+in PyTorch breaks one small file and nothing else:
+
+- ``_input_metadata``: shape, dtype and device of each gradient a node receives (one per forward output);
+- ``_saved_<name>`` / ``saved_tensors``: the tensors a node saved for its backward;
+- ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes.
+
+Public API (``get_gradient_edge``, ``GradientEdge``, ``register_prehook``, ``next_functions``) is used
+everywhere else directly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.function import BackwardCFunction
+from torch.autograd.graph import Node
+
+__all__ = [
+    "FREED_GRAPH_REASON",
+    "GradientMetadata",
+    "SavedTensorInfo",
+    "forward_op_name",
+    "gradient_metadata",
+    "is_accumulate_grad",
+    "is_custom_function",
+    "saved_tensors",
+    "sequence_number",
+]
+
+FREED_GRAPH_REASON = (
+    "the saved tensors were freed: a backward already ran through this graph without retain_graph=True"
+)
+
+_BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
+_CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+
+
+@dataclass(slots=True, frozen=True)
+class GradientMetadata:
+    """Shape, dtype and device of one gradient a Node receives (= one forward output of the op)."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+@dataclass(slots=True, frozen=True)
+class SavedTensorInfo:
+    """One tensor saved for backward: its name on the Node, shape, dtype and size in bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+
+
+def is_accumulate_grad(node: Node) -> bool:
+    """True for the AccumulateGrad node of a leaf tensor that requires grad."""
+    return type(node).__name__ == "AccumulateGrad"
+
+
+def is_custom_function(node: Node) -> bool:
+    """True for the backward Node of a Python ``torch.autograd.Function``."""
+    return isinstance(node, BackwardCFunction)
+
+
+def forward_op_name(node: Node) -> str:
+    """Short name of the forward op a Node differentiates: ``AddmmBackward0`` -> ``addmm``.
+
+    AccumulateGrad becomes ``accumulate_grad``; a custom Function keeps its class name (``MyFunction``).
+    """
+    class_name = type(node).__name__
+    if is_custom_function(node):
+        return _BACKWARD_SUFFIX.sub("", class_name) or class_name
+    stripped = _BACKWARD_SUFFIX.sub("", class_name)
+    return _CAMEL_BOUNDARY.sub("_", stripped).lower()
+
+
+def gradient_metadata(node: Node) -> tuple[GradientMetadata, ...] | None:
+    """Metadata of every gradient ``node`` receives, in output order, or None if PyTorch hides it.
+
+    Uses the private ``Node._input_metadata`` (the engine's InputMetadata: what ``validate_outputs`` in
+    ``torch/csrc/autograd/engine.cpp`` checks incoming gradients against).
+    """
+    try:
+        metadata = node._input_metadata
+    except AttributeError:
+        return None
+    result = []
+    for entry in metadata:
+        result.append(GradientMetadata(tuple(entry.shape), entry.dtype, entry.device))
+    return tuple(result)
+
+
+def sequence_number(node: Node) -> int:
+    """The autograd sequence number of ``node`` (creation order within a thread; AccumulateGrad is max)."""
+    return int(node._sequence_nr())
+
+
+_saved_names_by_class: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_attribute_names(node: Node) -> tuple[str, ...]:
+    cls = type(node)
+    names = _saved_names_by_class.get(cls)
+    if names is None:
+        names = tuple(
+            name
+            for name in dir(node)
+            if name.startswith("_saved_") and not name.endswith(("_sym_sizes", "_sym_strides"))
+        )
+        _saved_names_by_class[cls] = names
+    return names
+
+
+def _tensor_info(name: str, tensor: torch.Tensor) -> SavedTensorInfo:
+    return SavedTensorInfo(
+        name=name,
+        shape=tuple(tensor.shape),
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        bytes=tensor.numel() * tensor.element_size(),
+    )
+
+
+def saved_tensors(node: Node) -> tuple[list[SavedTensorInfo], list[torch.Tensor]] | None:
+    """The tensors ``node`` saved for backward, as descriptions and the tensors themselves.
+
+    Returns None when the graph was already freed (see ``FREED_GRAPH_REASON``). Reading a saved tensor
+    runs its unpack hook if one was registered (``torch.autograd.graph.saved_tensors_hooks``).
+    """
+    infos: list[SavedTensorInfo] = []
+    tensors: list[torch.Tensor] = []
+    try:
+        if is_custom_function(node):
+            for index, tensor in enumerate(node.saved_tensors):
+                if isinstance(tensor, torch.Tensor):
+                    infos.append(_tensor_info(f"saved_tensors[{index}]", tensor))
+                    tensors.append(tensor)
+            return infos, tensors
+        for attribute in _saved_attribute_names(node):
+            value = getattr(node, attribute)
+            name = attribute.removeprefix("_saved_")
+            if isinstance(value, torch.Tensor):
+                infos.append(_tensor_info(name, value))
+                tensors.append(value)
+            elif isinstance(value, (tuple, list)):
+                for index, item in enumerate(value):
+                    if isinstance(item, torch.Tensor):
+                        infos.append(_tensor_info(f"{name}[{index}]", item))
+                        tensors.append(item)
+    except RuntimeError as error:
+        if "freed" in str(error) or "second time" in str(error):
+            return None
+        raise
+    return infos, tensors

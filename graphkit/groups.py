@@ -1,0 +1,287 @@
+"""Parameter groups: which weights a zero-bubble W phase serves from which intermediates.
+
+A **parameter group** is a connected component of the relation "weight leaf *p* reaches entry *e*
+through weight-only nodes", where an *entry* is an intermediate (see :mod:`graphkit.closures`) or a stage
+output that lies in the weight-only subgraph (a parameter-only output such as ``logit_scale.exp()``).
+The relation is made transitive with a union-find over the edges of the weight-only subgraph and the
+weight-side edges, so the partition does not depend on parameter order (a shared parameter registered
+after the per-layer ones merges their groups exactly as one registered first would). One pass,
+O(nodes + edges); no closure walk per parameter.
+
+Parameters that require grad but have no path to any output are reported in
+``ParamGroups.unused_params`` and belong to no group.
+
+Flags a user can act on (:class:`GroupFlag`):
+
+- ``shared-parameter``: a parameter reaches two or more entries (tied weights, a block reused across
+  layers, a recurrence): its gradient sums several contributions.
+- ``multi-output-intermediate``: an intermediate produces several forward outputs (custom Function,
+  RNN kernel, ``chunk``): each captured gradient must go back to its own output.
+- ``parameter-only-output``: a stage output depends on parameters alone; its gradient enters W directly.
+- ``custom-function``: an intermediate is a Python ``torch.autograd.Function``, whose
+  ``ctx.needs_input_grad`` cannot tell the B phase from the W phase (pytorch/pytorch#174017); read
+  :func:`graphkit.split.current_phase` in its backward to skip work.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from graphkit.closures import (
+    Intermediate,
+    WeightSideEdge,
+    input_closure,
+    intermediates,
+    weight_only_nodes,
+)
+from graphkit.graph import AutogradGraph, GraphEndpoint, NodeKind
+
+__all__ = ["GroupFlag", "ParamGroup", "ParamGroups", "param_groups"]
+
+
+class GroupFlag(str, enum.Enum):
+    """Properties of a parameter group a user may need to act on (see module docstring)."""
+
+    SHARED_PARAMETER = "shared-parameter"
+    MULTI_OUTPUT_INTERMEDIATE = "multi-output-intermediate"
+    PARAMETER_ONLY_OUTPUT = "parameter-only-output"
+    CUSTOM_FUNCTION = "custom-function"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(slots=True, frozen=True)
+class ParamGroup:
+    """One parameter group.
+
+    Attributes:
+        index: position in the sorted group list.
+        params: parameter names, sorted (a shared parameter lists every name; an unnamed leaf is
+            ``"<leaf nK>"``).
+        param_nodes: ids of the weight leaves (AccumulateGrad nodes).
+        intermediates: ids of the intermediates where the group's gradient leaves the input path.
+        weight_side_edges: for each intermediate, its edges into the weight-only subgraph.
+        weight_only_nodes: ids of the group's weight-only op nodes (leaves excluded).
+        output_entries: stage outputs in the weight-only subgraph that feed this group.
+        flags: :class:`GroupFlag` values that apply.
+        shared_params: names of the parameters that reach two or more entries.
+    """
+
+    index: int
+    params: tuple[str, ...]
+    param_nodes: tuple[str, ...]
+    intermediates: tuple[str, ...]
+    weight_side_edges: dict[str, tuple[WeightSideEdge, ...]] = field(hash=False, compare=False)
+    weight_only_nodes: tuple[str, ...]
+    output_entries: tuple[GraphEndpoint, ...]
+    flags: tuple[GroupFlag, ...]
+    shared_params: tuple[str, ...] = ()
+
+    def nodes(self) -> set[str]:
+        """Every node the group colours: leaves, weight-only nodes and intermediates."""
+        return {*self.param_nodes, *self.weight_only_nodes, *self.intermediates}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready form: ``params``, ``intermediates``, ``flags`` and the details."""
+        return {
+            "index": self.index,
+            "params": list(self.params),
+            "intermediates": list(self.intermediates),
+            "flags": [str(flag) for flag in self.flags],
+            "param_nodes": list(self.param_nodes),
+            "weight_only_nodes": list(self.weight_only_nodes),
+            "weight_side_edges": {
+                node: [
+                    {"input_nr": e.input_nr, "target": e.target, "target_output_nr": e.target_output_nr}
+                    for e in edges
+                ]
+                for node, edges in self.weight_side_edges.items()
+            },
+            "output_entries": [entry.name for entry in self.output_entries],
+            "shared_params": list(self.shared_params),
+        }
+
+
+class ParamGroups(list):
+    """The sorted list of :class:`ParamGroup` of a graph, plus what belongs to no group.
+
+    Attributes:
+        unused_params: parameter names that require grad but reach no output.
+        intermediates: every intermediate of the graph, keyed by node id.
+        node_group: group index of every node a group colours.
+    """
+
+    def __init__(
+        self,
+        groups: list[ParamGroup],
+        unused_params: list[str],
+        all_intermediates: dict[str, Intermediate],
+    ) -> None:
+        super().__init__(groups)
+        self.unused_params = list(unused_params)
+        self.intermediates = all_intermediates
+        self.node_group = {node: group.index for group in groups for node in group.nodes()}
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"groups": [...], "unused_params": [...]}``."""
+        return {"groups": [group.to_dict() for group in self], "unused_params": self.unused_params}
+
+    def _rows(self) -> list[tuple[str, str, str, str]]:
+        return [
+            (
+                str(group.index),
+                ", ".join(group.params),
+                ", ".join(group.intermediates) or "-",
+                ", ".join(str(flag) for flag in group.flags) or "-",
+            )
+            for group in self
+        ]
+
+    def __repr__(self) -> str:
+        header = ("group", "parameters", "intermediates", "flags")
+        rows = [header, *self._rows()]
+        widths = [min(60, max(len(row[column]) for row in rows)) for column in range(4)]
+        lines = ["  ".join(cell[:60].ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+        lines.insert(1, "  ".join("-" * width for width in widths))
+        if self.unused_params:
+            lines.append(f"unused parameters: {', '.join(self.unused_params)}")
+        return "\n".join(line.rstrip() for line in lines)
+
+    def _repr_html_(self) -> str:
+        cells = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in self._rows()
+        )
+        unused = (
+            f"<p>Unused parameters: {html.escape(', '.join(self.unused_params))}</p>" if self.unused_params else ""
+        )
+        return (
+            "<table class='graphkit-groups'><thead><tr><th>group</th><th>parameters</th>"
+            f"<th>intermediates</th><th>flags</th></tr></thead><tbody>{cells}</tbody></table>{unused}"
+        )
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[str, str] = {}
+
+    def find(self, item: str) -> str:
+        parent = self.parent.setdefault(item, item)
+        root = item
+        while parent != root:
+            root, parent = parent, self.parent[parent]
+        while item != root:  # path compression
+            self.parent[item], item = root, self.parent[item]
+        return root
+
+    def union(self, first: str, second: str) -> None:
+        first_root, second_root = self.find(first), self.find(second)
+        if first_root != second_root:
+            self.parent[max(first_root, second_root)] = min(first_root, second_root)
+
+
+def _entries_reached(
+    graph: AutogradGraph, weight_only: set[str], entry_nodes: set[str], output_nodes: set[str]
+) -> dict[str, frozenset[str]]:
+    """For each weight-only node, up to two entries (intermediates / outputs) it reaches.
+
+    Capped sets are enough to tell "one" from "several": if the true set has two or more members, the
+    union of the capped sets of the consumers has two or more too.
+    """
+    reached: dict[str, frozenset[str]] = {}
+    subgraph = graph.subgraph(weight_only)
+    for node in reversed(list(nx.topological_sort(subgraph))):
+        found: set[str] = {node} if node in output_nodes else set()
+        for consumer in graph.successors(node):
+            if len(found) >= 2:
+                break
+            if consumer in entry_nodes:
+                found.add(consumer)
+            elif consumer in weight_only:
+                found.update(reached[consumer])
+        reached[node] = frozenset(sorted(found)[:2])
+    return reached
+
+
+def param_groups(graph: AutogradGraph) -> ParamGroups:
+    """Partition the weight leaves of ``graph`` into parameter groups.
+
+    Args:
+        graph: a graph from :func:`graphkit.capture` (its ``stage_input`` nodes define the input closure).
+
+    Returns:
+        A :class:`ParamGroups` list sorted by parameter names; ``unused_params`` lists parameters with no
+        path to any output.
+
+    The algorithm (union-find over weight-only edges and weight-side edges) is described in the module
+    docstring; it is one pass, O(nodes + edges).
+    """
+    closure_of_inputs = input_closure(graph)
+    weight_only = weight_only_nodes(graph, closure_of_inputs)
+    found = intermediates(graph, closure_of_inputs, weight_only)
+    output_endpoints = [endpoint for endpoint in graph.outputs if endpoint.node in weight_only]
+    output_nodes = {endpoint.node for endpoint in output_endpoints}
+
+    union_find = _UnionFind()
+    for node in weight_only:
+        union_find.find(node)
+        for consumer in graph.successors(node):
+            if consumer in weight_only or consumer in found:
+                union_find.union(node, consumer)
+
+    members: dict[str, list[str]] = {}
+    for node in graph.nodes:  # node order keeps every list below deterministic
+        if node in weight_only or node in found:
+            members.setdefault(union_find.find(node), []).append(node)
+
+    reached = _entries_reached(graph, weight_only, set(found), output_nodes)
+    groups: list[ParamGroup] = []
+    for nodes in members.values():
+        leaves = [node for node in nodes if graph.nodes[node]["kind"] in (NodeKind.PARAMETER, NodeKind.LEAF)]
+        if not leaves:
+            continue
+        names = sorted(_leaf_names(graph, leaves))
+        group_intermediates = [node for node in nodes if node in found]
+        shared = sorted(
+            name for leaf in leaves if len(reached.get(leaf, ())) >= 2 for name in _leaf_names(graph, [leaf])
+        )
+        flags = []
+        if shared:
+            flags.append(GroupFlag.SHARED_PARAMETER)
+        if any(found[node].num_outputs > 1 for node in group_intermediates):
+            flags.append(GroupFlag.MULTI_OUTPUT_INTERMEDIATE)
+        member_set = set(nodes)
+        entries = tuple(endpoint for endpoint in output_endpoints if endpoint.node in member_set)
+        if entries:
+            flags.append(GroupFlag.PARAMETER_ONLY_OUTPUT)
+        if any(found[node].is_custom_function for node in group_intermediates):
+            flags.append(GroupFlag.CUSTOM_FUNCTION)
+        groups.append(
+            ParamGroup(
+                index=-1,
+                params=tuple(names),
+                param_nodes=tuple(leaves),
+                intermediates=tuple(group_intermediates),
+                weight_side_edges={node: found[node].weight_side_edges for node in group_intermediates},
+                weight_only_nodes=tuple(node for node in nodes if node in weight_only and node not in leaves),
+                output_entries=entries,
+                flags=tuple(flags),
+                shared_params=tuple(shared),
+            )
+        )
+    groups.sort(key=lambda group: group.params)
+    numbered = [dataclasses.replace(group, index=index) for index, group in enumerate(groups)]
+    return ParamGroups(numbered, graph.graph.get("unused_params", []), found)
+
+
+def _leaf_names(graph: AutogradGraph, leaves: list[str]) -> list[str]:
+    names = []
+    for leaf in leaves:
+        names.extend(graph.nodes[leaf]["param_names"] or [f"<leaf {leaf}>"])
+    return names

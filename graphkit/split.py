@@ -1,0 +1,517 @@
+"""Split backward for zero-bubble pipeline schedules: B (input gradients) now, W (weight gradients) later.
+
+Zero-bubble pipeline parallelism (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024) splits a
+stage's backward in two: **B** computes the gradients of the stage inputs (the previous stage waits for
+them), **W** computes the parameter gradients later, filling pipeline bubbles. graphkit drives both from
+the parameter groups of the captured graph (:mod:`graphkit.groups`):
+
+**B phase** (:func:`backward_input`). One autograd-engine call,
+``torch.autograd.grad(outputs, inputs=stage_inputs, retain_graph=True)``. The engine runs only Nodes on a
+path to a stage input, and a Node computes only the outputs whose ``next_functions`` entry is on such a
+path (``Node::task_should_compute_output`` in ``torch/csrc/autograd/function.h``): ``AddmmBackward0``
+computes ``grad_mat1`` and not ``grad_mat2``. A pre-hook on every intermediate captures the gradients it
+receives, one per forward output.
+
+**W phase** (:func:`backward_weight`). One autograd-engine call, rooted at the *targets* of the
+weight-side edges (``GradientEdge(target, output_nr)``) and the parameter-only outputs, with
+``inputs=`` the weight leaves. A pre-hook on each target computes its incoming gradient by calling the
+intermediates that feed it directly with their captured gradients. Because that call happens inside the
+W graph task, whose ``exec_info`` holds only the weight-only subgraph, each intermediate computes only
+its weight-side outputs: never its input-side ones, and nothing on the input path runs again. The
+engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
+normally: ``.grad`` accumulates across microbatches and post-accumulate-grad hooks fire once per W.
+A parameter shared by many intermediates receives each contribution exactly once, whatever the order
+of parameters, and a chain of intermediates is never re-entered.
+
+Custom ``torch.autograd.Function`` backwards run in both phases with ``ctx.needs_input_grad`` fixed at
+forward time, so they cannot tell B from W by themselves; :func:`current_phase` tells them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.autograd.graph import GradientEdge, Node
+
+from graphkit import _autograd
+from graphkit.graph import capture
+from graphkit.groups import ParamGroups, param_groups
+from graphkit.tensors import GraphkitInputError, flatten_tensors
+
+__all__ = [
+    "GraphFreedError",
+    "Phase",
+    "SplitError",
+    "SplitState",
+    "backward_full",
+    "backward_input",
+    "backward_weight",
+    "current_phase",
+]
+
+
+class Phase(str, enum.Enum):
+    """Which backward is running: the B phase, the W phase, or an ordinary full backward."""
+
+    INPUT = "input"
+    WEIGHT = "weight"
+    FULL = "full"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SplitError(RuntimeError):
+    """Misuse of the split backward (W twice, W without B, a state from elsewhere)."""
+
+
+class GraphFreedError(SplitError):
+    """The autograd graph's saved tensors were already freed by an earlier backward."""
+
+
+_phase_stack: list[Phase] = []
+
+
+def current_phase() -> Phase | None:
+    """The backward phase graphkit is running now, or None outside graphkit's backward calls.
+
+    Read it in a custom ``torch.autograd.Function.backward`` to skip work ``ctx.needs_input_grad``
+    cannot rule out: in ``Phase.INPUT`` only gradients of inputs on the stage-input path are used, in
+    ``Phase.WEIGHT`` only those of weight-side inputs. The phase is process-wide (the autograd engine
+    runs CUDA backward on its own threads), so run one graphkit backward at a time per process.
+    """
+    return _phase_stack[-1] if _phase_stack else None
+
+
+@contextmanager
+def _running(phase: Phase) -> Iterator[None]:
+    _phase_stack.append(phase)
+    try:
+        yield
+    finally:
+        _phase_stack.pop()
+
+
+@dataclass(slots=True)
+class SplitState:
+    """What the B phase leaves for the W phase of one microbatch. Single use.
+
+    Attributes:
+        input_grads: gradient of each tensor in ``flatten_tensors(inputs)`` (None where the input needs no
+            grad or receives none).
+        input_names: the names of those inputs.
+        groups: the parameter groups that drove the split.
+        captured_bytes: bytes of the gradients captured at intermediates and parameter-only outputs.
+    """
+
+    input_grads: tuple[torch.Tensor | None, ...]
+    input_names: tuple[str, ...]
+    groups: ParamGroups
+    captured_bytes: int
+    _intermediate_nodes: dict[str, Node] = field(repr=False)
+    _captured: dict[str, tuple[torch.Tensor | None, ...]] = field(repr=False)
+    _target_nodes: dict[str, Node] = field(repr=False)
+    _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
+    _weight_tensors: list[torch.Tensor] = field(repr=False)
+    _used: bool = False
+
+    @property
+    def used(self) -> bool:
+        """True once :func:`backward_weight` consumed this state."""
+        return self._used
+
+    def _release(self) -> None:
+        self._used = True
+        self._intermediate_nodes = {}
+        self._captured = {}
+        self._target_nodes = {}
+        self._output_roots = []
+        self._weight_tensors = []
+
+
+# --- argument handling ------------------------------------------------------------------------------------
+def _pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(output, cotangent) pairs for every output that requires grad and receives a gradient."""
+    named_outputs = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
+    if not named_outputs:
+        raise GraphkitInputError(
+            f"outputs hold no tensor (got {type(outputs).__name__}); pass the tensors the stage returned"
+        )
+    if grad_outputs is None:
+        pairs = []
+        for name, tensor in named_outputs:
+            if not tensor.requires_grad:
+                continue
+            if tensor.numel() != 1:
+                raise GraphkitInputError(
+                    f"grad_outputs=None means the outputs are scalar losses, but output {name!r} has shape "
+                    f"{tuple(tensor.shape)}; pass grad_outputs with one cotangent per output"
+                )
+            pairs.append((tensor, torch.ones_like(tensor)))
+    else:
+        grads = (
+            [("output", grad_outputs)] if isinstance(grad_outputs, torch.Tensor) else flatten_tensors(grad_outputs)
+        )
+        if len(grads) != len(named_outputs):
+            raise GraphkitInputError(
+                f"grad_outputs has {len(grads)} tensors but outputs has {len(named_outputs)}; give one "
+                "cotangent per output tensor, in the same structure (None for an output with no gradient)"
+            )
+        pairs = []
+        for (name, tensor), (_, grad) in zip(named_outputs, grads, strict=True):
+            if not tensor.requires_grad or grad is None:
+                continue
+            if grad.shape != tensor.shape:
+                raise GraphkitInputError(
+                    f"cotangent for output {name!r} has shape {tuple(grad.shape)} but the output has shape "
+                    f"{tuple(tensor.shape)}"
+                )
+            pairs.append((tensor, grad))
+    if not any(tensor.requires_grad for _, tensor in named_outputs):
+        raise GraphkitInputError(
+            "no output requires grad, so there is no autograd graph to run backward through; run the "
+            "forward with gradients enabled and parameters or inputs that require grad"
+        )
+    return pairs
+
+
+def _named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
+    if inputs is None:
+        return []
+    if isinstance(inputs, torch.Tensor):
+        return [("input", inputs)]
+    return flatten_tensors(inputs)
+
+
+def _weight_filter(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> set[int] | None:
+    if params is None:
+        return None
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    return {id(parameter) for parameter in params}
+
+
+def _freed_error(error: RuntimeError) -> Exception:
+    if "second time" in str(error) or "freed" in str(error):
+        return GraphFreedError(
+            "the autograd graph of these outputs was already freed by an earlier backward; run the "
+            "forward again for this microbatch (or pass retain_graph=True to the earlier backward)"
+        )
+    return error
+
+
+# --- B phase ----------------------------------------------------------------------------------------------
+def backward_input(
+    outputs: Any,
+    grad_outputs: Any = None,
+    inputs: Any = None,
+    params: Iterable[torch.Tensor] | torch.nn.Module | None = None,
+) -> SplitState:
+    """B phase: compute the stage-input gradients and capture what the W phase needs.
+
+    Args:
+        outputs: the stage outputs - a tensor, sequence, mapping or nested mix (as :func:`graphkit.capture`).
+        grad_outputs: the cotangents, in the same structure (None entries for outputs without gradient);
+            None means every output that requires grad is a scalar loss (cotangent 1).
+        inputs: the stage inputs (same forms); those that require grad get gradients.
+        params: restrict the W phase to these parameters (a module or an iterable of tensors); by default
+            every leaf that requires grad and is not a stage input, like a full backward.
+
+    Returns:
+        A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
+        No ``.grad`` is touched.
+
+    Raises:
+        graphkit.tensors.GraphkitInputError: outputs without a graph, mismatched ``grad_outputs``.
+        GraphFreedError: the graph was already freed by an earlier backward.
+    """
+    pairs = _pair_outputs(outputs, grad_outputs)
+    named_inputs = _named_inputs(inputs)
+    stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
+    if not pairs:
+        raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
+    graph = capture([tensor for tensor, _ in pairs], inputs=stage_inputs, details=False)
+    groups = param_groups(graph)
+    live = graph.autograd_nodes
+    allowed = _weight_filter(params)
+
+    captured: dict[str, tuple[torch.Tensor | None, ...]] = {}
+    handles = []
+
+    def capture_hook(node_id: str) -> Any:
+        def hook(grad_outputs_of_node: tuple[torch.Tensor | None, ...]) -> None:
+            captured[node_id] = tuple(grad_outputs_of_node)
+
+        return hook
+
+    closure_outputs = []
+    output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
+    weight_only_entries = {entry.node for group in groups for entry in group.output_entries}
+    for endpoint, (tensor, grad) in zip(graph.outputs, pairs, strict=True):
+        if endpoint.node in weight_only_entries:
+            output_roots.append((GradientEdge(live[endpoint.node], endpoint.output_nr), grad))
+        else:
+            closure_outputs.append((tensor, grad))
+
+    input_grads_by_id: dict[int, torch.Tensor | None] = {}
+    try:
+        for node_id in groups.intermediates:
+            handles.append(live[node_id].register_prehook(capture_hook(node_id)))
+        if stage_inputs and closure_outputs:
+            with _running(Phase.INPUT):
+                grads = torch.autograd.grad(
+                    [tensor for tensor, _ in closure_outputs],
+                    stage_inputs,
+                    grad_outputs=[grad for _, grad in closure_outputs],
+                    retain_graph=True,
+                    allow_unused=True,
+                )
+            input_grads_by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
+    except RuntimeError as error:
+        raise _freed_error(error) from error
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    target_nodes: dict[str, Node] = {}
+    for node_id, intermediate in groups.intermediates.items():
+        for edge in intermediate.weight_side_edges:
+            target_nodes[edge.target] = live[edge.target]
+    weight_tensors = [
+        live[leaf].variable
+        for group in groups
+        for leaf in group.param_nodes
+        if allowed is None or id(live[leaf].variable) in allowed
+    ]
+    captured_bytes = sum(
+        grad.numel() * grad.element_size() for grads in captured.values() for grad in grads if grad is not None
+    ) + sum(grad.numel() * grad.element_size() for _, grad in output_roots)
+    return SplitState(
+        input_grads=tuple(input_grads_by_id.get(id(tensor)) for _, tensor in named_inputs),
+        input_names=tuple(name for name, _ in named_inputs),
+        groups=groups,
+        captured_bytes=captured_bytes,
+        _intermediate_nodes={node_id: live[node_id] for node_id in groups.intermediates},
+        _captured=captured,
+        _target_nodes=target_nodes,
+        _output_roots=output_roots,
+        _weight_tensors=weight_tensors,
+    )
+
+
+# --- W phase ----------------------------------------------------------------------------------------------
+def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
+    """Call a Node's backward directly; one result per ``next_functions`` entry.
+
+    Called inside the W graph task, a C++ Node computes only the outputs whose next Node the task needs.
+    A custom Function's backward returns one gradient per forward argument; the ones for arguments that
+    require grad are matched, in order, with the valid ``next_functions`` entries.
+    """
+    if not _autograd.is_custom_function(node):
+        result = node(*grads)
+        return (result,) if isinstance(result, torch.Tensor) else tuple(result)
+    metadata = _autograd.gradient_metadata(node) or ()
+    materialized = [
+        grad if grad is not None else torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+        for grad, meta in zip(grads, metadata, strict=True)
+    ]
+    result = node.apply(*materialized)
+    result = (result,) if isinstance(result, torch.Tensor) or result is None else tuple(result)
+    per_argument = [grad for grad, needed in zip(result, node.needs_input_grad, strict=False) if needed]
+    edges: list[torch.Tensor | None] = []
+    valid = iter(per_argument)
+    for next_node, _ in node.next_functions:
+        edges.append(next(valid, None) if next_node is not None else None)
+    return tuple(edges)
+
+
+def _conform(grad: torch.Tensor, meta: _autograd.GradientMetadata) -> torch.Tensor:
+    """What the engine's ``validate_outputs`` does to a gradient before it enters a Node."""
+    if tuple(grad.shape) != meta.shape:
+        grad = grad.sum_to_size(meta.shape)
+    if grad.dtype != meta.dtype:
+        grad = grad.to(meta.dtype)
+    if grad.device != meta.device:
+        grad = grad.to(meta.device)
+    return grad
+
+
+def backward_weight(state: SplitState) -> None:
+    """W phase: accumulate the parameter gradients of one microbatch into ``.grad``.
+
+    Args:
+        state: what :func:`backward_input` returned for this microbatch.
+
+    Effects: every parameter receives exactly the gradient a full backward would give it, added to its
+    ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
+
+    Raises:
+        SplitError: ``state`` is not a SplitState, or was already used.
+        GraphFreedError: the graph was freed between B and W.
+    """
+    if not isinstance(state, SplitState):
+        raise SplitError(
+            f"backward_weight needs the SplitState returned by backward_input, got {type(state).__name__}; "
+            "run backward_input for this microbatch first"
+        )
+    if state.used:
+        raise SplitError("this SplitState was already used by backward_weight; each B phase allows one W phase")
+    try:
+        _run_weight_phase(state)
+    finally:
+        state._release()
+
+
+def _run_weight_phase(state: SplitState) -> None:
+    # (target node, target output_nr) -> [(intermediate id, input_nr)], in deterministic order
+    contributions: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for node_id, intermediate in state.groups.intermediates.items():
+        grads = state._captured.get(node_id)
+        if grads is None or all(grad is None for grad in grads):
+            continue
+        for edge in intermediate.weight_side_edges:
+            contributions.setdefault((edge.target, edge.target_output_nr), []).append((node_id, edge.input_nr))
+    if not contributions and not state._output_roots:
+        return
+    weight_tensors = state._weight_tensors
+    if not weight_tensors:
+        return
+
+    results: dict[str, tuple[torch.Tensor | None, ...]] = {}
+
+    def intermediate_outputs(node_id: str) -> tuple[torch.Tensor | None, ...]:
+        found = results.get(node_id)
+        if found is None:
+            found = results[node_id] = _call_node(state._intermediate_nodes[node_id], state._captured[node_id])
+            del state._captured[node_id]  # free the captured gradient as soon as it is used
+        return found
+
+    placeholders: dict[tuple[str, int], torch.Tensor] = {}
+    metadata_of: dict[str, tuple[_autograd.GradientMetadata, ...]] = {}
+    for target, output_nr in contributions:
+        node = state._target_nodes[target]
+        metadata = metadata_of.get(target)
+        if metadata is None:
+            metadata = metadata_of[target] = _target_metadata(node)
+        meta = metadata[output_nr]
+        placeholders[(target, output_nr)] = torch.zeros((), dtype=meta.dtype, device=meta.device).expand(meta.shape)
+
+    def target_hook(target: str, output_nrs: list[int]) -> Any:
+        def hook(grad_inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
+            updated = list(grad_inputs)
+            for output_nr in output_nrs:
+                total = None
+                for node_id, input_nr in contributions[(target, output_nr)]:
+                    grad = intermediate_outputs(node_id)[input_nr]
+                    if grad is not None:
+                        total = grad if total is None else total + grad
+                current = updated[output_nr]
+                placeholder = placeholders[(target, output_nr)]
+                if current is not None and _is_placeholder(current, placeholder):
+                    current = None
+                if total is not None:
+                    total = _conform(total, metadata_of[target][output_nr])
+                    current = total if current is None else current + total
+                updated[output_nr] = current
+            return tuple(updated)
+
+        return hook
+
+    nrs_by_target: dict[str, list[int]] = {}
+    for target, output_nr in contributions:
+        nrs_by_target.setdefault(target, []).append(output_nr)
+    roots = [GradientEdge(state._target_nodes[target], nr) for target, nr in contributions]
+    root_grads = [placeholders[key] for key in contributions]
+    for edge, grad in state._output_roots:
+        roots.append(edge)
+        root_grads.append(grad)
+
+    handles = []
+    try:
+        for target, output_nrs in nrs_by_target.items():
+            handles.append(state._target_nodes[target].register_prehook(target_hook(target, output_nrs)))
+        with _running(Phase.WEIGHT):
+            torch.autograd.backward(roots, grad_tensors=root_grads, inputs=weight_tensors)
+    except RuntimeError as error:
+        raise _freed_error(error) from error
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _is_placeholder(grad: torch.Tensor, placeholder: torch.Tensor) -> bool:
+    return grad.data_ptr() == placeholder.data_ptr() and all(stride == 0 for stride in grad.stride())
+
+
+def _target_metadata(node: Node) -> tuple[_autograd.GradientMetadata, ...]:
+    metadata = _autograd.gradient_metadata(node)
+    if metadata is None:
+        raise SplitError(
+            f"cannot read the gradient metadata of {type(node).__name__} with this PyTorch version; "
+            "graphkit's W phase needs torch >= 2.4"
+        )
+    return metadata
+
+
+# --- full backward ----------------------------------------------------------------------------------------
+def backward_full(
+    outputs: Any,
+    grad_outputs: Any = None,
+    inputs: Any = None,
+    params: Iterable[torch.Tensor] | torch.nn.Module | None = None,
+) -> tuple[torch.Tensor | None, ...]:
+    """An ordinary backward (B and W at once), with the same arguments as :func:`backward_input`.
+
+    Returns:
+        The gradient of each tensor in ``flatten_tensors(inputs)`` (None where none flows). Parameters
+        accumulate into ``.grad`` as usual; the stage inputs' own ``.grad`` is left as it was.
+
+    Raises:
+        graphkit.tensors.GraphkitInputError: as :func:`backward_input`.
+        GraphFreedError: the graph was already freed by an earlier backward.
+    """
+    pairs = _pair_outputs(outputs, grad_outputs)
+    named_inputs = _named_inputs(inputs)
+    stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
+    received: dict[int, torch.Tensor] = {}
+    handles = []
+
+    def keep(tensor: torch.Tensor) -> Any:
+        def hook(grad: torch.Tensor) -> None:
+            received[id(tensor)] = grad
+
+        return hook
+
+    saved_grads = [tensor.grad if tensor.is_leaf else None for tensor in stage_inputs]
+    restrict = None
+    allowed = _weight_filter(params)
+    if allowed is not None:
+        restrict = list(stage_inputs) + [
+            parameter for parameter in _parameters_of(params) if parameter.requires_grad
+        ]
+    try:
+        for tensor in stage_inputs:
+            handles.append(tensor.register_hook(keep(tensor)))
+        with _running(Phase.FULL):
+            torch.autograd.backward(
+                [tensor for tensor, _ in pairs], grad_tensors=[grad for _, grad in pairs], inputs=restrict
+            )
+    except RuntimeError as error:
+        raise _freed_error(error) from error
+    finally:
+        for handle in handles:
+            handle.remove()
+        for tensor, saved in zip(stage_inputs, saved_grads, strict=True):
+            if tensor.is_leaf:
+                tensor.grad = saved
+    return tuple(received.get(id(tensor)) if tensor.requires_grad else None for _, tensor in named_inputs)
+
+
+def _parameters_of(params: Iterable[torch.Tensor] | torch.nn.Module) -> Sequence[torch.Tensor]:
+    return list(params.parameters()) if isinstance(params, torch.nn.Module) else list(params)
+

@@ -1,0 +1,71 @@
+"""Flattening nested outputs and inputs (tensors, sequences, mappings, Hugging Face ``ModelOutput``).
+
+Stage outputs and inputs arrive in every shape a model can return: one tensor, a tuple, a dict, a
+``ModelOutput`` (a dict subclass), a namedtuple, or any nesting of these. graphkit names every tensor by
+its path (``"logits"``, ``"1"``, ``"hidden.0"``) so that diagrams, reports and gradients can refer to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["GraphkitInputError", "flatten_tensors", "unflatten_like"]
+
+
+class GraphkitInputError(ValueError):
+    """Raised for input graphkit cannot work with; the message says what was wrong and how to fix it."""
+
+
+def flatten_tensors(value: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """All tensors inside ``value`` with their paths, in a deterministic order.
+
+    Args:
+        value: a tensor, a sequence, a mapping (``ModelOutput`` included) or a nested mix; other objects
+            (``None``, numbers, strings) are skipped.
+        prefix: path prefix for the names.
+
+    Returns:
+        ``[(path, tensor), ...]`` in depth-first order: sequences by index, mappings in their own order.
+        A single tensor gets the name ``prefix or "output"``.
+    """
+    found: list[tuple[str, torch.Tensor]] = []
+    stack: list[tuple[str, Any]] = [(prefix, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append((path or "output", item))
+        elif isinstance(item, Mapping):
+            children = [(_join(path, str(key)), child) for key, child in item.items()]
+            stack.extend(reversed(children))
+        elif isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
+            children = [(_join(path, str(index)), child) for index, child in enumerate(item)]
+            stack.extend(reversed(children))
+    return found
+
+
+def unflatten_like(template: Any, values: Sequence[Any]) -> Any:
+    """Put ``values`` (one per tensor of ``flatten_tensors(template)``) back into ``template``'s shape.
+
+    Mappings become dicts, sequences become lists or tuples like the template's; non-tensor leaves stay.
+    """
+    iterator = iter(values)
+
+    def rebuild(item: Any) -> Any:
+        # Depth is bounded by the nesting of the user's output structure, not by the graph.
+        if isinstance(item, torch.Tensor):
+            return next(iterator)
+        if isinstance(item, Mapping):
+            return {key: rebuild(child) for key, child in item.items()}
+        if isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
+            rebuilt = [rebuild(child) for child in item]
+            return tuple(rebuilt) if isinstance(item, tuple) else rebuilt
+        return item
+
+    return rebuild(template)
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
