@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,8 @@ PREFIX = "hf:"
 STAGES = ("whole", "middle")
 """The stages a spec can ask for: the whole model, or its transformer layers only."""
 
+# The layer call signatures and mask helpers used below are those of transformers 5.
+_MINIMUM_TRANSFORMERS_MAJOR = 5
 _SPECIAL_KEYS = ("stage", "batch", "seq", "seed")
 _IMPLEMENTATION_KEYS = ("attn_implementation", "experts_implementation")
 _GPT2_STYLE_ALIASES = {
@@ -304,7 +307,7 @@ def load_hf_spec(spec: str) -> tuple[nn.Module, dict[str, Tensor]]:
         The module has an attribute ``config``: the ``transformers`` config it was built from.
 
     Raises:
-        ImportError: ``transformers`` is not installed (the message says which extra to install).
+        ImportError: ``transformers`` is not installed, or older than 5 (the message says what to install).
         ValueError: unknown architecture or key (with the closest valid keys), a value that does not convert to
             the field's type, or ``seq`` larger than the architecture's explicitly set position limit.
     """
@@ -344,13 +347,19 @@ def load_hf_spec(spec: str) -> tuple[nn.Module, dict[str, Tensor]]:
 
 
 def _import_transformers() -> Any:
-    """Import ``transformers`` or raise an ImportError that names the extra to install."""
+    """Import ``transformers``; raise an ImportError naming the extra to install when it is missing or too old."""
     try:
         import transformers
     except ImportError as error:
         raise ImportError(
             "Hugging Face model specs (hf:...) need the 'transformers' package: pip install 'graphkit[models]'"
         ) from error
+    major = int(re.match(r"\d+", transformers.__version__).group())
+    if major < _MINIMUM_TRANSFORMERS_MAJOR:
+        raise ImportError(
+            f"Hugging Face model specs (hf:...) need transformers {_MINIMUM_TRANSFORMERS_MAJOR} or newer, "
+            f"found {transformers.__version__}: pip install --upgrade 'transformers>={_MINIMUM_TRANSFORMERS_MAJOR}'"
+        )
     return transformers
 
 
