@@ -124,9 +124,13 @@ def test_mixtral_returns_logits_only() -> None:
 # --- middle stages --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_middle_stage_equals_the_layers_of_the_transformers_model(arch: str) -> None:
-    module, inputs = load_hf_spec(f"hf:{arch}?stage=middle")
+@pytest.mark.parametrize(
+    ("arch", "options"),
+    [(arch, "") for arch in ARCHITECTURES]
+    + [("mixtral", "&sliding_window=3"), ("llama", "&attn_implementation=sdpa"), ("gpt2", "&n_layer=3")],
+)
+def test_middle_stage_equals_the_layers_of_the_transformers_model(arch: str, options: str) -> None:
+    module, inputs = load_hf_spec(f"hf:{arch}?stage=middle{options}")
     (hidden_states,) = inputs.values()
     assert list(inputs) == ["hidden_states"]
     assert hidden_states.shape == (2, 8, hidden_size(module)) and hidden_states.dtype == torch.float32
