@@ -155,7 +155,9 @@ def _pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, t
             pairs.append((tensor, torch.ones_like(tensor)))
     else:
         grads = (
-            [("output", grad_outputs)] if isinstance(grad_outputs, torch.Tensor) else flatten_tensors(grad_outputs)
+            [("output", grad_outputs)]
+            if isinstance(grad_outputs, torch.Tensor)
+            else flatten_tensors(grad_outputs)
         )
         if len(grads) != len(named_outputs):
             raise GraphkitInputError(
@@ -289,7 +291,10 @@ def backward_input(
         if allowed is None or id(live[leaf].variable) in allowed
     ]
     captured_bytes = sum(
-        grad.numel() * grad.element_size() for grads in captured.values() for grad in grads if grad is not None
+        grad.numel() * grad.element_size()
+        for grads in captured.values()
+        for grad in grads
+        if grad is not None
     ) + sum(grad.numel() * grad.element_size() for _, grad in output_roots)
     return SplitState(
         input_grads=tuple(input_grads_by_id.get(id(tensor)) for _, tensor in named_inputs),
@@ -360,7 +365,9 @@ def backward_weight(state: SplitState) -> None:
             "run backward_input for this microbatch first"
         )
     if state.used:
-        raise SplitError("this SplitState was already used by backward_weight; each B phase allows one W phase")
+        raise SplitError(
+            "this SplitState was already used by backward_weight; each B phase allows one W phase"
+        )
     try:
         _run_weight_phase(state)
     finally:
@@ -375,7 +382,9 @@ def _run_weight_phase(state: SplitState) -> None:
         if grads is None or all(grad is None for grad in grads):
             continue
         for edge in intermediate.weight_side_edges:
-            contributions.setdefault((edge.target, edge.target_output_nr), []).append((node_id, edge.input_nr))
+            contributions.setdefault((edge.target, edge.target_output_nr), []).append(
+                (node_id, edge.input_nr)
+            )
     if not contributions and not state._output_roots:
         return
     weight_tensors = state._weight_tensors
@@ -387,7 +396,9 @@ def _run_weight_phase(state: SplitState) -> None:
     def intermediate_outputs(node_id: str) -> tuple[torch.Tensor | None, ...]:
         found = results.get(node_id)
         if found is None:
-            found = results[node_id] = _call_node(state._intermediate_nodes[node_id], state._captured[node_id])
+            found = results[node_id] = _call_node(
+                state._intermediate_nodes[node_id], state._captured[node_id]
+            )
             del state._captured[node_id]  # free the captured gradient as soon as it is used
         return found
 
@@ -399,7 +410,9 @@ def _run_weight_phase(state: SplitState) -> None:
         if metadata is None:
             metadata = metadata_of[target] = _target_metadata(node)
         meta = metadata[output_nr]
-        placeholders[(target, output_nr)] = torch.zeros((), dtype=meta.dtype, device=meta.device).expand(meta.shape)
+        placeholders[(target, output_nr)] = torch.zeros((), dtype=meta.dtype, device=meta.device).expand(
+            meta.shape
+        )
 
     def target_hook(target: str, output_nrs: list[int]) -> Any:
         def hook(grad_inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
@@ -514,4 +527,3 @@ def backward_full(
 
 def _parameters_of(params: Iterable[torch.Tensor] | torch.nn.Module) -> Sequence[torch.Tensor]:
     return list(params.parameters()) if isinstance(params, torch.nn.Module) else list(params)
-

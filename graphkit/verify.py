@@ -1,0 +1,312 @@
+"""Check that graphkit's split backward (B then W) gives exactly the gradients of a full backward.
+
+:func:`verify_split` runs the stage's forward twice from the same inputs and random state: once followed
+by an ordinary full backward (the reference), once followed by :func:`graphkit.split.backward_input`
+and :func:`graphkit.split.backward_weight`. Every floating output that requires grad receives the same
+seeded random cotangent in both runs. Every stage-input gradient and every parameter gradient is
+compared, and the FLOPs of each phase are counted with ``torch.utils.flop_counter.FlopCounterMode``.
+
+Tolerances (relative to the largest magnitude of the reference gradient):
+
+- float64: 1e-9. B + W adds the same terms as a full backward, only sometimes in another order, so
+  the results differ by a few rounding errors (~1e-15); any wrong, missing or double-counted term
+  changes them by O(1).
+- float32: 1e-4, which leaves room for reordered sums over deep stages (errors ~1e-6) while still
+  catching a wrong contribution.
+- bfloat16 / float16 (or autocast to them): 2e-2, for the same reason at 8-11 bits of mantissa.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from graphkit.split import backward_full, backward_input, backward_weight
+from graphkit.tensors import flatten_tensors, unflatten_like
+
+__all__ = ["GradientCheck", "VerifyReport", "tolerance_for", "verify_split"]
+
+_TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    """Relative tolerance used for gradients of ``dtype`` (see module docstring)."""
+    return _TOLERANCES.get(dtype, 1e-4)
+
+
+@dataclass(slots=True, frozen=True)
+class GradientCheck:
+    """One compared gradient. ``status``: ``ok``, ``wrong``, ``missing`` (split gave none where the full
+    backward gave one) or ``unexpected`` (the other way round). Errors are absolute and relative to the
+    largest reference magnitude; None when either side has no gradient."""
+
+    name: str
+    status: str
+    max_abs_err: float | None
+    max_rel_err: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "max_abs_err": self.max_abs_err,
+            "max_rel_err": self.max_rel_err,
+        }
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    """Result of :func:`verify_split`.
+
+    Attributes:
+        ok: every gradient has status ``ok``.
+        inputs, params: one :class:`GradientCheck` per stage input / parameter.
+        flops: FLOPs of the ``full`` backward and of the ``b`` and ``w`` phases.
+        groups: number of parameter groups.
+        dtype, device, tolerance: the settings of the run.
+    """
+
+    inputs: list[GradientCheck]
+    params: list[GradientCheck]
+    flops: dict[str, int]
+    groups: int
+    dtype: str
+    device: str
+    tolerance: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.status == "ok" for check in [*self.inputs, *self.params])
+
+    @property
+    def failures(self) -> list[GradientCheck]:
+        """The checks that are not ``ok``."""
+        return [check for check in [*self.inputs, *self.params] if check.status != "ok"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``ok``, ``inputs``, ``params``, ``flops``, ``groups``, ``dtype``, ``device``, ``tolerance``."""
+        return {
+            "ok": self.ok,
+            "inputs": [check.to_dict() for check in self.inputs],
+            "params": [check.to_dict() for check in self.params],
+            "flops": dict(self.flops),
+            "groups": self.groups,
+            "dtype": self.dtype,
+            "device": self.device,
+            "tolerance": self.tolerance,
+            **self.extra,
+        }
+
+    def table(self) -> str:
+        """A plain-text table: one row per gradient, then FLOPs and the verdict."""
+        rows = [("kind", "name", "status", "max_abs_err", "max_rel_err")]
+        for kind, checks in (("input", self.inputs), ("param", self.params)):
+            rows.extend(
+                (kind, c.name, c.status, _number(c.max_abs_err), _number(c.max_rel_err)) for c in checks
+            )
+        widths = [max(len(row[column]) for row in rows) for column in range(5)]
+        lines = [
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * width for width in widths))
+        flops = self.flops
+        lines.append(
+            f"FLOPs full={flops['full']:,} B={flops['b']:,} W={flops['w']:,} "
+            f"(B+W)/full={_ratio(flops['b'] + flops['w'], flops['full'])}"
+        )
+        lines.append(
+            f"{'OK' if self.ok else 'FAILED'}: {len(self.failures)} of {len(self.inputs) + len(self.params)} "
+            f"gradients differ ({self.dtype}, {self.device}, rel tol {self.tolerance:g}, {self.groups} groups)"
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_html_(self) -> str:
+        body = []
+        for kind, checks in (("input", self.inputs), ("param", self.params)):
+            for check in checks:
+                colour = "#1b7837" if check.status == "ok" else "#b2182b"
+                body.append(
+                    f"<tr><td>{kind}</td><td>{html.escape(check.name)}</td>"
+                    f"<td style='color:{colour}'>{check.status}</td><td>{_number(check.max_abs_err)}</td>"
+                    f"<td>{_number(check.max_rel_err)}</td></tr>"
+                )
+        verdict = "OK" if self.ok else "FAILED"
+        flops = self.flops
+        return (
+            f"<p><b>{verdict}</b>: split backward vs full backward ({self.dtype}, {self.device}, relative "
+            f"tolerance {self.tolerance:g}, {self.groups} groups). FLOPs full {flops['full']:,}, "
+            f"B {flops['b']:,}, W {flops['w']:,}.</p>"
+            "<table><thead><tr><th>kind</th><th>name</th><th>status</th><th>max abs err</th>"
+            f"<th>max rel err</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
+        )
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def _ratio(numerator: int, denominator: int) -> str:
+    return f"{numerator / denominator:.3f}" if denominator else "-"
+
+
+def _compare(
+    name: str, reference: torch.Tensor | None, split: torch.Tensor | None, tolerance: float
+) -> GradientCheck:
+    if reference is None and split is None:
+        return GradientCheck(name, "ok", None, None)
+    if reference is None:
+        return GradientCheck(name, "unexpected", None, None)
+    if split is None:
+        return GradientCheck(name, "missing", None, None)
+    if reference.shape != split.shape:
+        return GradientCheck(name, "wrong", None, None)
+    reference64 = reference.detach().to(torch.float64)
+    difference = (
+        (split.detach().to(torch.float64) - reference64).abs().max().item() if reference.numel() else 0.0
+    )
+    scale = reference64.abs().max().item() if reference.numel() else 0.0
+    relative = difference / scale if scale > 0 else (0.0 if difference == 0 else float("inf"))
+    status = "ok" if relative <= tolerance else "wrong"
+    return GradientCheck(name, status, difference, relative)
+
+
+def _prepare(value: Any, dtype: torch.dtype | None, device: torch.device | None) -> Any:
+    """Fresh leaf copies of the input tensors (same requires_grad), moved and cast as asked."""
+    tensors = flatten_tensors(value) if not isinstance(value, torch.Tensor) else [("input", value)]
+    prepared = []
+    for _, tensor in tensors:
+        copy_ = tensor.detach().clone()
+        if device is not None:
+            copy_ = copy_.to(device)
+        if dtype is not None and copy_.is_floating_point():
+            copy_ = copy_.to(dtype)
+        prepared.append(copy_.requires_grad_(tensor.requires_grad))
+    return prepared[0] if isinstance(value, torch.Tensor) else unflatten_like(value, prepared)
+
+
+def _call(module: torch.nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, Mapping):
+        return module(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return module(*inputs)
+    return module(inputs)
+
+
+def verify_split(
+    module: torch.nn.Module,
+    inputs: Any,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+) -> VerifyReport:
+    """Run split (B then W) and full backward on ``module`` and compare every gradient.
+
+    Args:
+        module: the stage. It is deep-copied, so its own parameters and ``.grad`` are not touched.
+        inputs: a tuple of positional arguments or a dict of keyword arguments (a single tensor works
+            too); floating tensors with ``requires_grad=True`` are the stage inputs.
+        dtype: cast parameters and floating inputs to this dtype (default: leave as they are).
+        device: run on this device (``"cpu"``, ``"cuda"``...; default: where the module is).
+        seed: seeds the random cotangents and the random state of both forwards (dropout).
+        autocast_dtype: run the forwards under ``torch.autocast`` to this dtype (e.g. ``torch.bfloat16``).
+
+    Returns:
+        A :class:`VerifyReport`; ``report.ok`` is True when every gradient matches within the tolerance
+        of the gradients' dtype (see module docstring).
+
+    Raises:
+        graphkit.tensors.GraphkitInputError: the module's outputs have no autograd graph.
+    """
+    device = torch.device(device) if device is not None else None
+    stage = copy.deepcopy(module)
+    if device is not None or dtype is not None:
+        stage = stage.to(device=device, dtype=dtype) if dtype is not None else stage.to(device=device)
+    run_device = device or next((p.device for p in stage.parameters()), torch.device("cpu"))
+    parameters = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
+
+    def forward() -> tuple[Any, Any]:
+        prepared = _prepare(inputs, dtype, device)
+        with torch.random.fork_rng(devices=[run_device] if run_device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            if autocast_dtype is not None:
+                with torch.autocast(device_type=run_device.type, dtype=autocast_dtype):
+                    outputs = _call(stage, prepared)
+            else:
+                outputs = _call(stage, prepared)
+        return prepared, outputs
+
+    for _, parameter in parameters:
+        parameter.grad = None
+    prepared, outputs = forward()
+    flat_outputs = (
+        flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("output", outputs)]
+    )
+    generator = torch.Generator().manual_seed(seed)
+    cotangents = [
+        torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype).to(tensor.device)
+        if tensor.requires_grad and tensor.is_floating_point()
+        else None
+        for _, tensor in flat_outputs
+    ]
+    cotangent_structure = (
+        cotangents[0] if isinstance(outputs, torch.Tensor) else unflatten_like(outputs, cotangents)
+    )
+
+    with FlopCounterMode(display=False) as full_counter:
+        reference_inputs = backward_full(outputs, cotangent_structure, prepared)
+    reference_params = {name: None if p.grad is None else p.grad.detach().clone() for name, p in parameters}
+    del outputs
+
+    for _, parameter in parameters:
+        parameter.grad = None
+    prepared, outputs = forward()
+    with FlopCounterMode(display=False) as input_counter:
+        state = backward_input(outputs, cotangent_structure, prepared)
+    groups = len(state.groups)
+    with FlopCounterMode(display=False) as weight_counter:
+        backward_weight(state)
+
+    tolerance = tolerance_for(autocast_dtype or dtype or _dominant_dtype(parameters))
+    input_names = [name for name, tensor in _named(prepared)]
+    input_checks = [
+        _compare(name, reference, split, tolerance)
+        for name, reference, split, (_, tensor) in zip(
+            input_names, reference_inputs, state.input_grads, _named(prepared), strict=True
+        )
+        if tensor.requires_grad
+    ]
+    param_checks = [_compare(name, reference_params[name], p.grad, tolerance) for name, p in parameters]
+    return VerifyReport(
+        inputs=input_checks,
+        params=param_checks,
+        flops={
+            "full": int(full_counter.get_total_flops()),
+            "b": int(input_counter.get_total_flops()),
+            "w": int(weight_counter.get_total_flops()),
+        },
+        groups=groups,
+        dtype=str(autocast_dtype or dtype or _dominant_dtype(parameters)).removeprefix("torch."),
+        device=str(run_device),
+        tolerance=tolerance,
+    )
+
+
+def _named(value: Any) -> list[tuple[str, torch.Tensor]]:
+    return [("input", value)] if isinstance(value, torch.Tensor) else flatten_tensors(value)
+
+
+def _dominant_dtype(parameters: list[tuple[str, torch.nn.Parameter]]) -> torch.dtype:
+    return parameters[0][1].dtype if parameters else torch.get_default_dtype()
