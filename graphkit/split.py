@@ -55,15 +55,12 @@ __all__ = [
 ]
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     """Which backward is running: the B phase, the W phase, or an ordinary full backward."""
 
     INPUT = "input"
     WEIGHT = "weight"
     FULL = "full"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class SplitError(RuntimeError):
@@ -281,7 +278,7 @@ def backward_input(
             handle.remove()
 
     target_nodes: dict[str, Node] = {}
-    for node_id, intermediate in groups.intermediates.items():
+    for intermediate in groups.intermediates.values():
         for edge in intermediate.weight_side_edges:
             target_nodes[edge.target] = live[edge.target]
     weight_tensors = [
