@@ -186,12 +186,13 @@ def _call_spec_function(
         candidates = _public_functions(module)
         listed = ", ".join(candidates) if candidates else "none"
         raise SpecError(
-            f"model spec {spec!r}: {where!s} has no function {function_name!r}; functions it defines: {listed}"
+            f"model spec {spec!r}: {where!s} has no function {function_name!r}; "
+            f"functions it defines: {listed}"
         )
     if not callable(function):
         raise SpecError(
-            f"model spec {spec!r}: {function_name!r} in {where!s} is a {type(function).__name__}, not a function; "
-            "point the spec at a function that returns (module, inputs)"
+            f"model spec {spec!r}: {function_name!r} in {where!s} is a {type(function).__name__}, "
+            "not a function; point the spec at a function that returns (module, inputs)"
         )
     _check_takes_no_arguments(spec, function_name, function)
     try:
@@ -216,8 +217,9 @@ def _check_takes_no_arguments(spec: str, function_name: str, function: Callable[
     ]
     if required:
         raise SpecError(
-            f"model spec {spec!r}: {function_name}() requires arguments {required!r}; a spec function takes no "
-            "arguments (give them defaults, or wrap the call in a function without parameters)"
+            f"model spec {spec!r}: {function_name}() requires arguments {required!r}; "
+            "a spec function takes no arguments (give them defaults, "
+            "or wrap the call in a function without parameters)"
         )
 
 

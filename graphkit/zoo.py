@@ -243,9 +243,9 @@ def gpt() -> tuple[nn.Module, ModelInputs]:
 
     Graph kinds: integer inputs (no stage input needs grad, so every parameter is reached from the output
     alone), a tied weight used by two nodes far apart (``EmbeddingBackward0`` and the head's ``MmBackward0``
-    reach one ``AccumulateGrad``, the head through ``TBackward0``), fused q/k/v with a three-way ``split`` (a multi-output node), views and
-    masks. Sizes: vocab 64, width 32, 4 heads, 2 layers. Inputs: ``(token_ids,)`` int64 ``(2, 8)``.
-    Output: logits float32 ``(2, 8, 64)``.
+    reach one ``AccumulateGrad``, the head through ``TBackward0``), fused q/k/v with a three-way ``split``
+    (a multi-output node), views and masks. Sizes: vocab 64, width 32, 4 heads, 2 layers.
+    Inputs: ``(token_ids,)`` int64 ``(2, 8)``. Output: logits float32 ``(2, 8, 64)``.
     """
 
     def make() -> tuple[nn.Module, ModelInputs]:
@@ -354,22 +354,33 @@ def conv_bn() -> tuple[nn.Module, ModelInputs]:
 # Graph kinds on which split backward is known to be fragile
 
 
-class SharedLate(nn.Module):
-    """Two linear layers that both use a parameter ``shared`` registered after their own parameters.
+class Scale(nn.Module):
+    """Holds one learned per-feature scale ``scale`` (float32 ``(features,)``), used by other modules."""
 
-    ``h = tanh(layer1(x) * shared)``, ``y = layer2(h) * shared``. Input: float32 ``(batch, 8)``.
-    Output: float32 ``(batch, 8)``.
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(features) + 0.5)
+
+
+class SharedLate(nn.Module):
+    """Two linear layers that both use a parameter ``shared.scale`` registered after their own parameters.
+
+    ``h = tanh(layer1(x) * s)``, ``y = layer2(h) * s`` with ``s = shared.scale``. ``named_parameters()``
+    lists ``layer1.weight, layer1.bias, layer2.weight, layer2.bias, shared.scale`` in that order (a parameter
+    registered directly on this module would come first, so the shared one lives in a submodule registered
+    last). Input: float32 ``(batch, 8)``. Output: float32 ``(batch, 8)``.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.layer1 = nn.Linear(8, 8)
         self.layer2 = nn.Linear(8, 8)
-        self.shared = nn.Parameter(torch.rand(8) + 0.5)
+        self.shared = Scale(8)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = torch.tanh(self.layer1(x) * self.shared)
-        return self.layer2(hidden) * self.shared
+        scale = self.shared.scale
+        hidden = torch.tanh(self.layer1(x) * scale)
+        return self.layer2(hidden) * scale
 
 
 @_register
@@ -378,7 +389,8 @@ def shared_late() -> tuple[nn.Module, ModelInputs]:
 
     Graph kinds: one parameter reaching intermediates of two layers, so the groups of both layers must
     merge transitively whatever the parameter order. ``named_parameters()`` lists ``layer1.*``, ``layer2.*``
-    and then ``shared``. Inputs: ``(x,)`` float32 ``(4, 8)`` with ``requires_grad=True``. Output: ``(4, 8)``.
+    and then ``shared.scale``. Inputs: ``(x,)`` float32 ``(4, 8)`` with ``requires_grad=True``.
+    Output: ``(4, 8)``.
     """
 
     def make() -> tuple[nn.Module, ModelInputs]:
@@ -565,8 +577,8 @@ class WeightNormLinear(nn.Module):
 def weight_norm() -> tuple[nn.Module, ModelInputs]:
     """A parameter that reaches the input path only through a weight-only chain W / W.norm().
 
-    Graph kinds: weight-only nodes (``LinalgVectorNormBackward0``, ``DivBackward0``, ``TBackward0``) between the
-    parameter and the intermediate that meets the input. Inputs: ``(x,)`` float32 ``(4, 8)`` with
+    Graph kinds: weight-only nodes (``LinalgVectorNormBackward0``, ``DivBackward0``, ``TBackward0``) between
+    the parameter and the intermediate that meets the input. Inputs: ``(x,)`` float32 ``(4, 8)`` with
     ``requires_grad=True``. Output: ``(4, 8)``.
     """
 

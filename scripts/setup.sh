@@ -54,7 +54,8 @@ elif [[ ! -x "$venv/bin/python" ]] && ! "$python_bin" -c 'import ensurepip, venv
 fi
 if ((${#apt_packages[@]})); then
     if ! command -v apt-get >/dev/null 2>&1; then
-        echo "setup.sh: please install ${apt_packages[*]} with your system's package manager, then run again" >&2
+        echo "setup.sh: please install ${apt_packages[*]} with your system's package manager," \
+            "then run again" >&2
         exit 1
     fi
     sudo=()
@@ -90,11 +91,12 @@ fi
 python="$venv/bin/python"
 
 # 3. torch, CPU build -------------------------------------------------------------------------------------
-if "$python" -c 'import torch' >/dev/null 2>&1; then
-    say "torch: $("$python" -c 'import torch; print(torch.__version__)') is installed"
+if torch_version="$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
+    say "torch: $torch_version is installed"
 else
     say "pip install $torch_spec"
     "$python" -m pip install -q "$torch_spec"
+    torch_version="$("$python" -c 'import torch; print(torch.__version__)')"
 fi
 
 # 4. graphkit and its extras ------------------------------------------------------------------------------
@@ -113,4 +115,4 @@ else
     printf '%s\n' "$fingerprint" >"$stamp"
 fi
 
-say "ready: $venv/bin/graphkit ($("$python" -c 'import torch; print("torch", torch.__version__)'))"
+say "ready: $venv/bin/graphkit (torch $torch_version)"
