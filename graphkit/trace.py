@@ -3,9 +3,13 @@
 :func:`trace` registers forward pre/post hooks on every submodule (a stack of module paths) and runs the
 forward under a ``torch.overrides.TorchFunctionMode``. After every torch function call it stamps the
 Nodes that call created with the innermost module path, in ``Node.metadata`` (a public, per-Node dict).
-A Node is "created by this call" when its autograd sequence number is newer than every Node seen
-before the call; composite functions that create several Nodes (``F.linear`` -> ``t`` + ``addmm``) have
-all of them stamped. Hooks and the mode are removed on every path, exceptions included.
+A Node is "created by this call" when its autograd sequence number is newer than the start of the trace
+and no earlier call stamped it; composite functions that create several Nodes (``F.linear`` -> ``t`` +
+``addmm``) have all of them stamped. Nodes created outside any torch function call (a custom
+``torch.autograd.Function.apply`` does not pass through the mode) are stamped at the next module boundary
+they cross - the module pre-hook stamps its arguments' new Nodes with the calling module, the post-hook
+stamps its outputs' new Nodes with the module itself - or else by the next torch function call that
+consumes them. Hooks and the mode are removed on every path, exceptions included.
 """
 
 from __future__ import annotations
@@ -23,38 +27,36 @@ __all__ = ["trace"]
 
 
 class _ModulePathStamp(TorchFunctionMode):
-    def __init__(self, path_stack: list[str], newest_sequence_number: int) -> None:
+    """Stamps the Nodes each torch function call creates with the innermost module path."""
+
+    def __init__(self, path_stack: list[str], start_sequence_number: int) -> None:
         super().__init__()
         self.path_stack = path_stack
-        self.newest = newest_sequence_number
+        self.start = start_sequence_number
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         result = func(*args, **(kwargs or {}))
-        roots = [tensor.grad_fn for _, tensor in flatten_tensors(result) if tensor.grad_fn is not None]
-        if roots:
-            self._stamp(roots)
+        self.stamp(result, self.path_stack[-1])
         return result
 
-    def _stamp(self, roots: list[Any]) -> None:
-        path = self.path_stack[-1]
-        newest = self.newest
-        stack = list(roots)
+    def stamp(self, value: Any, path: str) -> None:
+        """Stamp ``path`` on every unstamped Node newer than the trace's start that ``value`` depends on."""
+        stack = [tensor.grad_fn for _, tensor in flatten_tensors(value) if tensor.grad_fn is not None]
         while stack:
             node = stack.pop()
             if node is None or _autograd.is_accumulate_grad(node):
                 continue
-            number = _autograd.sequence_number(node)
-            if number <= self.newest or MODULE_PATH_KEY in node.metadata:
+            if _autograd.sequence_number(node) <= self.start or MODULE_PATH_KEY in node.metadata:
                 continue
             node.metadata[MODULE_PATH_KEY] = path
-            newest = max(newest, number)
             stack.extend(producer for producer, _ in node.next_functions)
-        self.newest = newest
 
 
 def _current_sequence_number() -> int:
-    probe = torch.zeros(1, requires_grad=True).view_as(torch.zeros(1))
-    return _autograd.sequence_number(probe.grad_fn)
+    """The newest autograd sequence number of this thread (creates and drops one probe Node)."""
+    with torch.enable_grad():
+        probe = torch.zeros(1, requires_grad=True).view_as(torch.zeros(1))
+        return _autograd.sequence_number(probe.grad_fn)
 
 
 def trace(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, AutogradGraph]:
@@ -73,22 +75,25 @@ def trace(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Auto
         graphkit.tensors.GraphkitInputError: as :func:`graphkit.capture` (no tensor output, no grad_fn).
     """
     path_stack = [""]
+    stamp = _ModulePathStamp(path_stack, _current_sequence_number())
 
     def enter(path: str) -> Any:
-        def hook(_module: torch.nn.Module, _args: Any) -> None:
+        def hook(_module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            stamp.stamp((args, kwargs), path_stack[-1])  # made by the caller, outside a torch call
             path_stack.append(path)
 
         return hook
 
-    def leave(_module: torch.nn.Module, _args: Any, _output: Any) -> None:
+    def leave(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+        stamp.stamp(output, path_stack[-1])  # made inside this module, outside a torch call
         path_stack.pop()
 
     handles = []
     for path, submodule in module.named_modules(remove_duplicate=False):
-        handles.append(submodule.register_forward_pre_hook(enter(path)))
+        handles.append(submodule.register_forward_pre_hook(enter(path), with_kwargs=True))
         handles.append(submodule.register_forward_hook(leave, always_call=True))
     try:
-        with _ModulePathStamp(path_stack, _current_sequence_number()):
+        with stamp:
             outputs = module(*args, **kwargs)
     finally:
         for handle in handles:
