@@ -1,0 +1,396 @@
+"""Split backward (B then W) against an independent oracle: PyTorch's own full backward.
+
+The oracle is ``torch.autograd.backward`` on a deep copy of the model run on the same inputs; graphkit's
+``backward_full`` is not used as the reference anywhere here.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import graphkit
+from graphkit import split, zoo
+from graphkit.split import GraphFreedError, Phase, SplitError, backward_input, backward_weight
+from graphkit.tensors import flatten_tensors, unflatten_like
+
+
+def _call(module, inputs):
+    return module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+
+
+def _fresh(inputs):
+    def copy_one(tensor):
+        return tensor.detach().clone().requires_grad_(tensor.requires_grad)
+
+    if isinstance(inputs, dict):
+        return {name: copy_one(tensor) for name, tensor in inputs.items()}
+    return tuple(copy_one(tensor) for tensor in inputs)
+
+
+def _cotangents(outputs, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    flat = flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("output", outputs)]
+    grads = [
+        torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype) if tensor.requires_grad else None
+        for _, tensor in flat
+    ]
+    return grads[0] if isinstance(outputs, torch.Tensor) else unflatten_like(outputs, grads)
+
+
+def _oracle(module, inputs, seed=0):
+    """Full backward with plain torch.autograd: parameter grads by name and input grads by position."""
+    module = copy.deepcopy(module)
+    inputs = _fresh(inputs)
+    outputs = _call(module, inputs)
+    grads = _cotangents(outputs, seed)
+    pairs = [
+        (tensor, grad)
+        for (_, tensor), (_, grad) in zip(_flat(outputs), _flat(grads, keep_none=True), strict=True)
+        if tensor.requires_grad and grad is not None
+    ]
+    torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+    params = {name: p.grad for name, p in module.named_parameters()}
+    input_grads = [t.grad for _, t in _flat(inputs)]
+    return params, input_grads
+
+
+def _flat(value, keep_none=False):
+    if isinstance(value, torch.Tensor):
+        return [("output", value)]
+    if keep_none:
+        # flatten_tensors skips None; rebuild the positions from the outputs' structure instead
+        return [(str(i), item) for i, item in enumerate(_leaves(value))]
+    return flatten_tensors(value)
+
+
+def _leaves(value):
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _leaves(item)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value] if value is None or isinstance(value, torch.Tensor) else []
+
+
+def _split(module, inputs, seed=0):
+    module = copy.deepcopy(module)
+    inputs = _fresh(inputs)
+    outputs = _call(module, inputs)
+    with FlopCounterMode(display=False) as b_counter:
+        state = backward_input(outputs, _cotangents(outputs, seed), inputs)
+    with FlopCounterMode(display=False) as w_counter:
+        backward_weight(state)
+    params = {name: p.grad for name, p in module.named_parameters()}
+    return params, list(state.input_grads), b_counter.get_total_flops(), w_counter.get_total_flops()
+
+
+def _assert_same(expected, actual, rtol=1e-10):
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        if expected[name] is None:
+            assert actual[name] is None, f"{name} should receive no gradient"
+        else:
+            assert actual[name] is not None, f"{name} received no gradient"
+            torch.testing.assert_close(actual[name], expected[name], rtol=rtol, atol=1e-12, msg=name)
+
+
+def _float64(name):
+    module, inputs = zoo.build(name)
+    module = module.to(torch.float64)
+    if isinstance(inputs, dict):
+        inputs = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in inputs.items()}
+    else:
+        inputs = tuple(v.to(torch.float64) if v.is_floating_point() else v for v in inputs)
+    return module, inputs
+
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_split_equals_full_backward_on_every_zoo_model(name):
+    module, inputs = _float64(name)
+    expected_params, expected_inputs = _oracle(module, inputs)
+    params, input_grads, _, _ = _split(module, inputs)
+    _assert_same(expected_params, params)
+    for expected, actual in zip(expected_inputs, input_grads, strict=True):
+        if expected is None:
+            assert actual is None
+        else:
+            torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(set(zoo.MODELS) - {"custom_function"}))
+def test_b_plus_w_flops_equal_full_backward_flops(name):
+    module, inputs = _float64(name)
+    fresh_module, fresh_inputs = copy.deepcopy(module), _fresh(inputs)
+    outputs = _call(fresh_module, fresh_inputs)
+    with FlopCounterMode(display=False) as full_counter:
+        torch.autograd.backward(*zip(*_pairs(outputs)))
+    _, _, b_flops, w_flops = _split(module, inputs)
+    assert b_flops + w_flops == full_counter.get_total_flops()
+
+
+def _pairs(outputs):
+    grads = _cotangents(outputs)
+    flat_outputs = _flat(outputs)
+    flat_grads = _flat(grads)
+    return [(t, g) for (_, t), (_, g) in zip(flat_outputs, flat_grads, strict=True) if t.requires_grad]
+
+
+class PhaseAwareMatmul(torch.autograd.Function):
+    """x @ w whose backward computes only what the running phase needs, and records the phases it saw."""
+
+    phases: list[Phase | None] = []
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        phase = graphkit.current_phase()
+        PhaseAwareMatmul.phases.append(phase)
+        grad_x = grad @ w.t() if phase in (None, Phase.FULL, Phase.INPUT) else None
+        grad_w = x.t() @ grad if phase in (None, Phase.FULL, Phase.WEIGHT) else None
+        return grad_x, grad_w
+
+
+class PhaseAwareModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(4, 6)
+        self.weight = nn.Parameter(torch.randn(6, 5))
+
+    def forward(self, x):
+        return PhaseAwareMatmul.apply(torch.tanh(self.first(x)), self.weight)
+
+
+def test_custom_function_reads_the_phase_and_split_wastes_no_flops():
+    torch.manual_seed(0)
+    module = PhaseAwareModel().double()
+    inputs = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True),)
+    PhaseAwareMatmul.phases.clear()
+    expected_params, _ = _oracle(module, inputs)
+    assert PhaseAwareMatmul.phases == [None]
+    PhaseAwareMatmul.phases.clear()
+    params, _, b_flops, w_flops = _split(module, inputs)
+    assert PhaseAwareMatmul.phases == [Phase.INPUT, Phase.WEIGHT]
+    _assert_same(expected_params, params)
+    outputs = _call(copy.deepcopy(module), _fresh(inputs))
+    with FlopCounterMode(display=False) as counter:
+        torch.autograd.backward(outputs, _cotangents(outputs))
+    assert b_flops + w_flops == counter.get_total_flops()
+    assert graphkit.current_phase() is None
+
+
+def test_backward_full_runs_in_the_full_phase():
+    module = PhaseAwareModel().double()
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    PhaseAwareMatmul.phases.clear()
+    graphkit.backward_full(module(x), torch.ones(3, 5, dtype=torch.float64), x)
+    assert PhaseAwareMatmul.phases == [Phase.FULL]
+
+
+def test_gradients_accumulate_over_four_microbatches_like_a_full_backward():
+    torch.manual_seed(0)
+    module, _ = _float64("gpt_stage")
+    reference, split_model = copy.deepcopy(module), copy.deepcopy(module)
+    generator = torch.Generator().manual_seed(3)
+    for microbatch in range(4):
+        hidden = torch.randn(2, 8, 32, generator=generator, dtype=torch.float64)
+        ref_in = hidden.clone().requires_grad_()
+        out = reference(ref_in)
+        grad = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+        out.backward(grad)
+        split_in = hidden.clone().requires_grad_()
+        state = backward_input(split_model(split_in), grad, split_in)
+        torch.testing.assert_close(state.input_grads[0], ref_in.grad, rtol=1e-10, atol=1e-12)
+        backward_weight(state)
+        assert split_in.grad is None, "the B phase returns input gradients without touching .grad"
+        del microbatch
+    _assert_same(
+        dict(reference.named_parameters()) and {n: p.grad for n, p in reference.named_parameters()},
+        {n: p.grad for n, p in split_model.named_parameters()},
+    )
+
+
+def test_microbatches_in_zero_bubble_order_b_b_w_w():
+    module, _ = _float64("mlp")
+    reference, split_model = copy.deepcopy(module), copy.deepcopy(module)
+    xs = [torch.randn(4, 16, dtype=torch.float64) for _ in range(2)]
+    for x in xs:
+        reference(x.clone().requires_grad_()).sum().backward()
+    states = []
+    for x in xs:
+        leaf = x.clone().requires_grad_()
+        states.append(backward_input(split_model(leaf).sum(), None, leaf))
+    for state in states:
+        backward_weight(state)
+    _assert_same(
+        {n: p.grad for n, p in reference.named_parameters()},
+        {n: p.grad for n, p in split_model.named_parameters()},
+    )
+
+
+def test_post_accumulate_grad_hooks_fire_once_per_parameter_per_weight_phase():
+    module, inputs = _float64("chain")  # one weight used three times
+    module_shared, inputs_shared = _float64("shared_late")
+    for model, model_inputs in ((module, inputs), (module_shared, inputs_shared)):
+        calls: dict[str, int] = {}
+        handles = [
+            parameter.register_post_accumulate_grad_hook(
+                lambda p, name=name: calls.__setitem__(name, calls.get(name, 0) + 1)
+            )
+            for name, parameter in model.named_parameters()
+        ]
+        try:
+            fresh = _fresh(model_inputs)
+            outputs = _call(model, fresh)
+            state = backward_input(outputs, _cotangents(outputs), fresh)
+            assert calls == {}, "no parameter is touched in the B phase"
+            backward_weight(state)
+            assert calls == {name: 1 for name, _ in model.named_parameters()}
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def test_unused_parameters_are_left_untouched():
+    module, inputs = _float64("param_only_output")
+    unused = nn.Parameter(torch.ones(3, dtype=torch.float64))
+    module.register_parameter("not_used", unused)
+    unused.grad = torch.full((3,), 7.0, dtype=torch.float64)
+    fresh = _fresh(inputs)
+    outputs = _call(module, fresh)
+    state = backward_input(outputs, _cotangents(outputs), fresh)
+    backward_weight(state)
+    assert torch.equal(unused.grad, torch.full((3,), 7.0, dtype=torch.float64))
+
+
+def test_stage_zero_with_integer_inputs_does_nothing_in_b_and_everything_in_w():
+    module, inputs = _float64("gpt")
+    fresh = _fresh(inputs)
+    outputs = _call(module, fresh)
+    with FlopCounterMode(display=False) as counter:
+        state = backward_input(outputs, _cotangents(outputs), fresh)
+    assert counter.get_total_flops() == 0
+    assert all(parameter.grad is None for parameter in module.parameters())
+    assert state.input_grads == (None,)
+    backward_weight(state)
+    expected, _ = _oracle(*_float64("gpt"))
+    _assert_same(expected, {n: p.grad for n, p in module.named_parameters()})
+
+
+def test_restricting_params_leaves_the_others_alone():
+    module, inputs = _float64("mlp")
+    fresh = _fresh(inputs)
+    first = list(module.parameters())[:2]
+    outputs = _call(module, fresh)
+    backward_weight(backward_input(outputs, _cotangents(outputs), fresh, params=first))
+    expected, _ = _oracle(module, inputs)
+    names = [name for name, p in module.named_parameters() if any(p is q for q in first)]
+    for name, parameter in module.named_parameters():
+        if name in names:
+            torch.testing.assert_close(parameter.grad, expected[name])
+        else:
+            assert parameter.grad is None
+
+
+def test_weight_phase_twice_is_an_error():
+    module, inputs = _float64("mlp")
+    fresh = _fresh(inputs)
+    outputs = _call(module, fresh)
+    state = backward_input(outputs, _cotangents(outputs), fresh)
+    backward_weight(state)
+    with pytest.raises(SplitError, match="already used"):
+        backward_weight(state)
+
+
+def test_weight_phase_without_a_state_is_an_error():
+    with pytest.raises(SplitError, match="run backward_input"):
+        backward_weight(None)
+
+
+def test_input_phase_on_a_freed_graph_is_a_clear_error():
+    module, inputs = _float64("mlp")
+    fresh = _fresh(inputs)
+    outputs = _call(module, fresh)
+    outputs.backward(torch.ones_like(outputs))
+    with pytest.raises(GraphFreedError, match="run the forward again"):
+        backward_input(outputs, torch.ones_like(outputs), fresh)
+
+
+def test_scalar_loss_needs_no_grad_outputs_but_a_tensor_output_does():
+    module, inputs = _float64("mlp")
+    fresh = _fresh(inputs)
+    outputs = _call(module, fresh)
+    with pytest.raises(graphkit.GraphkitInputError, match="scalar losses"):
+        backward_input(outputs, None, fresh)
+    with pytest.raises(graphkit.GraphkitInputError, match="shape"):
+        backward_input(outputs, torch.ones(1), fresh)
+
+
+class FailingInWeightPhase(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        if graphkit.current_phase() == Phase.WEIGHT:
+            raise ValueError("boom in W")
+        return grad @ w.t(), x.t() @ grad
+
+
+def test_hooks_are_removed_when_a_custom_backward_raises(monkeypatch):
+    registered, removed = [], []
+    original = split._register_prehook
+
+    def counting(node, hook):
+        handle = original(node, hook)
+        registered.append(handle)
+
+        class Tracked:
+            def remove(self):
+                removed.append(handle)
+                handle.remove()
+
+        return Tracked()
+
+    monkeypatch.setattr(split, "_register_prehook", counting)
+    weight = nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    out = FailingInWeightPhase.apply(torch.tanh(x), weight)
+    state = backward_input(out, torch.ones_like(out), x)
+    assert registered and len(removed) == len(registered)
+    with pytest.raises(ValueError, match="boom in W"):
+        backward_weight(state)
+    assert len(removed) == len(registered) >= 2
+    assert graphkit.current_phase() is None
+    assert state.used
+    # the graph still works after the failure: no stale hook changes a later full backward
+    out.backward(torch.ones_like(out))
+    torch.testing.assert_close(
+        weight.grad, torch.tanh(x).detach().t() @ torch.ones(2, 3, dtype=torch.float64)
+    )
+
+
+def test_multi_output_intermediate_sends_each_gradient_to_its_own_output():
+    # In float32 on CPU nn.LSTM is one MkldnnRnnLayer node per layer with outputs (out, h, c): a
+    # multi-output intermediate whose weight-side edges lead straight to the weights.
+    module, inputs = zoo.build("lstm")
+    graph = graphkit.trace(module, *inputs)[1]
+    groups = graphkit.param_groups(graph)
+    multi_output = [g for g in groups if graphkit.GroupFlag.MULTI_OUTPUT_INTERMEDIATE in g.flags]
+    assert multi_output, "the float32 LSTM should have a multi-output intermediate"
+    expected_params, expected_inputs = _oracle(module, inputs)
+    params, input_grads, _, _ = _split(module, inputs)
+    for name in expected_params:
+        torch.testing.assert_close(params[name], expected_params[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(input_grads[0], expected_inputs[0], rtol=1e-5, atol=1e-6)
