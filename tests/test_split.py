@@ -127,7 +127,8 @@ def test_b_plus_w_flops_equal_full_backward_flops(name):
     fresh_module, fresh_inputs = copy.deepcopy(module), _fresh(inputs)
     outputs = _call(fresh_module, fresh_inputs)
     with FlopCounterMode(display=False) as full_counter:
-        torch.autograd.backward(*zip(*_pairs(outputs)))
+        pairs = _pairs(outputs)
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
     _, _, b_flops, w_flops = _split(module, inputs)
     assert b_flops + w_flops == full_counter.get_total_flops()
 
@@ -243,7 +244,7 @@ def test_post_accumulate_grad_hooks_fire_once_per_parameter_per_weight_phase():
         calls: dict[str, int] = {}
         handles = [
             parameter.register_post_accumulate_grad_hook(
-                lambda p, name=name: calls.__setitem__(name, calls.get(name, 0) + 1)
+                lambda _parameter, name=name, calls=calls: calls.__setitem__(name, calls.get(name, 0) + 1)
             )
             for name, parameter in model.named_parameters()
         ]
