@@ -1,0 +1,92 @@
+"""The graphkit command: outputs, JSON forms and exit statuses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+from graphkit import zoo
+from graphkit.cli import main
+from graphkit.groups import param_groups
+from graphkit.trace import trace
+
+BROKEN = f"{Path(__file__).parent / 'specs' / 'broken_split.py'}:build"
+
+
+def run(capsys, *argv):
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def test_capture_prints_a_summary(capsys):
+    status, out, _ = run(capsys, "capture", "zoo:mlp")
+    module, (x,) = zoo.build("mlp")
+    _, graph = trace(module, x)
+    assert status == 0
+    assert f"{graph.number_of_nodes()} nodes, {graph.number_of_edges()} edges" in out
+    for name, _ in module.named_parameters():
+        assert name in out
+
+
+def test_capture_json_and_graphml(capsys, tmp_path):
+    status, out, _ = run(capsys, "capture", "zoo:chain", "--json")
+    data = json.loads(out)
+    assert status == 0 and {"nodes", "edges"} <= set(data)
+    status, _, _ = run(capsys, "capture", "zoo:chain", "--graphml", str(tmp_path / "g.graphml"))
+    loaded = nx.read_graphml(tmp_path / "g.graphml")
+    assert status == 0 and loaded.number_of_nodes() == len(data["nodes"])
+
+
+def test_groups_json_matches_the_library(capsys):
+    status, out, _ = run(capsys, "groups", "zoo:shared_late", "--json")
+    data = json.loads(out)
+    module, inputs = zoo.build("shared_late")
+    _, graph = trace(module, *inputs)
+    groups = param_groups(graph)
+    assert status == 0
+    assert data["nodes"] == graph.number_of_nodes() and data["edges"] == graph.number_of_edges()
+    assert [group["params"] for group in data["groups"]] == [list(group.params) for group in groups]
+    assert all({"params", "intermediates", "flags"} <= set(group) for group in data["groups"])
+    assert data["unused_params"] == []
+
+
+def test_groups_table(capsys):
+    status, out, _ = run(capsys, "groups", "zoo:param_only_output")
+    assert status == 0 and "parameter-only-output" in out
+
+
+def test_verify_exit_status_follows_the_verdict(capsys):
+    status, out, _ = run(capsys, "verify", "zoo:chain", "--dtype", "float64", "--json")
+    data = json.loads(out)
+    assert status == 0 and data["ok"] is True
+    assert {"inputs", "params", "flops", "groups"} <= set(data)
+    status, out, _ = run(capsys, "verify", BROKEN, "--dtype", "float64")
+    assert status == 1
+    assert "wrong" in out and "weight" in out and "FAILED" in out
+
+
+def test_bad_spec_exits_2_with_a_message(capsys):
+    status, _, err = run(capsys, "groups", "zoo:does_not_exist")
+    assert status == 2 and "known models" in err
+
+
+def test_python_dash_m_runs_the_cli():
+    result = subprocess.run(
+        [sys.executable, "-m", "graphkit", "groups", "zoo:mlp"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "parameter groups" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["capture", "groups", "verify", "render", "inspect", "bench"])
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: graphkit" in capsys.readouterr().out
