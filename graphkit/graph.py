@@ -61,7 +61,7 @@ __all__ = [
 MODULE_PATH_KEY = "graphkit.module_path"
 
 
-class NodeKind(str, enum.Enum):
+class NodeKind(enum.StrEnum):
     """What a node of the captured graph stands for."""
 
     OP = "op"
@@ -69,9 +69,6 @@ class NodeKind(str, enum.Enum):
     LEAF = "leaf"
     STAGE_INPUT = "stage_input"
     STAGE_OUTPUT = "stage_output"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(slots=True, frozen=True)
@@ -291,8 +288,11 @@ def _named_edges(value: Any, role: str, *, require: bool) -> list[tuple[str, Gra
     edges = [(name, get_gradient_edge(tensor)) for name, tensor in tensors if tensor.requires_grad]
     if require and not edges:
         names = ", ".join(name for name, _ in tensors[:5])
+        hint = ""
+        if all(not (tensor.is_floating_point() or tensor.is_complex()) for _, tensor in tensors):
+            hint = " (integer and bool tensors never require grad: return the float tensor they come from)"
         raise GraphkitInputError(
-            f"no {role} tensor requires grad ({names}): they have no grad_fn, so there is no autograd "
+            f"no {role} tensor requires grad ({names}){hint}: they have no grad_fn, so there is no autograd "
             "graph. Run the forward with gradients enabled (not under torch.no_grad() or "
             "torch.inference_mode()) and with parameters or inputs that require grad"
         )
@@ -383,7 +383,7 @@ def _node_attributes(
         param_names = list(names_by_id.get(id(variable), ()))
         kind = NodeKind.PARAMETER if param_names else NodeKind.LEAF
         if param_names:
-            module_path = param_names[0].rpartition(".")[0] or None
+            module_path = param_names[0].rpartition(".")[0]  # "" for a parameter of the root module
     else:
         kind = NodeKind.OP
         module_path = node.metadata.get(MODULE_PATH_KEY) if node.metadata else None
@@ -413,7 +413,8 @@ def _node_attributes(
     else:
         infos, tensors = saved
         attributes["saved_tensors"] = [
-            {"name": info.name, "shape": info.shape, "dtype": info.dtype, "bytes": info.bytes} for info in infos
+            {"name": info.name, "shape": info.shape, "dtype": info.dtype, "bytes": info.bytes}
+            for info in infos
         ]
         attributes["saved_bytes"] = sum(info.bytes for info in infos)
         attributes["saved_reason"] = None

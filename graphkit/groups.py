@@ -45,16 +45,13 @@ from graphkit.graph import AutogradGraph, GraphEndpoint, NodeKind
 __all__ = ["GroupFlag", "ParamGroup", "ParamGroups", "param_groups"]
 
 
-class GroupFlag(str, enum.Enum):
+class GroupFlag(enum.StrEnum):
     """Properties of a parameter group a user may need to act on (see module docstring)."""
 
     SHARED_PARAMETER = "shared-parameter"
     MULTI_OUTPUT_INTERMEDIATE = "multi-output-intermediate"
     PARAMETER_ONLY_OUTPUT = "parameter-only-output"
     CUSTOM_FUNCTION = "custom-function"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(slots=True, frozen=True)
@@ -148,7 +145,9 @@ class ParamGroups(list):
         header = ("group", "parameters", "intermediates", "flags")
         rows = [header, *self._rows()]
         widths = [min(60, max(len(row[column]) for row in rows)) for column in range(4)]
-        lines = ["  ".join(cell[:60].ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows]
+        lines = [
+            "  ".join(cell[:60].ljust(width) for cell, width in zip(row, widths, strict=True)) for row in rows
+        ]
         lines.insert(1, "  ".join("-" * width for width in widths))
         if self.unused_params:
             lines.append(f"unused parameters: {', '.join(self.unused_params)}")
@@ -156,10 +155,13 @@ class ParamGroups(list):
 
     def _repr_html_(self) -> str:
         cells = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in self._rows()
+            "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>"
+            for row in self._rows()
         )
         unused = (
-            f"<p>Unused parameters: {html.escape(', '.join(self.unused_params))}</p>" if self.unused_params else ""
+            f"<p>Unused parameters: {html.escape(', '.join(self.unused_params))}</p>"
+            if self.unused_params
+            else ""
         )
         return (
             "<table class='graphkit-groups'><thead><tr><th>group</th><th>parameters</th>"
