@@ -53,10 +53,13 @@ class _ModulePathStamp(TorchFunctionMode):
 
 
 def _current_sequence_number() -> int:
-    """The newest autograd sequence number of this thread (creates and drops one probe Node)."""
+    """The newest autograd sequence number of this thread (creates and drops one probe Node).
+
+    0 under ``torch.inference_mode()``, where no Node is created at all.
+    """
     with torch.enable_grad():
         probe = torch.zeros(1, requires_grad=True).view_as(torch.zeros(1))
-        return _autograd.sequence_number(probe.grad_fn)
+    return 0 if probe.grad_fn is None else _autograd.sequence_number(probe.grad_fn)
 
 
 def trace(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, AutogradGraph]:
