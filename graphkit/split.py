@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.autograd.graph import GradientEdge, Node
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 from graphkit import _autograd
-from graphkit.graph import capture
-from graphkit.groups import ParamGroups, param_groups
+from graphkit.graph import _Walk, _walk
 from graphkit.tensors import GraphkitInputError, flatten_tensors
+from graphkit.weight_rules import WeightGradient, held_tensors, prepare
 
 __all__ = [
     "GraphFreedError",
@@ -95,24 +95,39 @@ def _running(phase: Phase) -> Iterator[None]:
 
 
 @dataclass(slots=True)
+class _WeightWork:
+    """What the W phase does for one intermediate: a prepared rule, or a direct call of its Node."""
+
+    grads: tuple[torch.Tensor | None, ...]
+    # (input_nr in the intermediate's next_functions, target index, target output_nr)
+    edges: tuple[tuple[int, int, int], ...]
+    rule: WeightGradient | None
+    node: Node | None  # kept only when no rule applies
+
+
+@dataclass(slots=True)
 class SplitState:
     """What the B phase leaves for the W phase of one microbatch. Single use.
+
+    It holds only what the W phase needs: the gradients captured at intermediates, the saved tensors
+    the weight-side formulas read (:mod:`graphkit.weight_rules`) or, for ops without a formula, the
+    intermediate Node itself, and the weight-only Nodes the gradients enter. Once the caller drops the
+    stage outputs, the rest of the input path's graph is freed.
 
     Attributes:
         input_grads: gradient of each tensor in ``flatten_tensors(inputs)`` (None where the input needs no
             grad or receives none).
         input_names: the names of those inputs.
-        groups: the parameter groups that drove the split.
-        captured_bytes: bytes of the gradients captured at intermediates and parameter-only outputs.
+        num_intermediates: intermediates whose gradient was captured.
+        num_node_calls: intermediates without a weight-side formula, whose Node the W phase calls.
     """
 
     input_grads: tuple[torch.Tensor | None, ...]
     input_names: tuple[str, ...]
-    groups: ParamGroups
-    captured_bytes: int
-    _intermediate_nodes: dict[str, Node] = field(repr=False)
-    _captured: dict[str, tuple[torch.Tensor | None, ...]] = field(repr=False)
-    _target_nodes: dict[str, Node] = field(repr=False)
+    num_intermediates: int
+    num_node_calls: int
+    _work: list[_WeightWork] = field(repr=False)
+    _targets: dict[int, Node] = field(repr=False)
     _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
     _weight_tensors: list[torch.Tensor] = field(repr=False)
     _used: bool = False
@@ -122,13 +137,38 @@ class SplitState:
         """True once :func:`backward_weight` consumed this state."""
         return self._used
 
+    def captured_bytes(self) -> int:
+        """Bytes of the gradients captured at intermediates and parameter-only outputs."""
+        tensors = [grad for work in self._work for grad in work.grads if grad is not None]
+        tensors += [grad for _, grad in self._output_roots]
+        return _distinct_bytes(tensors)
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Saved tensors the weight-side formulas keep alive (not counting Nodes kept for direct calls)."""
+        return [tensor for work in self._work if work.rule is not None for tensor in held_tensors(work.rule)]
+
+    def held_nodes(self) -> list[Node]:
+        """Nodes the state keeps alive: intermediates without a formula, weight-side targets, output roots."""
+        nodes = [work.node for work in self._work if work.node is not None]
+        nodes += list(self._targets.values())
+        nodes += [edge.node for edge, _ in self._output_roots]
+        return nodes
+
     def _release(self) -> None:
         self._used = True
-        self._intermediate_nodes = {}
-        self._captured = {}
-        self._target_nodes = {}
+        self._work = []
+        self._targets = {}
         self._output_roots = []
         self._weight_tensors = []
+
+
+def _distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: dict[tuple[int, int], int] = {}
+    for tensor in tensors:
+        if tensor.numel():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            seen[key] = max(seen.get(key, 0), tensor.numel() * tensor.element_size())
+    return sum(seen.values())
 
 
 # --- argument handling ------------------------------------------------------------------------------------
@@ -210,6 +250,58 @@ def _freed_error(error: RuntimeError) -> Exception:
 
 
 # --- B phase ----------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Plan:
+    """The split of one walked graph, by node index (see :mod:`graphkit.closures` for the definitions)."""
+
+    # (intermediate index, ((input_nr, target index, target output_nr), ...))
+    intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]]
+    weight_leaves: list[int]
+    weight_only: bytearray
+
+
+def _plan(walk: _Walk, input_nodes: set[Node]) -> _Plan:
+    """Input closure, weight-only nodes and intermediates of ``walk`` in one pass over its edges.
+
+    The same definitions as :mod:`graphkit.closures`, on node indices instead of a networkx graph:
+    this runs for every microbatch, so it avoids building attribute dictionaries.
+    """
+    count = len(walk.nodes)
+    consumers: list[list[int]] = [[] for _ in range(count)]
+    for producer, consumer, _, _ in walk.edges:
+        consumers[producer].append(consumer)
+    inputs = [index for index, node in enumerate(walk.nodes) if node in input_nodes]
+    leaves = [
+        index
+        for index, node in enumerate(walk.nodes)
+        if node not in input_nodes and _autograd.is_accumulate_grad(node)
+    ]
+    in_closure = _reach(consumers, inputs, count)
+    weight_only = _reach(consumers, leaves, count)
+    for index in range(count):
+        if in_closure[index]:
+            weight_only[index] = 0
+    edges_of: dict[int, list[tuple[int, int, int]]] = {}
+    for producer, consumer, output_nr, input_nr in walk.edges:
+        if weight_only[producer] and in_closure[consumer]:
+            edges_of.setdefault(consumer, []).append((input_nr, producer, output_nr))
+    intermediates = [(index, tuple(sorted(edges))) for index, edges in sorted(edges_of.items())]
+    return _Plan(intermediates, leaves, weight_only)
+
+
+def _reach(consumers: list[list[int]], sources: list[int], count: int) -> bytearray:
+    reached = bytearray(count)
+    stack = list(sources)
+    for source in sources:
+        reached[source] = 1
+    while stack:
+        for consumer in consumers[stack.pop()]:
+            if not reached[consumer]:
+                reached[consumer] = 1
+                stack.append(consumer)
+    return reached
+
+
 def backward_input(
     outputs: Any,
     grad_outputs: Any = None,
@@ -235,37 +327,37 @@ def backward_input(
         GraphFreedError: the graph was already freed by an earlier backward.
     """
     pairs = _pair_outputs(outputs, grad_outputs)
-    named_inputs = _named_inputs(inputs)
-    stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
     if not pairs:
         raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
-    graph = capture([tensor for tensor, _ in pairs], inputs=stage_inputs, details=False)
-    groups = param_groups(graph)
-    live = graph.autograd_nodes
-    allowed = _weight_filter(params)
-
-    captured: dict[str, tuple[torch.Tensor | None, ...]] = {}
-    handles = []
-
-    def capture_hook(node_id: str) -> Any:
-        def hook(grad_outputs_of_node: tuple[torch.Tensor | None, ...]) -> None:
-            captured[node_id] = tuple(grad_outputs_of_node)
-
-        return hook
+    named_inputs = _named_inputs(inputs)
+    stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
+    input_nodes = {get_gradient_edge(tensor).node for tensor in stage_inputs}
+    output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
+    walk = _walk((edge.node for edge in output_edges), input_nodes)
+    plan = _plan(walk, input_nodes)
+    nodes = walk.nodes
 
     closure_outputs = []
     output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
-    weight_only_entries = {entry.node for group in groups for entry in group.output_entries}
-    for endpoint, (tensor, grad) in zip(graph.outputs, pairs, strict=True):
-        if endpoint.node in weight_only_entries:
-            output_roots.append((GradientEdge(live[endpoint.node], endpoint.output_nr), grad))
+    for edge, (tensor, grad) in zip(output_edges, pairs, strict=True):
+        if plan.weight_only[walk.index[edge.node]]:
+            output_roots.append((edge, grad))
         else:
             closure_outputs.append((tensor, grad))
 
+    captured: dict[int, tuple[torch.Tensor | None, ...]] = {}
+
+    def capture_hook(index: int) -> Any:
+        def hook(grads: tuple[torch.Tensor | None, ...]) -> None:
+            captured[index] = tuple(grads)
+
+        return hook
+
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
+    handles = []
     try:
-        for node_id in groups.intermediates:
-            handles.append(_register_prehook(live[node_id], capture_hook(node_id)))
+        for index, _ in plan.intermediates:
+            handles.append(_register_prehook(nodes[index], capture_hook(index)))
         if stage_inputs and closure_outputs:
             with _running(Phase.INPUT):
                 grads = torch.autograd.grad(
@@ -282,30 +374,29 @@ def backward_input(
         for handle in handles:
             handle.remove()
 
-    target_nodes: dict[str, Node] = {}
-    for intermediate in groups.intermediates.values():
-        for edge in intermediate.weight_side_edges:
-            target_nodes[edge.target] = live[edge.target]
+    work: list[_WeightWork] = []
+    targets: dict[int, Node] = {}
+    for index, edges in plan.intermediates:
+        grads_received = captured.get(index)
+        if grads_received is None or all(grad is None for grad in grads_received):
+            continue  # no gradient reached this intermediate: nothing flows to its weights either
+        rule = prepare(nodes[index], [input_nr for input_nr, _, _ in edges])
+        work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else nodes[index]))
+        for _, target, _ in edges:
+            targets[target] = nodes[target]
+    allowed = _weight_filter(params)
     weight_tensors = [
-        live[leaf].variable
-        for group in groups
-        for leaf in group.param_nodes
-        if allowed is None or id(live[leaf].variable) in allowed
+        nodes[leaf].variable
+        for leaf in plan.weight_leaves
+        if allowed is None or id(nodes[leaf].variable) in allowed
     ]
-    captured_bytes = sum(
-        grad.numel() * grad.element_size()
-        for grads in captured.values()
-        for grad in grads
-        if grad is not None
-    ) + sum(grad.numel() * grad.element_size() for _, grad in output_roots)
     return SplitState(
         input_grads=tuple(input_grads_by_id.get(id(tensor)) for _, tensor in named_inputs),
         input_names=tuple(name for name, _ in named_inputs),
-        groups=groups,
-        captured_bytes=captured_bytes,
-        _intermediate_nodes={node_id: live[node_id] for node_id in groups.intermediates},
-        _captured=captured,
-        _target_nodes=target_nodes,
+        num_intermediates=len(work),
+        num_node_calls=sum(1 for item in work if item.node is not None),
+        _work=work,
+        _targets=targets,
         _output_roots=output_roots,
         _weight_tensors=weight_tensors,
     )
@@ -377,81 +468,68 @@ def backward_weight(state: SplitState) -> None:
 
 
 def _run_weight_phase(state: SplitState) -> None:
-    # (target node, target output_nr) -> [(intermediate id, input_nr)], in deterministic order
-    contributions: dict[tuple[str, int], list[tuple[str, int]]] = {}
-    for node_id, intermediate in state.groups.intermediates.items():
-        grads = state._captured.get(node_id)
-        if grads is None or all(grad is None for grad in grads):
-            continue
-        for edge in intermediate.weight_side_edges:
-            contributions.setdefault((edge.target, edge.target_output_nr), []).append(
-                (node_id, edge.input_nr)
-            )
-    if not contributions and not state._output_roots:
+    if not state._weight_tensors or (not state._work and not state._output_roots):
         return
-    weight_tensors = state._weight_tensors
-    if not weight_tensors:
-        return
+    # (target index, target output_nr) -> [(work item, input_nr)], in a deterministic order
+    contributions: dict[tuple[int, int], list[tuple[_WeightWork, int]]] = {}
+    for item in state._work:
+        for input_nr, target, target_output_nr in item.edges:
+            contributions.setdefault((target, target_output_nr), []).append((item, input_nr))
+    results: dict[int, dict[int, torch.Tensor | None]] = {}
 
-    results: dict[str, tuple[torch.Tensor | None, ...]] = {}
-
-    def intermediate_outputs(node_id: str) -> tuple[torch.Tensor | None, ...]:
-        found = results.get(node_id)
+    def weight_gradients(item: _WeightWork) -> dict[int, torch.Tensor | None]:
+        found = results.get(id(item))
         if found is None:
-            found = results[node_id] = _call_node(
-                state._intermediate_nodes[node_id], state._captured[node_id]
-            )
-            del state._captured[node_id]  # free the captured gradient as soon as it is used
+            if item.rule is not None:
+                found = item.rule(item.grads)
+            else:
+                outputs = _call_node(item.node, item.grads)
+                found = {input_nr: outputs[input_nr] for input_nr, _, _ in item.edges}
+            results[id(item)] = found
+            item.grads, item.rule, item.node = (), None, None  # free what this item held
         return found
 
-    placeholders: dict[tuple[str, int], torch.Tensor] = {}
-    metadata_of: dict[str, tuple[_autograd.GradientMetadata, ...]] = {}
-    for target, output_nr in contributions:
-        node = state._target_nodes[target]
-        metadata = metadata_of.get(target)
-        if metadata is None:
-            metadata = metadata_of[target] = _target_metadata(node)
-        meta = metadata[output_nr]
-        placeholders[(target, output_nr)] = torch.zeros((), dtype=meta.dtype, device=meta.device).expand(
-            meta.shape
-        )
+    metadata_of = {target: _target_metadata(node) for target, node in state._targets.items()}
+    placeholders = {
+        key: torch.zeros((), dtype=meta.dtype, device=meta.device).expand(meta.shape)
+        for key in contributions
+        for meta in (metadata_of[key[0]][key[1]],)
+    }
 
-    def target_hook(target: str, output_nrs: list[int]) -> Any:
+    def target_hook(target: int, output_nrs: list[int]) -> Any:
         def hook(grad_inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
             updated = list(grad_inputs)
             for output_nr in output_nrs:
                 total = None
-                for node_id, input_nr in contributions[(target, output_nr)]:
-                    grad = intermediate_outputs(node_id)[input_nr]
+                for item, input_nr in contributions[(target, output_nr)]:
+                    grad = weight_gradients(item).get(input_nr)
                     if grad is not None:
+                        grad = _conform(grad, metadata_of[target][output_nr])
                         total = grad if total is None else total + grad
                 current = updated[output_nr]
-                placeholder = placeholders[(target, output_nr)]
-                if current is not None and _is_placeholder(current, placeholder):
+                if current is not None and _is_placeholder(current, placeholders[(target, output_nr)]):
                     current = None
                 if total is not None:
-                    total = _conform(total, metadata_of[target][output_nr])
                     current = total if current is None else current + total
                 updated[output_nr] = current
             return tuple(updated)
 
         return hook
 
-    nrs_by_target: dict[str, list[int]] = {}
+    output_nrs_of: dict[int, list[int]] = {}
     for target, output_nr in contributions:
-        nrs_by_target.setdefault(target, []).append(output_nr)
-    roots = [GradientEdge(state._target_nodes[target], nr) for target, nr in contributions]
-    root_grads = [placeholders[key] for key in contributions]
+        output_nrs_of.setdefault(target, []).append(output_nr)
+    roots = [GradientEdge(state._targets[target], output_nr) for target, output_nr in contributions]
+    root_grads = list(placeholders.values())
     for edge, grad in state._output_roots:
         roots.append(edge)
         root_grads.append(grad)
-
     handles = []
     try:
-        for target, output_nrs in nrs_by_target.items():
-            handles.append(_register_prehook(state._target_nodes[target], target_hook(target, output_nrs)))
+        for target, output_nrs in output_nrs_of.items():
+            handles.append(_register_prehook(state._targets[target], target_hook(target, output_nrs)))
         with _running(Phase.WEIGHT):
-            torch.autograd.backward(roots, grad_tensors=root_grads, inputs=weight_tensors)
+            torch.autograd.backward(roots, grad_tensors=root_grads, inputs=state._weight_tensors)
     except RuntimeError as error:
         raise _freed_error(error) from error
     finally:

@@ -1,0 +1,246 @@
+"""Weight-side gradients of common ops, computed from the tensors their Node saved.
+
+The W phase needs, for each intermediate, only the gradients along its weight-side edges. For the ops
+that carry most weights, these are simple formulas of the gradient the intermediate received and of the
+tensors its Node saved in the forward (the same formulas as ``tools/autograd/derivatives.yaml`` in
+PyTorch):
+
+==============================  ==================================================================
+Node                            weight-side gradient (``g`` = gradient of the op's output)
+==============================  ==================================================================
+``AddmmBackward0``              bias: ``beta * g``; mat2: ``alpha * mat1.T @ g``; mat1: ``alpha * g @ mat2.T``
+``MmBackward0``                 mat2: ``self.T @ g``; self: ``g @ mat2.T``
+``BmmBackward0``                mat2: ``self.mT @ g``; self: ``g @ mat2.mT``
+``ConvolutionBackward0``        ``aten.convolution_backward`` with an output mask of the weight-side edges
+``NativeLayerNormBackward0``    ``aten.native_layer_norm_backward`` with an output mask
+``MulBackward0``                other: ``g * self``; self: ``g * other``
+``AddBackward0``                other: ``alpha * g``; self: ``g``
+==============================  ==================================================================
+
+:func:`prepare` runs in the B phase: it reads the saved tensors the formula needs and returns a small
+callable holding only those, so the W phase no longer needs the Node, nor, through it, the rest of the
+input path's graph. Ops without a rule (and complex or non-strided tensors) return None: the W phase
+then calls the Node itself. Gradients are reduced to the edge's shape and dtype afterwards, like the
+engine's ``validate_outputs`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.autograd.graph import Node
+
+__all__ = ["WeightGradient", "prepare"]
+
+# A prepared rule: takes the gradients the intermediate received (one per forward output) and returns
+# one gradient (or None) per weight-side input_nr it was prepared for.
+WeightGradient = Callable[[Sequence[torch.Tensor | None]], dict[int, torch.Tensor | None]]
+
+
+def _plain(tensor: torch.Tensor | None) -> bool:
+    return tensor is not None and tensor.layout == torch.strided and not tensor.is_complex()
+
+
+def _addmm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    # next_functions: (self = bias, mat1, mat2)
+    alpha, beta = node._saved_alpha, node._saved_beta
+    mat1 = node._saved_mat1 if 2 in wanted else None
+    mat2 = node._saved_mat2 if 1 in wanted else None
+    if (2 in wanted and not _plain(mat1)) or (1 in wanted and not _plain(mat2)):
+        return None
+
+    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        grad = grads[0]
+        result: dict[int, torch.Tensor | None] = {}
+        if 0 in wanted:
+            result[0] = grad if beta == 1 else grad * beta
+        if 2 in wanted:
+            product = mat1.t().mm(grad)
+            result[2] = product if alpha == 1 else product * alpha
+        if 1 in wanted:
+            product = grad.mm(mat2.t())
+            result[1] = product if alpha == 1 else product * alpha
+        return result
+
+    return gradients
+
+
+def _mm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    # next_functions: (self, mat2)
+    first = node._saved_self if 1 in wanted else None
+    second = node._saved_mat2 if 0 in wanted else None
+    if (1 in wanted and not _plain(first)) or (0 in wanted and not _plain(second)):
+        return None
+
+    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        grad = grads[0]
+        result: dict[int, torch.Tensor | None] = {}
+        if 1 in wanted:
+            result[1] = first.t().mm(grad)
+        if 0 in wanted:
+            result[0] = grad.mm(second.t())
+        return result
+
+    return gradients
+
+
+def _bmm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    first = node._saved_self if 1 in wanted else None
+    second = node._saved_mat2 if 0 in wanted else None
+    if (1 in wanted and not _plain(first)) or (0 in wanted and not _plain(second)):
+        return None
+
+    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        grad = grads[0]
+        result: dict[int, torch.Tensor | None] = {}
+        if 1 in wanted:
+            result[1] = first.transpose(1, 2).bmm(grad)
+        if 0 in wanted:
+            result[0] = grad.bmm(second.transpose(1, 2))
+        return result
+
+    return gradients
+
+
+def _convolution(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    # next_functions: (input, weight, bias)
+    if 0 in wanted:
+        return None  # the input itself on the weight side: rare, let the Node do it
+    tensor_input, weight = node._saved_input, node._saved_weight
+    if not (_plain(tensor_input) and _plain(weight)):
+        return None
+    arguments = (
+        node._saved_bias_sym_sizes_opt,
+        list(node._saved_stride),
+        list(node._saved_padding),
+        list(node._saved_dilation),
+        bool(node._saved_transposed),
+        list(node._saved_output_padding),
+        int(node._saved_groups),
+    )
+    mask = [False, 1 in wanted, 2 in wanted]
+
+    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        bias_sizes, stride, padding, dilation, transposed, output_padding, groups = arguments
+        _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+            grads[0],
+            tensor_input,
+            weight,
+            bias_sizes,
+            stride,
+            padding,
+            dilation,
+            transposed,
+            output_padding,
+            groups,
+            mask,
+        )
+        result: dict[int, torch.Tensor | None] = {}
+        if 1 in wanted:
+            result[1] = grad_weight
+        if 2 in wanted:
+            result[2] = grad_bias
+        return result
+
+    return gradients
+
+
+def _layer_norm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    # next_functions: (input, weight, bias)
+    if 0 in wanted:
+        return None
+    saved = (
+        node._saved_input,
+        list(node._saved_normalized_shape),
+        node._saved_result1,
+        node._saved_result2,
+        node._saved_weight,
+        node._saved_bias,
+    )
+    if not (_plain(saved[0]) and _plain(saved[2]) and _plain(saved[3])):
+        return None
+    mask = [False, 1 in wanted, 2 in wanted]
+
+    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        tensor_input, normalized_shape, mean, rstd, weight, bias = saved
+        _, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
+            grads[0].contiguous(), tensor_input, normalized_shape, mean, rstd, weight, bias, mask
+        )
+        result: dict[int, torch.Tensor | None] = {}
+        if 1 in wanted:
+            result[1] = grad_weight
+        if 2 in wanted:
+            result[2] = grad_bias
+        return result
+
+    return gradients
+
+
+def _mul(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    # next_functions: (self, other); d(self*other)/d(other) = self
+    factors = {1: node._saved_self if 1 in wanted else None, 0: node._saved_other if 0 in wanted else None}
+    if any(not _plain(factors[input_nr]) for input_nr in wanted):
+        return None
+
+    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        return {input_nr: grads[0] * factors[input_nr] for input_nr in wanted}
+
+    return gradients
+
+
+def _add(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    alpha = node._saved_alpha
+
+    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        grad = grads[0]
+        return {input_nr: grad if input_nr == 0 or alpha == 1 else grad * alpha for input_nr in wanted}
+
+    return gradients
+
+
+_RULES: dict[str, Callable[[Node, frozenset[int]], WeightGradient | None]] = {
+    "AddmmBackward0": _addmm,
+    "MmBackward0": _mm,
+    "BmmBackward0": _bmm,
+    "ConvolutionBackward0": _convolution,
+    "NativeLayerNormBackward0": _layer_norm,
+    "MulBackward0": _mul,
+    "AddBackward0": _add,
+}
+
+
+def prepare(node: Node, weight_input_nrs: Sequence[int]) -> WeightGradient | None:
+    """A callable computing ``node``'s weight-side gradients without the Node, or None if unsupported.
+
+    Args:
+        node: an intermediate whose saved tensors are still alive (call this in the B phase).
+        weight_input_nrs: positions in ``node.next_functions`` of its weight-side edges.
+
+    Returns:
+        ``rule(grads) -> {input_nr: gradient}``, where ``grads`` are the gradients ``node`` received
+        (one per forward output); or None when graphkit has no rule for this op or these tensors.
+    """
+    factory = _RULES.get(type(node).__name__)
+    if factory is None:
+        return None
+    try:
+        return factory(node, frozenset(weight_input_nrs))
+    except (AttributeError, RuntimeError):  # an attribute PyTorch renamed, or freed saved tensors
+        return None
+
+
+def held_tensors(rule: Any) -> list[torch.Tensor]:
+    """The tensors a prepared rule keeps alive (for memory accounting)."""
+    found: list[torch.Tensor] = []
+    stack = [cell.cell_contents for cell in (getattr(rule, "__closure__", None) or ())]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            stack.extend(value)
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+    return found
