@@ -91,12 +91,12 @@ fi
 python="$venv/bin/python"
 
 # 3. torch, CPU build -------------------------------------------------------------------------------------
-if torch_version="$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
+if torch_version="$("$python" -W ignore -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
     say "torch: $torch_version is installed"
 else
     say "pip install $torch_spec"
     "$python" -m pip install -q "$torch_spec"
-    torch_version="$("$python" -c 'import torch; print(torch.__version__)')"
+    torch_version="$("$python" -W ignore -c 'import torch; print(torch.__version__)')"
 fi
 
 # 4. graphkit and its extras ------------------------------------------------------------------------------

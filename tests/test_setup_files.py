@@ -178,6 +178,7 @@ exit 0
 """
 
 FAKE_VENV_PYTHON = """#!/usr/bin/env bash
+[[ "$1" == -W ]] && shift 2
 if [[ "$1" == -c ]]; then
     case "$2" in
         *"import torch"*) [[ -f "$FAKE_STATE/torch" ]] || exit 1; echo "2.13.0+cpu" ;;
