@@ -69,16 +69,25 @@ def is_custom_function(node: Node) -> bool:
     return isinstance(node, BackwardCFunction)
 
 
+_op_names_by_class: dict[type, str] = {}
+
+
 def forward_op_name(node: Node) -> str:
     """Short name of the forward op a Node differentiates: ``AddmmBackward0`` -> ``addmm``.
 
     AccumulateGrad becomes ``accumulate_grad``; a custom Function keeps its class name (``MyFunction``).
+    The name depends on the Node's class alone and is cached per class.
     """
-    class_name = type(node).__name__
-    if is_custom_function(node):
-        return _BACKWARD_SUFFIX.sub("", class_name) or class_name
-    stripped = _BACKWARD_SUFFIX.sub("", class_name)
-    return _CAMEL_BOUNDARY.sub("_", stripped).lower()
+    cls = type(node)
+    name = _op_names_by_class.get(cls)
+    if name is None:
+        class_name = cls.__name__
+        if is_custom_function(node):
+            name = _BACKWARD_SUFFIX.sub("", class_name) or class_name
+        else:
+            name = _CAMEL_BOUNDARY.sub("_", _BACKWARD_SUFFIX.sub("", class_name)).lower()
+        _op_names_by_class[cls] = name
+    return name
 
 
 def gradient_metadata(node: Node) -> tuple[GradientMetadata, ...] | None:
