@@ -209,25 +209,34 @@ def transformer_encoder(layers: int = 12, *, batch: int = 2, tokens: int = 4) ->
 # The graph kinds of parameter groups
 
 
-class SharedLate(nn.Module):
-    """``y = second(tanh(first(x) * scale)) * scale``: ``scale`` is used by both layers.
+class Shared(nn.Module):
+    """Holds one parameter, ``scale`` ``(4,)``, that other modules use."""
 
-    With ``shared_first=False`` (the hard case) ``scale`` is registered after ``first.*`` and ``second.*``.
-    Input ``x`` float32 ``(3, 4)``; output ``(3, 4)``.
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(4) + 0.5)
+
+
+class SharedLate(nn.Module):
+    """``y = second(tanh(first(x) * shared.scale)) * shared.scale``: one parameter used by both layers.
+
+    With ``shared_first=False`` (the hard case) ``shared.scale`` is registered after ``first.*`` and
+    ``second.*``, so ``named_parameters()`` lists it last. Input ``x`` float32 ``(3, 4)``; output ``(3, 4)``.
     """
 
     def __init__(self, shared_first: bool = False) -> None:
         super().__init__()
-        scale = nn.Parameter(torch.rand(4) + 0.5)
+        shared = Shared()
         if shared_first:
-            self.scale = scale
+            self.shared = shared
         self.first = nn.Linear(4, 4)
         self.second = nn.Linear(4, 4)
         if not shared_first:
-            self.scale = scale
+            self.shared = shared
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.second(torch.tanh(self.first(x) * self.scale)) * self.scale
+        scale = self.shared.scale
+        return self.second(torch.tanh(self.first(x) * scale)) * scale
 
 
 def shared_late(shared_first: bool = False) -> ModelAndInputs:
@@ -448,11 +457,16 @@ def reregister(module: nn.Module, rng: random.Random) -> nn.Module:
     """Shuffle, in place, the registration order of every submodule's parameters and children.
 
     The computation is unchanged (same Parameter objects, same forward); only the order of
-    ``named_parameters()`` and ``named_modules()`` changes. A Parameter registered under several names
-    keeps all of them. Returns ``module``.
+    ``named_parameters()`` and ``named_modules()`` changes. Children of containers whose forward follows
+    their order (``nn.Sequential``, ``nn.ModuleList``, ``nn.ModuleDict``) keep it. A Parameter registered
+    under several names keeps all of them. Returns ``module``.
     """
+    ordered = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
     for submodule in list(module.modules()):
-        for registry in (submodule._parameters, submodule._modules):
+        registries = [submodule._parameters]
+        if not isinstance(submodule, ordered):
+            registries.append(submodule._modules)
+        for registry in registries:
             items = list(registry.items())
             rng.shuffle(items)
             registry.clear()
