@@ -472,6 +472,7 @@ code { font:13px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
            max-width:110ch; }
 .callout.bad { border-color:var(--bad); background:#ffebe9; }
 .overview { display:flex; flex-wrap:wrap; gap:32px; align-items:flex-start; }
+#flops { flex:0 1 600px; } #flops p { margin:2px 0 6px; }
 dl.facts { display:grid; grid-template-columns:max-content minmax(0, 60ch); gap:4px 16px; margin:0; }
 dl.facts dt { color:var(--muted); } dl.facts dd { margin:0; }
 table { border-collapse:collapse; font-size:14px; }
@@ -837,7 +838,7 @@ def report_html(inspection: Inspection, files: Mapping[str, str | None] | None =
         f"{_stage_note(inspection)}"
         f'<div class="overview"><div>{_facts(inspection, summary)}</div>'
         '<div id="flops"><b>Backward FLOPs per phase</b>'
-        '<p class="muted" style="margin:2px 0 6px">B runs as soon as the output gradient arrives; W can wait '
+        '<p class="muted">B runs as soon as the output gradient arrives; W can wait '
         "and fill pipeline bubbles. B + W should equal the full backward.</p>"
         f"{_flops_chart(flops)}</div></div></section>"
     )
