@@ -1,0 +1,93 @@
+"""Benchmark graphkit's split backward (B + W) against a full backward and PyTorch's own split.
+
+    python bench/split.py [--repeat N] [--json] [--device cpu|cuda] [--only NAME ...]
+
+For every model: median wall time of the full backward, B, W and B+W over repeated microbatches after
+warm-up, FLOPs per phase, autograd-engine calls in W, the bytes kept alive between B and W (and that
+figure over what W needs), and the saved bytes of the whole stage graph; then the same split through
+``torch.distributed.pipelining._backward`` in the same run. Ratios are against the full backward
+measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from torch import nn
+
+from graphkit import zoo
+from graphkit.bench import HEADER, benchmark_split, format_row
+
+
+def encoder(layers: int, width: int, batch: int = 4, sequence: int = 32):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        width, 4 if width >= 16 else 2, 4 * width, dropout=0.0, batch_first=True
+    )
+    module = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+    return module, (torch.randn(batch, sequence, width, requires_grad=True),)
+
+
+def linear_gelu_mlp(layers: int = 48, width: int = 64, batch: int = 128):
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(layers):
+        blocks += [nn.Linear(width, width), nn.GELU()]
+    return nn.Sequential(*blocks), (torch.randn(batch, width, requires_grad=True),)
+
+
+def hf(spec: str):
+    from graphkit.hf import load_hf_spec
+
+    return load_hf_spec(spec)
+
+
+MODELS = {
+    "encoder-12x64": lambda: encoder(12, 64),
+    "encoder-48x16": lambda: encoder(48, 16),
+    "mlp-48-linear-gelu": linear_gelu_mlp,
+    "gpt2-stage": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=64&seq=32&batch=4"),
+    "llama-stage": lambda: hf(
+        "hf:llama?stage=middle&num_hidden_layers=4&hidden_size=64&intermediate_size=128&seq=32&batch=4"
+    ),
+    **{f"zoo:{name}": (lambda name=name: zoo.build(name)) for name in zoo.MODELS},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", nargs="*", help="model names to run (default: all)")
+    arguments = parser.parse_args(argv)
+    results = {}
+    if not arguments.json:
+        print(HEADER)
+    for name, build in MODELS.items():
+        if arguments.only and name not in arguments.only:
+            continue
+        try:
+            module, inputs = build()
+        except ImportError as error:
+            print(f"{name:24s} skipped: {error}", file=sys.stderr)
+            continue
+        result = benchmark_split(
+            module, inputs, repeat=arguments.repeat, warmup=arguments.warmup, device=arguments.device
+        )
+        results[name] = result.to_dict()
+        if not arguments.json:
+            print(format_row(name, result), flush=True)
+    if arguments.json:
+        print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,368 @@
+"""Measure a stage's split backward against its full backward: time, FLOPs, engine calls, memory kept.
+
+:func:`benchmark_split` runs repeated microbatches of one stage and reports (all times in seconds,
+medians after warm-up):
+
+- ``full_s``: an ordinary ``torch.autograd.backward``; ``b_s`` / ``w_s``: graphkit's B and W phases;
+  ``split_s``: their sum;
+- ``flops``: FLOPs of ``full``, ``b`` and ``w`` (``torch.utils.flop_counter.FlopCounterMode``);
+- ``w_engine_calls``: autograd-engine calls the W phase makes;
+- ``retained_bytes``: bytes kept alive between B and W once the caller dropped the stage outputs -
+  saved tensors reachable from what the state holds, plus the captured gradients;
+- ``w_needs_bytes``: what W cannot do without - the inputs of the weight-consuming ops (their saved
+  tensors), the weight-only subgraph's saved tensors and the captured gradients;
+- ``graph_saved_bytes``: the saved tensors of the whole stage graph (what keeping the outputs costs).
+
+``pytorch_*`` keys hold the same measurements for PyTorch's own
+``torch.distributed.pipelining._backward`` split, when it runs on the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from graphkit import _autograd
+from graphkit.graph import capture
+from graphkit.split import SplitState, backward_input, backward_weight
+from graphkit.tensors import flatten_tensors, unflatten_like
+
+__all__ = ["SplitBenchmark", "bench_spec", "benchmark_split", "count_engine_calls"]
+
+
+@dataclass(slots=True)
+class SplitBenchmark:
+    """Result of :func:`benchmark_split` (see module docstring for each field)."""
+
+    full_s: float
+    b_s: float
+    w_s: float
+    split_s: float
+    flops: dict[str, int]
+    w_engine_calls: int
+    retained_bytes: int
+    w_needs_bytes: int
+    graph_saved_bytes: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """(B + W) time over full-backward time."""
+        return self.split_s / self.full_s if self.full_s else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(data.pop("extra"))
+        data["ratio"] = self.ratio
+        return data
+
+
+@contextlib.contextmanager
+def count_engine_calls() -> Iterator[list[int]]:
+    """Count autograd-engine runs (``torch.autograd.backward`` and ``torch.autograd.grad``) in the block.
+
+    Wraps the private ``torch.autograd.graph._engine_run_backward`` that both entry points call.
+    """
+    import torch.autograd as autograd_module
+    import torch.autograd.graph as graph_module
+
+    counter = [0]
+    original = graph_module._engine_run_backward
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    graph_module._engine_run_backward = counting
+    autograd_module._engine_run_backward = counting
+    try:
+        yield counter
+    finally:
+        graph_module._engine_run_backward = original
+        autograd_module._engine_run_backward = original
+
+
+def _call(module: torch.nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return module(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return module(*inputs)
+    return module(inputs)
+
+
+def _fresh(inputs: Any, device: torch.device | None) -> Any:
+    def one(tensor: torch.Tensor) -> torch.Tensor:
+        copy = tensor.detach().clone()
+        copy = copy.to(device) if device is not None else copy
+        return copy.requires_grad_(tensor.requires_grad)
+
+    if isinstance(inputs, torch.Tensor):
+        return one(inputs)
+    return unflatten_like(inputs, [one(tensor) for _, tensor in flatten_tensors(inputs)])
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(function: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
+    _synchronize(device)
+    start = time.perf_counter()
+    result = function()
+    _synchronize(device)
+    return time.perf_counter() - start, result
+
+
+def _saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
+    """Saved tensors of every Node reachable from ``nodes`` through next_functions (iterative)."""
+    seen: set[Any] = set()
+    stack = list(nodes)
+    found: list[torch.Tensor] = []
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if not _autograd.is_accumulate_grad(node):
+            saved = _autograd.saved_tensors(node)
+            if saved is not None:
+                found.extend(saved[1])
+        stack.extend(producer for producer, _ in node.next_functions)
+    return found
+
+
+def _distinct_bytes(tensors: list[torch.Tensor]) -> int:
+    sizes: dict[tuple[int, int], int] = {}
+    for tensor in tensors:
+        if tensor.numel():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            sizes[key] = max(sizes.get(key, 0), tensor.numel() * tensor.element_size())
+    return sum(sizes.values())
+
+
+def _captured_tensors(state: SplitState) -> list[torch.Tensor]:
+    tensors = [grad for work in state._work for grad in work.grads if grad is not None]
+    return tensors + [grad for _, grad in state._output_roots]
+
+
+def memory_kept(state: SplitState) -> tuple[int, int]:
+    """``(retained_bytes, w_needs_bytes)`` of a state between B and W (see module docstring)."""
+    captured = _captured_tensors(state)
+    held = state.held_tensors()
+    retained = _distinct_bytes([*captured, *held, *_saved_tensors_below(state.held_nodes())])
+    own = []
+    for work in state._work:
+        if work.node is not None:
+            saved = _autograd.saved_tensors(work.node)
+            own.extend(saved[1] if saved else [])
+    weight_side = _saved_tensors_below(
+        list(state._targets.values()) + [e.node for e, _ in state._output_roots]
+    )
+    needs = _distinct_bytes([*captured, *held, *own, *weight_side])
+    return retained, needs
+
+
+def _split_pairs(
+    forwarded: tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]],
+) -> tuple[Any, tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    prepared, pairs = forwarded
+    return prepared, ([tensor for tensor, _ in pairs], [grad for _, grad in pairs])
+
+
+def _cotangents(outputs: Any, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    flat = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
+    return [
+        (tensor, torch.randn(tensor.shape, generator=generator).to(tensor.dtype).to(tensor.device))
+        for _, tensor in flat
+        if tensor.requires_grad and tensor.is_floating_point()
+    ]
+
+
+def benchmark_split(
+    module: torch.nn.Module,
+    inputs: Any,
+    *,
+    repeat: int = 10,
+    warmup: int = 3,
+    device: str | torch.device | None = None,
+    compare_pytorch: bool = True,
+) -> SplitBenchmark:
+    """Time and measure full backward, B, W and B+W over repeated microbatches of one stage.
+
+    Args:
+        module: the stage (used in place: its ``.grad`` is reset between runs).
+        inputs: positional tuple or keyword dict, as a graphkit SPEC returns.
+        repeat: measured microbatches; warmup: unmeasured ones first.
+        device: move module and inputs there first (``"cuda"`` synchronizes around each timing).
+        compare_pytorch: also run ``torch.distributed.pipelining._backward``'s split.
+
+    Returns:
+        A :class:`SplitBenchmark` (times in seconds, memory in bytes).
+    """
+    device = (
+        torch.device(device)
+        if device is not None
+        else next((p.device for p in module.parameters()), torch.device("cpu"))
+    )
+    module.to(device)
+    parameters = [p for p in module.parameters() if p.requires_grad]
+
+    def reset() -> None:
+        for parameter in parameters:
+            parameter.grad = None
+
+    def forward() -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
+        prepared = _fresh(inputs, device)
+        outputs = _call(module, prepared)
+        return prepared, _cotangents(outputs, 0)
+
+    def stage_inputs(prepared: Any) -> list[torch.Tensor]:
+        flat = [("input", prepared)] if isinstance(prepared, torch.Tensor) else flatten_tensors(prepared)
+        return [tensor for _, tensor in flat if tensor.requires_grad]
+
+    full, b, w = [], [], []
+    for _ in range(warmup + repeat):
+        reset()
+        _, (outputs, grads) = _split_pairs(forward())
+        full.append(_timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device)[0])
+        reset()
+        prepared, (outputs, grads) = _split_pairs(forward())
+        b_seconds, state = _timed(lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device)
+        del outputs, grads  # a pipeline drops the stage outputs after B
+        w_seconds, _ = _timed(lambda s=state: backward_weight(s), device)
+        b.append(b_seconds)
+        w.append(w_seconds)
+
+    # one more microbatch for FLOPs, engine calls and memory
+    reset()
+    prepared, pairs = forward()
+    graph_saved = (
+        capture([t for t, _ in pairs], inputs=stage_inputs(prepared)).graph["saved_bytes_total"] or 0
+    )
+    with FlopCounterMode(display=False) as full_counter:
+        torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+    reset()
+    prepared, pairs = forward()
+    with FlopCounterMode(display=False) as b_counter:
+        state = backward_input([t for t, _ in pairs], [g for _, g in pairs], prepared)
+    del pairs  # the caller drops the stage outputs after B
+    retained, needs = memory_kept(state)
+    with FlopCounterMode(display=False) as w_counter, count_engine_calls() as calls:
+        backward_weight(state)
+
+    medians = [statistics.median(values[warmup:]) for values in (full, b, w)]
+    result = SplitBenchmark(
+        full_s=medians[0],
+        b_s=medians[1],
+        w_s=medians[2],
+        split_s=medians[1] + medians[2],
+        flops={
+            "full": int(full_counter.get_total_flops()),
+            "b": int(b_counter.get_total_flops()),
+            "w": int(w_counter.get_total_flops()),
+        },
+        w_engine_calls=calls[0],
+        retained_bytes=retained,
+        w_needs_bytes=needs,
+        graph_saved_bytes=int(graph_saved),
+        extra={"device": str(device), "intermediates": state.num_intermediates},
+    )
+    if compare_pytorch:
+        result.extra.update(
+            _benchmark_pytorch(forward, stage_inputs, parameters, reset, device, warmup, repeat)
+        )
+    reset()
+    return result
+
+
+def _benchmark_pytorch(
+    forward: Callable[[], Any],
+    stage_inputs: Callable[[Any], list[torch.Tensor]],
+    parameters: list[torch.Tensor],
+    reset: Callable[[], None],
+    device: torch.device,
+    warmup: int,
+    repeat: int,
+) -> dict[str, Any]:
+    """The same microbatches through ``torch.distributed.pipelining._backward`` (B then W)."""
+    try:
+        from torch.distributed.pipelining import _backward as pipelining
+    except ImportError as error:  # a torch build without distributed
+        return {"pytorch_error": f"unavailable: {error}"}
+    try:
+        b_times, w_times = [], []
+        for _ in range(warmup + repeat + 1):
+            reset()
+            prepared, pairs = forward()
+            inputs = stage_inputs(prepared)
+            b_seconds, (_, groups) = _timed(
+                lambda inputs=inputs, pairs=pairs: pipelining.stage_backward_input(
+                    [t for t, _ in pairs], [g for _, g in pairs], inputs, iter(parameters)
+                ),
+                device,
+            )
+            with FlopCounterMode(display=False) as counter, count_engine_calls() as calls:
+                w_seconds, _ = _timed(
+                    lambda groups=groups: pipelining.stage_backward_weight(iter(parameters), groups), device
+                )
+            b_times.append(b_seconds)
+            w_times.append(w_seconds)
+        b_median = statistics.median(b_times[warmup:-1])
+        w_median = statistics.median(w_times[warmup:-1])
+        return {
+            "pytorch_b_s": b_median,
+            "pytorch_w_s": w_median,
+            "pytorch_split_s": b_median + w_median,
+            "pytorch_w_flops": int(counter.get_total_flops()),
+            "pytorch_w_engine_calls": calls[0],
+        }
+    except Exception as error:  # PyTorch's split fails on some graphs: report it, do not hide it
+        return {"pytorch_error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"}
+
+
+def format_row(name: str, result: SplitBenchmark) -> str:
+    """One line of the benchmark table."""
+    extra = result.extra
+    pytorch = (
+        f"{extra['pytorch_split_s'] / result.full_s:6.2f}x ({extra['pytorch_w_engine_calls']} W calls)"
+        if "pytorch_split_s" in extra
+        else f"  failed: {extra.get('pytorch_error', '-')[:40]}"
+    )
+    flops = result.flops
+    flops_ratio = (flops["b"] + flops["w"]) / flops["full"] if flops["full"] else float("nan")
+    kept = result.retained_bytes / result.w_needs_bytes if result.w_needs_bytes else float("nan")
+    return (
+        f"{name:24s} {result.full_s * 1e3:8.2f} {result.b_s * 1e3:8.2f} {result.w_s * 1e3:8.2f} "
+        f"{result.ratio:6.2f}x {flops_ratio:6.3f} {result.w_engine_calls:3d} "
+        f"{result.retained_bytes / 2**20:8.2f} {kept:5.2f} {result.graph_saved_bytes / 2**20:8.2f}  {pytorch}"
+    )
+
+
+HEADER = (
+    f"{'model':24s} {'full ms':>8s} {'B ms':>8s} {'W ms':>8s} {'B+W':>7s} {'FLOPs':>6s} {'Wc':>3s} "
+    f"{'kept MiB':>8s} {'/need':>5s} {'graph MiB':>8s}  pytorch (B+W)/full"
+)
+
+
+def bench_spec(spec: str, *, repeat: int = 10, as_json: bool = False, device: str | None = None) -> int:
+    """``graphkit bench SPEC``: print the benchmark of one model spec; returns the exit status."""
+    from graphkit.spec import load_spec
+
+    module, inputs = load_spec(spec)
+    result = benchmark_split(module, inputs, repeat=repeat, device=device)
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        print(HEADER)
+        print(format_row(spec, result))
+    return 0

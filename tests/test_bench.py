@@ -1,0 +1,42 @@
+"""The split benchmark's non-timing measurements: FLOPs, engine calls and the memory kept between B and W."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from graphkit import zoo
+from graphkit.bench import benchmark_split, count_engine_calls
+
+
+def test_engine_call_counter_counts_backward_and_grad():
+    x = torch.randn(3, requires_grad=True)
+    with count_engine_calls() as calls:
+        (x * 2).sum().backward()
+        torch.autograd.grad((x * 3).sum(), x)
+    assert calls[0] == 2
+
+
+def test_split_benchmark_measures_flops_calls_and_memory():
+    module, inputs = zoo.build("gpt_stage")
+    result = benchmark_split(module, inputs, repeat=1, warmup=0)
+    assert result.flops["b"] + result.flops["w"] == result.flops["full"] > 0
+    assert result.w_engine_calls == 1
+    # every intermediate of gpt_stage has a weight-side formula: the state keeps exactly what W needs
+    assert result.retained_bytes == result.w_needs_bytes > 0
+    assert result.extra["pytorch_w_engine_calls"] == result.extra["intermediates"]
+    assert all(parameter.grad is None for parameter in module.parameters())
+
+
+def test_state_keeps_far_less_than_the_graph_when_formulas_apply():
+    torch.manual_seed(0)
+    blocks = []
+    for _ in range(8):
+        blocks += [nn.Linear(32, 32), nn.GELU()]
+    module = nn.Sequential(*blocks)
+    result = benchmark_split(module, (torch.randn(64, 32, requires_grad=True),), repeat=1, warmup=0)
+    # GELU's saved inputs are not needed by W; the Linear inputs and captured gradients are
+    assert result.retained_bytes == result.w_needs_bytes
+    linear_inputs = 8 * 64 * 32 * 4
+    captured = 8 * 64 * 32 * 4
+    assert result.retained_bytes == linear_inputs + captured
