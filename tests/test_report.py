@@ -345,3 +345,21 @@ def test_plain_summary_without_rich(tmp_path, monkeypatch):
     _, graph = oracle_graph("mlp")
     assert any(line.split()[:2] == ["groups", str(len(param_groups(graph)))] for line in lines)
     assert "\u2502" not in run.out  # no table borders
+
+
+# --------------------------------------------------------------------------------------------------------
+# The README, which sends newcomers here
+
+
+def test_readme_python_example_runs_and_its_images_exist(repo_root, capsys):
+    readme = (repo_root / "README.md").read_text()
+    example = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    model = namespace["model"]
+    assert all(parameter.grad is not None for parameter in model.parameters())
+    assert namespace["grad_hidden"].shape == namespace["hidden"].shape
+    assert "OK: 0 of 25 gradients differ" in capsys.readouterr().out
+    for image in ("docs/images/llama-stage.png", "docs/images/inspect-report.png"):
+        assert f'src="{image}"' in readme
+        assert (repo_root / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
