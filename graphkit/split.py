@@ -41,7 +41,7 @@ from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from graphkit import _autograd
 from graphkit.graph import _Walk, _walk
 from graphkit.tensors import GraphkitInputError, flatten_tensors
-from graphkit.weight_rules import WeightGradient, held_tensors, prepare
+from graphkit.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
     "GraphFreedError",
@@ -101,7 +101,7 @@ class _WeightWork:
     grads: tuple[torch.Tensor | None, ...]
     # (input_nr in the intermediate's next_functions, target index, target output_nr)
     edges: tuple[tuple[int, int, int], ...]
-    rule: WeightGradient | None
+    rule: PreparedWeightGradient | None
     node: Node | None  # kept only when no rule applies
 
 
@@ -145,7 +145,7 @@ class SplitState:
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Saved tensors the weight-side formulas keep alive (not counting Nodes kept for direct calls)."""
-        return [tensor for work in self._work if work.rule is not None for tensor in held_tensors(work.rule)]
+        return [tensor for work in self._work if work.rule is not None for tensor in work.rule.tensors]
 
     def held_nodes(self) -> list[Node]:
         """Nodes the state keeps alive: intermediates without a formula, weight-side targets, output roots."""

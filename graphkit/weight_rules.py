@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
-__all__ = ["WeightGradient", "prepare"]
+__all__ = ["PreparedWeightGradient", "WeightGradient", "held_tensors", "prepare"]
 
 # A prepared rule: takes the gradients the intermediate received (one per forward output) and returns
 # one gradient (or None) per weight-side input_nr it was prepared for.
@@ -211,7 +211,7 @@ _RULES: dict[str, Callable[[Node, frozenset[int]], WeightGradient | None]] = {
 }
 
 
-def prepare(node: Node, weight_input_nrs: Sequence[int]) -> WeightGradient | None:
+def prepare(node: Node, weight_input_nrs: Sequence[int]) -> PreparedWeightGradient | None:
     """A callable computing ``node``'s weight-side gradients without the Node, or None if unsupported.
 
     Args:
@@ -226,9 +226,34 @@ def prepare(node: Node, weight_input_nrs: Sequence[int]) -> WeightGradient | Non
     if factory is None:
         return None
     try:
-        return factory(node, frozenset(weight_input_nrs))
+        compute = factory(node, frozenset(weight_input_nrs))
     except (AttributeError, RuntimeError):  # an attribute PyTorch renamed, or freed saved tensors
         return None
+    return None if compute is None else PreparedWeightGradient(compute)
+
+
+class PreparedWeightGradient:
+    """A weight-side formula with the saved tensors it holds and their versions at B time.
+
+    Calling it checks that none of those tensors was modified in place since the B phase (the check
+    autograd's SavedVariable would make) and raises RuntimeError if one was.
+    """
+
+    __slots__ = ("compute", "tensors", "versions")
+
+    def __init__(self, compute: WeightGradient) -> None:
+        self.compute = compute
+        self.tensors = held_tensors(compute)
+        self.versions = tuple(tensor._version for tensor in self.tensors)
+
+    def __call__(self, grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        for tensor, version in zip(self.tensors, self.versions, strict=True):
+            if tensor._version != version:
+                raise RuntimeError(
+                    f"a tensor of shape {tuple(tensor.shape)} saved for the W phase was modified in place "
+                    "between the B and the W phase; keep activations and parameters unchanged until W ran"
+                )
+        return self.compute(grads)
 
 
 def held_tensors(rule: Any) -> list[torch.Tensor]:

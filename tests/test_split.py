@@ -395,3 +395,45 @@ def test_multi_output_intermediate_sends_each_gradient_to_its_own_output():
     for name in expected_params:
         torch.testing.assert_close(params[name], expected_params[name], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(input_grads[0], expected_inputs[0], rtol=1e-5, atol=1e-6)
+
+
+def test_modifying_a_saved_activation_between_b_and_w_is_an_error():
+    layer = nn.Linear(4, 3).double()
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    hidden = torch.tanh(x)
+    out = layer(hidden)
+    state = backward_input(out, torch.ones_like(out), x)
+    del out
+    with torch.no_grad():
+        hidden.mul_(2)  # the Linear's saved input
+    with pytest.raises(RuntimeError, match="modified in place"):
+        backward_weight(state)
+
+
+@pytest.mark.parametrize("name", sorted(zoo.MODELS))
+def test_split_plan_agrees_with_the_closures_of_the_captured_graph(name):
+    # backward_input computes the split on node indices; graphkit.closures on the networkx graph.
+    # Both walk the same graph in the same order, so index i is node "n{i}".
+    from torch.autograd.graph import get_gradient_edge
+
+    from graphkit.closures import intermediates
+    from graphkit.graph import _walk, capture
+    from graphkit.split import _plan
+
+    module, inputs = zoo.build(name)
+    outputs = _call(module, inputs)
+    tensors = [
+        t
+        for _, t in (flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("o", outputs)])
+    ]
+    tensors = [t for t in tensors if t.requires_grad]
+    stage_inputs = [t for _, t in flatten_tensors(inputs) if t.requires_grad]
+    input_nodes = {get_gradient_edge(t).node for t in stage_inputs}
+    plan = _plan(_walk([get_gradient_edge(t).node for t in tensors], input_nodes), input_nodes)
+    graph = capture(tensors, inputs=stage_inputs)
+    expected = intermediates(graph)
+    assert {f"n{index}" for index, _ in plan.intermediates} == set(expected)
+    for index, edges in plan.intermediates:
+        assert [(nr, f"n{target}", out) for nr, target, out in edges] == [
+            (e.input_nr, e.target, e.target_output_nr) for e in expected[f"n{index}"].weight_side_edges
+        ]
