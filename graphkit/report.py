@@ -886,8 +886,8 @@ def _terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]
         ("groups", str(summary["groups"])),
         (
             "FLOPs",
-            f"full {_si(flops['full'])}, B {_si(flops['b'])}{share(flops['b'])}, "
-            f"W {_si(flops['w'])}{share(flops['w'])}",
+            f"full backward {_flop(flops['full'])}, B {_flop(flops['b'])}{share(flops['b'])}, "
+            f"W {_flop(flops['w'])}{share(flops['w'])}",
         ),
         (
             "verify",
