@@ -14,7 +14,9 @@ parameters and submodules registered in another order, which changes ``named_par
 else.
 
 :func:`reference_param_groups` is a brute-force oracle for parameter groups, written straight from
-``next_functions`` (per-parameter closures and a union-find), independent of :mod:`graphkit.closures`.
+``next_functions`` (per-parameter closures and a union-find), independent of :mod:`graphkit.closures`;
+:func:`check_param_groups` asserts that :func:`graphkit.param_groups` agrees with it and with a full
+backward.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from torch import Tensor, nn
 from torch.autograd.graph import Node, get_gradient_edge
 from torch.nn import functional
 
+from graphkit.graph import capture
+from graphkit.groups import GroupFlag, ParamGroup, ParamGroups, param_groups
+
 __all__ = [
     "KINDS",
     "ModelAndInputs",
@@ -37,6 +42,7 @@ __all__ = [
     "RandomModelPlan",
     "ReferenceGroup",
     "chain",
+    "check_param_groups",
     "chunk_pair",
     "custom_multi_output",
     "detached_branch",
@@ -47,6 +53,8 @@ __all__ = [
     "nested",
     "output_tensors",
     "param_only_output",
+    "parameters_with_gradient",
+    "partition",
     "plan_random_model",
     "random_model",
     "recurrence",
@@ -916,3 +924,67 @@ def reference_param_groups(
         if parameter.requires_grad and id(parameter) not in reached
     }
     return groups, unused
+
+
+def parameters_with_gradient(module: nn.Module, outputs: Any) -> set[str]:
+    """Names of the parameters that a full backward from every output (all-ones gradients) reaches."""
+    tensors = output_tensors(outputs)
+    named = list(module.named_parameters(remove_duplicate=False))
+    unique = list({id(parameter): parameter for _, parameter in named if parameter.requires_grad}.values())
+    if not unique:
+        return set()
+    gradients = torch.autograd.grad(
+        tensors,
+        unique,
+        grad_outputs=[torch.ones_like(tensor) for tensor in tensors],
+        allow_unused=True,
+        retain_graph=True,
+    )
+    received = {
+        id(parameter) for parameter, gradient in zip(unique, gradients, strict=True) if gradient is not None
+    }
+    return {name for name, parameter in named if id(parameter) in received}
+
+
+def partition(groups: Iterable[ParamGroup]) -> set[frozenset[str]]:
+    """The parameter names of each group, as a set of sets (order-free)."""
+    return {frozenset(group.params) for group in groups}
+
+
+def check_param_groups(module: nn.Module, inputs: dict[str, Any], outputs: Any) -> ParamGroups:
+    """Assert that :func:`graphkit.param_groups` agrees with both oracles; return its groups.
+
+    - full backward: every parameter that receives a gradient is in exactly one group, no other
+      parameter is, and ``unused_params`` are exactly the parameters that require grad and get none;
+    - :func:`reference_param_groups`: the same groups, intermediates (as autograd Nodes), parameter-only
+      output entries and shared parameters; the ``shared-parameter`` and ``parameter-only-output``
+      flags are set exactly when those are non-empty.
+    """
+    graph = capture(outputs, inputs=inputs, module=module)
+    groups = param_groups(graph)
+
+    grouped = [name for group in groups for name in group.params]
+    assert len(grouped) == len(set(grouped)), f"a parameter is in two groups: {grouped}"
+    assert set(grouped) == parameters_with_gradient(module, outputs)
+    every = {
+        name for name, parameter in module.named_parameters(remove_duplicate=False) if parameter.requires_grad
+    }
+    assert set(groups.unused_params) == every - set(grouped)
+
+    tensors_in = [value for value in inputs.values() if isinstance(value, Tensor)]
+    reference, unused = reference_param_groups(output_tensors(outputs), tensors_in, module)
+    assert set(groups.unused_params) == unused
+    got = [
+        (
+            frozenset(group.params),
+            frozenset(graph.autograd_nodes[node] for node in group.intermediates),
+            frozenset(graph.autograd_nodes[entry.node] for entry in group.output_entries),
+            frozenset(group.shared_params),
+        )
+        for group in groups
+    ]
+    assert got == [(ref.params, ref.intermediates, ref.output_entries, ref.shared) for ref in reference]
+    for group in groups:
+        assert (GroupFlag.SHARED_PARAMETER in group.flags) == bool(group.shared_params)
+        assert (GroupFlag.PARAMETER_ONLY_OUTPUT in group.flags) == bool(group.output_entries)
+    return groups

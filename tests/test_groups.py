@@ -294,75 +294,20 @@ def test_a_2000_step_recurrence_is_one_group_with_2000_intermediates() -> None:
 
 
 # --- partition properties -------------------------------------------------------------------------------
-def parameters_with_gradient(module: nn.Module, outputs: Any) -> set[str]:
-    """Names of the parameters a full backward from every output gives a gradient."""
-    tensors = models.output_tensors(outputs)
-    named = list(module.named_parameters(remove_duplicate=False))
-    unique = list({id(parameter): parameter for _, parameter in named if parameter.requires_grad}.values())
-    if not unique:
-        return set()
-    gradients = torch.autograd.grad(
-        tensors,
-        unique,
-        grad_outputs=[torch.ones_like(tensor) for tensor in tensors],
-        allow_unused=True,
-        retain_graph=True,
-    )
-    received = {
-        id(parameter) for parameter, gradient in zip(unique, gradients, strict=True) if gradient is not None
-    }
-    return {name for name, parameter in named if id(parameter) in received}
-
-
-def assert_partition_properties(module: nn.Module, inputs: dict[str, Any], outputs: Any) -> ParamGroups:
-    """Full-backward and brute-force oracles agree with param_groups (see the module docstring)."""
-    graph = capture(outputs, inputs=inputs, module=module)
-    groups = param_groups(graph)
-
-    grouped = [name for group in groups for name in group.params]
-    assert len(grouped) == len(set(grouped)), "a parameter is in two groups"
-    assert set(grouped) == parameters_with_gradient(module, outputs)
-    every = {
-        name for name, parameter in module.named_parameters(remove_duplicate=False) if parameter.requires_grad
-    }
-    assert set(groups.unused_params) == every - set(grouped)
-
-    tensors_in = [value for value in inputs.values() if isinstance(value, torch.Tensor)]
-    reference, unused = models.reference_param_groups(models.output_tensors(outputs), tensors_in, module)
-    assert set(groups.unused_params) == unused
-    assert [
-        (
-            frozenset(group.params),
-            frozenset(graph.autograd_nodes[node] for node in group.intermediates),
-            frozenset(graph.autograd_nodes[entry.node] for entry in group.output_entries),
-            frozenset(group.shared_params),
-        )
-        for group in groups
-    ] == [(ref.params, ref.intermediates, ref.output_entries, ref.shared) for ref in reference]
-    for group in groups:
-        assert (SHARED in group.flags) == bool(group.shared_params)
-        assert (PARAMETER_ONLY in group.flags) == bool(group.output_entries)
-    return groups
-
-
-def partition(groups: ParamGroups) -> set[frozenset[str]]:
-    return {frozenset(group.params) for group in groups}
-
-
 @pytest.mark.parametrize("name", list(zoo.MODELS))
 def test_zoo_groups_agree_with_full_backward_and_brute_force(name: str) -> None:
-    assert_partition_properties(*zoo_model(name))
+    models.check_param_groups(*zoo_model(name))
 
 
 @pytest.mark.parametrize("name", list(models.KINDS))
 def test_small_model_groups_agree_with_full_backward_and_brute_force(name: str) -> None:
     module, inputs = models.KINDS[name]()
-    assert_partition_properties(module, inputs, module(**inputs))
+    models.check_param_groups(module, inputs, module(**inputs))
 
 
 def test_two_layer_transformer_encoder_groups_agree_with_brute_force() -> None:
     module, inputs = models.transformer_encoder(2)
-    groups = assert_partition_properties(module, inputs, module(**inputs))
+    groups = models.check_param_groups(module, inputs, module(**inputs))
     assert len(groups) > 2
 
 
@@ -379,9 +324,8 @@ def test_shuffled_parameter_registration_gives_the_same_partition(name: str) -> 
         arguments = list(inputs.values()) if all(key.isdigit() for key in inputs) else None
         outputs = module(*arguments) if arguments is not None else module(**inputs)
         groups = param_groups(capture(outputs, inputs=inputs, module=module))
-        return [parameter for parameter, _ in module.named_parameters(remove_duplicate=False)], partition(
-            groups
-        )
+        names = [parameter for parameter, _ in module.named_parameters(remove_duplicate=False)]
+        return names, models.partition(groups)
 
     order, expected = groups_of(None)
     for seed in range(3):
@@ -396,7 +340,7 @@ def test_random_models_agree_with_the_oracles_on_fixed_seeds() -> None:
     """A fixed sample of :func:`models.random_model` (the hypothesis test explores further)."""
     for seed in range(40):
         module, inputs = models.random_model(seed)
-        assert_partition_properties(module, inputs, module(**inputs))
+        models.check_param_groups(module, inputs, module(**inputs))
 
 
 # --- presentation ---------------------------------------------------------------------------------------
