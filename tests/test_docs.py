@@ -1,0 +1,122 @@
+"""The documentation site builds with warnings as errors, and its pages hold what they promise.
+
+The build runs Sphinx in a subprocess into a temporary folder, executing the notebooks (myst-nb) in a
+kernel of this test run's Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sphinx", reason="the docs extra (sphinx, myst-nb, pydata-sphinx-theme) is not installed")
+pytest.importorskip("myst_nb")
+pytest.importorskip("pydata_sphinx_theme")
+
+
+@pytest.fixture(scope="module")
+def built_docs(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Path:
+    folder = tmp_path_factory.mktemp("docs")
+    spec = folder / "jupyter" / "kernels" / "python3"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"})
+    )
+    environment = dict(os.environ, JUPYTER_PATH=str(folder / "jupyter"), PYDEVD_DISABLE_FILE_VALIDATION="1")
+    output = folder / "html"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-q",
+            "-b",
+            "html",
+            "-d",
+            str(folder / "doctrees"),
+            "docs",
+            str(output),
+        ],
+        cwd=repo_root,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    warnings = "\n".join(line for line in result.stderr.splitlines() if "IPKernelApp" not in line)
+    assert result.returncode == 0, f"sphinx -W failed (exit {result.returncode}):\n{warnings}"
+    return output
+
+
+@pytest.mark.slow
+def test_docs_build_every_page(built_docs: Path) -> None:
+    pages = ["index", "getting_started", "concepts", "notebooks", "cli", "api"]
+    pages += [
+        f"notebooks/{name}"
+        for name in ("01_param_groups", "02_diagrams", "03_verify_split", "04_real_models")
+    ]
+    for page in pages:
+        assert (built_docs / f"{page}.html").is_file(), page
+
+
+@pytest.mark.slow
+def test_cli_reference_lists_every_subcommand(built_docs: Path) -> None:
+    from graphkit.cli import build_parser
+
+    text = (built_docs / "cli.html").read_text()
+    parser = build_parser()
+    (subcommands,) = [
+        action for action in parser._actions if action.__class__.__name__ == "_SubParsersAction"
+    ]
+    assert subcommands.choices
+    for name, subparser in subcommands.choices.items():
+        assert f"graphkit {name}" in text
+        for action in subparser._actions:
+            for option in action.option_strings:
+                assert option in text, f"{option} of graphkit {name}"
+
+
+@pytest.mark.slow
+def test_api_reference_documents_the_public_functions(built_docs: Path) -> None:
+    text = (built_docs / "api.html").read_text()
+    for anchor in [
+        "graphkit.graph.capture",
+        "graphkit.trace.trace",
+        "graphkit.groups.param_groups",
+        "graphkit.split.backward_input",
+        "graphkit.split.backward_weight",
+        "graphkit.split.current_phase",
+        "graphkit.stage.StageCompute",
+        "graphkit.verify.verify_split",
+        "graphkit.draw.draw",
+        "graphkit.widgets.explore",
+        "graphkit.spec.load_spec",
+    ]:
+        assert f'id="{anchor}"' in text, anchor
+
+
+@pytest.mark.slow
+def test_concepts_page_shows_the_diagrams_and_the_schedule(built_docs: Path) -> None:
+    text = (built_docs / "concepts.html").read_text()
+    for picture in ("mlp_autograd.svg", "mlp_groups.svg", "mlp_group1.svg"):
+        assert picture in text
+        assert (built_docs / "_images" / picture).is_file()
+    assert "graphviz" in text  # the B/W schedule, drawn by sphinx.ext.graphviz
+
+
+@pytest.mark.slow
+def test_notebook_pages_carry_their_executed_outputs(built_docs: Path) -> None:
+    verify = (built_docs / "notebooks" / "03_verify_split.html").read_text()
+    assert "accumulated over 2 microbatches: equal" in verify
+    assert "backward in phase weight" in verify
+    groups = (built_docs / "notebooks" / "01_param_groups.html").read_text()
+    assert "application/vnd.jupyter.widget-state+json" in groups  # the explorer, as saved widget state
+    assert "blocks.0.attn.proj.weight" in groups
