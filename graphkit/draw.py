@@ -813,6 +813,7 @@ def draw(
                 cluster.node(node, **attributes)
 
     # Everything else: the input path, intermediates, stage inputs, collapsed modules.
+    stage_inputs: list[tuple[str, dict[str, str]]] = []
     for node in graph.nodes:
         drawn_id = plan.drawn[node]
         if drawn_id != node:
@@ -830,9 +831,18 @@ def draw(
         attributes = _node_attributes(plan, node, **options)
         if node in proxied:
             attributes["label"] = _with_uses(attributes["label"], len(consumers[node]))
-        digraph.node(node, **attributes)
+        if str(graph.nodes[node]["kind"]) == NodeKind.STAGE_INPUT.value:
+            stage_inputs.append((node, attributes))
+        else:
+            digraph.node(node, **attributes)
+    if stage_inputs:  # side by side at the start of the layout
+        with digraph.subgraph() as row:
+            row.attr(rank="source")
+            for node, attributes in stage_inputs:
+                row.node(node, **attributes)
 
-    # Stage outputs: a marker per output, fed by the node that produces it.
+    # Stage outputs: a marker per output, side by side at the end, fed by the node that produces it.
+    markers: list[tuple[str, dict[str, str]]] = []
     for position, endpoint in enumerate(output_endpoints):
         data = graph.nodes[endpoint.node]
         shapes = data.get("shapes") or []
@@ -841,20 +851,29 @@ def draw(
             lines.append((_format_shape(shapes[endpoint.output_nr]), "#E6E6E6"))
         name = endpoint.name if endpoint.name.startswith("output") else f"output {endpoint.name}"
         marker = f"output.{position}"
-        digraph.node(
-            marker,
-            label=_html_label(name, lines, title_colour="#FFFFFF"),
-            shape="house",
-            style="filled",
-            fillcolor=_ENDPOINT_FILL,
-            color=_ENDPOINT_FILL,
-            **{"class": "graphkit-stage-output"},
+        markers.append(
+            (
+                marker,
+                {
+                    "label": _html_label(name, lines, title_colour="#FFFFFF"),
+                    "shape": "house",
+                    "style": "filled",
+                    "fillcolor": _ENDPOINT_FILL,
+                    "color": _ENDPOINT_FILL,
+                    "class": "graphkit-stage-output",
+                },
+            )
         )
         attributes = _edge_colour(plan, endpoint.node, endpoint.node)
         attributes.pop("penwidth", None)
         if data.get("num_outputs", 1) > 1:
             attributes["taillabel"] = str(endpoint.output_nr)
         digraph.edge(plan.drawn[endpoint.node], marker, **attributes)
+    if markers:
+        with digraph.subgraph() as row:
+            row.attr(rank="sink")
+            for marker, attributes in markers:
+                row.node(marker, **attributes)
 
     # Edges; a proxied producer gets one small copy per consumer instead of one long edge each.
     proxy_count: dict[str, int] = {}
