@@ -559,6 +559,25 @@ def _names(names: list[str], limit: int = _LISTED_NAMES) -> str:
     return f"{shown} <details><summary>and {len(names) - limit} more</summary>{rest}</details>"
 
 
+def _flops_note(inspection: Inspection) -> str:
+    """A warning when B + W costs noticeably more than the full backward, with the likely reason."""
+    flops = inspection.verify.flops
+    extra = flops["b"] + flops["w"] - flops["full"]
+    if flops["full"] <= 0 or extra <= 0.05 * flops["full"]:
+        return ""
+    custom = any(GroupFlag.CUSTOM_FUNCTION in group.flags for group in inspection.groups)
+    reason = (
+        "A custom <code>torch.autograd.Function</code> (flag <b>custom-function</b>) computes all its "
+        "gradients in both phases unless its backward reads <code>graphkit.current_phase()</code>."
+        if custom
+        else "Some ops compute more than the gradients their phase needs."
+    )
+    return (
+        f'<div class="callout">B + W costs {_flop(extra)} ({100 * extra / flops["full"]:.0f}%) more than one '
+        f"full backward. {reason}</div>"
+    )
+
+
 def _flops_chart(flops: Mapping[str, int]) -> str:
     """FLOPs of full backward, B, W and B + W as horizontal bars in an inline SVG."""
     full, b, w = flops["full"], flops["b"], flops["w"]
@@ -642,7 +661,8 @@ def _facts(inspection: Inspection, summary: Mapping[str, Any]) -> str:
     verdict = (
         f'<span class="verdict ok">OK</span> all {checked} gradients match'
         if verify.ok
-        else f'<span class="verdict failed">FAILED</span> {len(verify.failures)} of {checked} gradients differ'
+        else f'<span class="verdict failed">FAILED</span> {len(verify.failures)} of {checked} gradients differ: '
+        + ", ".join(f'<a href="#verification"><code>{_e(check.name)}</code></a>' for check in verify.failures)
     )
     rows = [
         ("Model", f"<code>{_e(inspection.spec)}</code> &middot; <code>{_e(inspection.module_class)}</code>"),
@@ -840,7 +860,7 @@ def report_html(inspection: Inspection, files: Mapping[str, str | None] | None =
         '<div id="flops"><b>Backward FLOPs per phase</b>'
         '<p class="muted">B runs as soon as the output gradient arrives; W can wait '
         "and fill pipeline bubbles. B + W should equal the full backward.</p>"
-        f"{_flops_chart(flops)}</div></div></section>"
+        f"{_flops_chart(flops)}{_flops_note(inspection)}</div></div></section>"
     )
     return (
         "<!DOCTYPE html>\n"

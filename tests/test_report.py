@@ -171,6 +171,7 @@ def test_default_index_html_parses_with_the_diagram_and_one_row_per_group(defaul
     assert svg[svg.index("<svg") :].strip() in default_run.html  # the diagram, inlined
     assert "zoo:gpt" in default_run.html and "No stage input requires grad" in default_run.html
     assert "wte.weight" in default_run.html and "lm_head.weight" in default_run.html
+    assert "B + W costs" not in default_run.html
 
 
 def test_index_html_is_self_contained(default_run):
@@ -259,6 +260,10 @@ def test_broken_split_exits_1_and_names_the_wrong_parameter(tmp_path):
     assert [check["status"] for check in report["verify"]["inputs"]] == ["ok"]
     page = parse(run.html)
     assert page.failed_rows == 1 and "FAILED" in run.html
+    # its backward computes both gradients in B and in W: the page says B + W costs more than a full backward
+    flops = report["verify"]["flops"]
+    extra = flops["b"] + flops["w"] - flops["full"]
+    assert extra > 0 and f"B + W costs {extra} FLOP ({100 * extra / flops['full']:.0f}%) more" in run.html
     for name in FILES.values():
         assert (tmp_path / name).is_file(), name
 
