@@ -191,19 +191,20 @@ def _pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, t
                 )
             pairs.append((tensor, torch.ones_like(tensor)))
     else:
-        grads = (
-            [("output", grad_outputs)]
-            if isinstance(grad_outputs, torch.Tensor)
-            else flatten_tensors(grad_outputs)
-        )
-        if len(grads) != len(named_outputs):
+        if isinstance(grad_outputs, torch.Tensor):
+            grads: list[tuple[str, Any]] = [("output", grad_outputs)]
+            structure = named_outputs
+        else:
+            grads = flatten_tensors(grad_outputs, keep_none=True)
+            structure = flatten_tensors(outputs, keep_none=True)
+        if len(grads) != len(structure):
             raise GraphkitInputError(
-                f"grad_outputs has {len(grads)} tensors but outputs has {len(named_outputs)}; give one "
+                f"grad_outputs has {len(grads)} entries but outputs has {len(structure)}; give one "
                 "cotangent per output tensor, in the same structure (None for an output with no gradient)"
             )
         pairs = []
-        for (name, tensor), (_, grad) in zip(named_outputs, grads, strict=True):
-            if not tensor.requires_grad or grad is None:
+        for (name, tensor), (_, grad) in zip(structure, grads, strict=True):
+            if tensor is None or not tensor.requires_grad or grad is None:
                 continue
             if grad.shape != tensor.shape:
                 raise GraphkitInputError(

@@ -19,13 +19,15 @@ class GraphkitInputError(ValueError):
     """Raised for input graphkit cannot work with; the message says what was wrong and how to fix it."""
 
 
-def flatten_tensors(value: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+def flatten_tensors(value: Any, prefix: str = "", *, keep_none: bool = False) -> list[tuple[str, Any]]:
     """All tensors inside ``value`` with their paths, in a deterministic order.
 
     Args:
         value: a tensor, a sequence, a mapping (``ModelOutput`` included) or a nested mix; other objects
             (``None``, numbers, strings) are skipped.
         prefix: path prefix for the names.
+        keep_none: also list ``None`` leaves (as ``(path, None)``), so that two structures of the same
+            shape, such as outputs and their cotangents, flatten to aligned lists.
 
     Returns:
         ``[(path, tensor), ...]`` in depth-first order: sequences by index, mappings in their own order.
@@ -35,7 +37,7 @@ def flatten_tensors(value: Any, prefix: str = "") -> list[tuple[str, torch.Tenso
     stack: list[tuple[str, Any]] = [(prefix, value)]
     while stack:
         path, item = stack.pop()
-        if isinstance(item, torch.Tensor):
+        if isinstance(item, torch.Tensor) or (keep_none and item is None):
             found.append((path or "output", item))
         elif isinstance(item, Mapping):
             children = [(_join(path, str(key)), child) for key, child in item.items()]
