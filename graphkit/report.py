@@ -986,7 +986,7 @@ def inspect(
             inspection.timings[STEPS[5]] = time.perf_counter() - start
     if inspection.diagram_note is not None:
         print(
-            f"graphkit inspect: warning: no diagram in the report. {inspection.diagram_note}",
+            f"graphkit inspect: warning: no diagram in the report: {inspection.diagram_note}",
             file=sys.stderr,
         )
     _print_summary(inspection, output, sys.stdout)
