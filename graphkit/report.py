@@ -550,13 +550,18 @@ def _error(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
 
 
+def _fold(items: list[str], limit: int, separator: str = ", ") -> str:
+    """HTML ``items`` joined by ``separator``; past ``limit``, the rest folds into a ``<details>``."""
+    shown = separator.join(items[:limit])
+    if len(items) <= limit:
+        return shown or "-"
+    rest = separator.join(items[limit:])
+    return f"{shown} <details><summary>and {len(items) - limit} more</summary>{rest}</details>"
+
+
 def _names(names: list[str], limit: int = _LISTED_NAMES) -> str:
     """Comma-separated ``<code>`` names; past ``limit``, the rest folds into a ``<details>``."""
-    shown = ", ".join(f"<code>{_e(name)}</code>" for name in names[:limit])
-    if len(names) <= limit:
-        return shown or "-"
-    rest = ", ".join(f"<code>{_e(name)}</code>" for name in names[limit:])
-    return f"{shown} <details><summary>and {len(names) - limit} more</summary>{rest}</details>"
+    return _fold([f"<code>{_e(name)}</code>" for name in names], limit)
 
 
 def _flops_note(inspection: Inspection) -> str:
@@ -718,11 +723,12 @@ def _group_rows(inspection: Inspection) -> str:
             index = f'<a href="#graphkit-group-{group.index}" title="show in the diagram">{index}</a>'
         values = sum(sizes.get(node, 0) for node in set(group.param_nodes))
         entries = [
-            f"{node} {graph.nodes[node]['op']}"
-            + (f" ({graph.nodes[node]['module_path']})" if graph.nodes[node].get("module_path") else "")
+            f"<code>{_e(graph.nodes[node]['op'])}</code> <span class='muted'>{_e(node)}"
+            + (f" in {_e(graph.nodes[node]['module_path'])}" if graph.nodes[node].get("module_path") else "")
+            + "</span>"
             for node in group.intermediates
         ]
-        entries += [f"stage output {entry.name}" for entry in group.output_entries]
+        entries += [f"stage output <code>{_e(entry.name)}</code>" for entry in group.output_entries]
         flags = (
             " ".join(
                 f'<span class="flag" title="{_e(FLAG_HELP.get(str(flag), ""))}">{_e(flag)}</span>'
@@ -735,7 +741,7 @@ def _group_rows(inspection: Inspection) -> str:
             f"<td>{_swatch(style)}{index}</td>"
             f"<td>{_names(list(group.params))}</td>"
             f'<td class="number">{values:,}<br><span class="muted">{_share(values, total)}</span></td>'
-            f"<td>{_names(entries, 4)}</td><td>{flags}</td></tr>"
+            f"<td>{_fold(entries, 4, '<br>')}</td><td>{flags}</td></tr>"
         )
     return "".join(rows)
 
@@ -967,11 +973,15 @@ def inspect(
 
     Raises:
         graphkit.spec.SpecError: the spec cannot be loaded.
-        ValueError: bad ``collapse_depth`` or ``device``.
+        ValueError: bad ``collapse_depth`` or ``device``; ``output`` is a file.
         graphkit.tensors.GraphkitInputError: the model's outputs have no autograd graph.
     """
     spec = spec or DEFAULT_SPEC
     output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise ValueError(
+            f"-o {str(output)!r} is a file; the report needs a folder (it is created if missing)"
+        )
     with _Progress(STEPS, sys.stderr) as progress:
         inspection = collect(
             spec,

@@ -329,6 +329,12 @@ def test_bad_collapse_depth_is_refused_before_any_work(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_an_output_path_that_is_a_file_is_refused(tmp_path, capsys):
+    (tmp_path / "report").write_text("not a folder")
+    assert main(["inspect", "zoo:mlp", "-o", str(tmp_path / "report")]) == 2
+    assert "is a file; the report needs a folder" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_cuda_without_a_gpu_is_a_clear_error(tmp_path, capsys):
     assert main(["inspect", "zoo:mlp", "-o", str(tmp_path), "--device", "cuda"]) == 2
