@@ -437,3 +437,23 @@ def test_split_plan_agrees_with_the_closures_of_the_captured_graph(name):
         assert [(nr, f"n{target}", out) for nr, target, out in edges] == [
             (e.input_nr, e.target, e.target_output_nr) for e in expected[f"n{index}"].weight_side_edges
         ]
+
+
+def test_tensor_hooks_that_change_an_intermediate_gradient_are_honoured():
+    # A user hook on an intermediate's output (gradient scaling, clipping) changes what flows into the
+    # intermediate; the W phase must see the changed gradient, as the full backward does.
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3).double()
+
+    def run(backward):
+        model = copy.deepcopy(layer)
+        x = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        hidden = model(x)
+        hidden.register_hook(lambda grad: grad * 3.0)
+        out = torch.tanh(hidden)
+        backward(out, x)
+        return {name: p.grad for name, p in model.named_parameters()}
+
+    expected = run(lambda out, x: out.backward(torch.ones_like(out)))
+    actual = run(lambda out, x: backward_weight(backward_input(out, torch.ones_like(out), x)))
+    _assert_same(expected, actual)
