@@ -5,6 +5,8 @@ in PyTorch breaks one small file and nothing else:
 
 - ``_input_metadata``: shape, dtype and device of each gradient a node receives (one per forward output);
 - ``_saved_<name>`` / ``saved_tensors``: the tensors a node saved for its backward;
+- ``_raw_saved_<name>``: the packed form of a saved tensor (``SavedTensor.unpack_hook`` tells whether
+  ``torch.autograd.graph.saved_tensors_hooks`` packed it);
 - ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes.
 
 Public API (``get_gradient_edge``, ``GradientEdge``, ``register_prehook``, ``next_functions``) is used
@@ -22,6 +24,7 @@ from torch.autograd.graph import Node
 
 __all__ = [
     "FREED_GRAPH_REASON",
+    "HOOKED_SAVED_TENSORS_REASON",
     "GradientMetadata",
     "SavedTensorInfo",
     "forward_op_name",
@@ -30,10 +33,16 @@ __all__ = [
     "is_custom_function",
     "saved_tensors",
     "sequence_number",
+    "uses_saved_tensor_hooks",
 ]
 
 FREED_GRAPH_REASON = (
     "the saved tensors were freed: a backward already ran through this graph without retain_graph=True"
+)
+
+HOOKED_SAVED_TENSORS_REASON = (
+    "the saved tensors were packed by torch.autograd.graph.saved_tensors_hooks (activation checkpointing, "
+    "offloading): reading them would run the unpack hook - for checkpointing, a recomputation of the forward"
 )
 
 _BACKWARD_SUFFIX = re.compile(r"Backward\d*$")
@@ -127,6 +136,30 @@ def _saved_attribute_names(node: Node) -> tuple[str, ...]:
     return names
 
 
+_raw_saved_names_by_class: dict[type, tuple[str, ...]] = {}
+
+
+def uses_saved_tensor_hooks(node: Node) -> bool:
+    """True when a tensor ``node`` saved was packed by ``torch.autograd.graph.saved_tensors_hooks``.
+
+    Non-reentrant activation checkpointing (``torch.utils.checkpoint(..., use_reentrant=False)``) and
+    CPU offloading work this way; unpacking such a tensor runs user code (checkpointing recomputes the
+    forward), so graphkit does not read them. Uses the private ``_raw_saved_<name>`` attributes and
+    ``SavedTensor.unpack_hook``; False on a PyTorch that does not expose them.
+    """
+    cls = type(node)
+    names = _raw_saved_names_by_class.get(cls)
+    if names is None:
+        names = tuple(name for name in dir(node) if name.startswith("_raw_saved_"))
+        _raw_saved_names_by_class[cls] = names
+    for attribute in names:
+        value = getattr(node, attribute, None)
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if getattr(item, "unpack_hook", None) is not None:
+                return True
+    return False
+
+
 def _tensor_info(name: str, tensor: torch.Tensor) -> SavedTensorInfo:
     return SavedTensorInfo(
         name=name,
@@ -139,11 +172,14 @@ def _tensor_info(name: str, tensor: torch.Tensor) -> SavedTensorInfo:
 def saved_tensors(node: Node) -> tuple[list[SavedTensorInfo], list[torch.Tensor]] | None:
     """The tensors ``node`` saved for backward, as descriptions and the tensors themselves.
 
-    Returns None when the graph was already freed (see ``FREED_GRAPH_REASON``). Reading a saved tensor
-    runs its unpack hook if one was registered (``torch.autograd.graph.saved_tensors_hooks``).
+    Returns None when the graph was already freed (``FREED_GRAPH_REASON``) or when the tensors were packed
+    by ``torch.autograd.graph.saved_tensors_hooks`` (``HOOKED_SAVED_TENSORS_REASON``; see
+    :func:`uses_saved_tensor_hooks`): reading those would run the unpack hook.
     """
     infos: list[SavedTensorInfo] = []
     tensors: list[torch.Tensor] = []
+    if uses_saved_tensor_hooks(node):
+        return None
     try:
         if is_custom_function(node):
             for index, tensor in enumerate(node.saved_tensors):

@@ -22,7 +22,7 @@ Node attributes (all plain Python values, so every networkx algorithm and writer
 ``param_names``        names from ``module.named_parameters()`` (every name of a shared parameter)
 ``shapes``/``dtypes``  shape (tuple) and dtype (str) of each forward output of the node
 ``num_outputs``        number of forward outputs (gradients the node receives)
-``saved_tensors``      list of ``{"name", "shape", "dtype", "bytes"}``; None when freed
+``saved_tensors``      list of ``{"name", "shape", "dtype", "bytes"}``; None when freed or hooked
 ``saved_bytes``        total bytes of the saved tensors (int) or None
 ``saved_reason``       why ``saved_tensors`` is None, else None
 ``module_path``        module that created the node (from :func:`graphkit.trace`), else None
@@ -428,7 +428,12 @@ def _node_attributes(
     if is_leaf:
         attributes.update(saved_tensors=[], saved_bytes=0, saved_reason=None)
     elif saved is None:
-        attributes.update(saved_tensors=None, saved_bytes=None, saved_reason=_autograd.FREED_GRAPH_REASON)
+        reason = (
+            _autograd.HOOKED_SAVED_TENSORS_REASON
+            if _autograd.uses_saved_tensor_hooks(node)
+            else _autograd.FREED_GRAPH_REASON
+        )
+        attributes.update(saved_tensors=None, saved_bytes=None, saved_reason=reason)
     else:
         infos, tensors = saved
         attributes["saved_tensors"] = [
