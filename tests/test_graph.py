@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -269,6 +271,28 @@ def test_two_traces_of_fresh_identical_small_models_export_identically(name: str
     assert results[0] == results[1]
 
 
+def test_ids_and_exports_do_not_depend_on_the_process_or_its_hash_seed(tmp_path: Path) -> None:
+    """Node ids come from the walk order, never from ``id()`` or set order: a new process agrees."""
+    script = (
+        "import json, sys\n"
+        "from graphkit import capture, zoo\n"
+        "module, inputs = zoo.build('gpt')\n"
+        "graph = capture(module(*inputs), inputs=inputs, module=module)\n"
+        "sys.stdout.write(graph.to_dot() + json.dumps(graph.to_json(), sort_keys=True))\n"
+    )
+    module, inputs = zoo.build("gpt")
+    graph = capture(module(*inputs), inputs=inputs, module=module)
+    expected = graph.to_dot() + json.dumps(graph.to_json(), sort_keys=True)
+    for seed in ("1", "2"):
+        environment = dict(
+            os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(Path(graphkit.__file__).parents[1])
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script], env=environment, capture_output=True, text=True, check=True
+        )
+        assert result.stdout == expected
+
+
 # --- deep graphs ----------------------------------------------------------------------------------------
 def test_a_2000_step_recurrence_captures_without_recursion_error() -> None:
     module, inputs = models.recurrence(2000)
@@ -402,6 +426,53 @@ def test_saved_tensors_are_none_with_a_reason_after_backward_freed_the_graph() -
         ("n4", "n3", 0, 0),
     ]
     assert addmm["shapes"] == [(2, 3)]
+
+
+def test_checkpointed_saved_tensors_are_not_unpacked_so_the_forward_is_not_rerun() -> None:
+    """Non-reentrant checkpointing packs saved tensors with hooks; unpacking them recomputes the block."""
+    module, inputs = models.nested()
+    calls = []
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        calls.append(1)
+        return module.blocks[1](module.blocks[0](x))
+
+    x = inputs["x"]
+    hidden = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+    graph = capture(hidden, inputs=x, module=module)
+    assert len(calls) == 1
+
+    relu = graph.nodes["n0"]
+    assert relu["name"] == "ReluBackward0"
+    assert (relu["saved_tensors"], relu["saved_bytes"]) == (None, None)
+    assert relu["saved_reason"] == _autograd.HOOKED_SAVED_TENSORS_REASON
+    assert graph.graph["saved_bytes_total"] == 0
+    # The graph still works, and gives the gradient of the plain forward.
+    (gradient,) = torch.autograd.grad(hidden.sum(), x)
+    assert len(calls) == 2
+    (expected,) = torch.autograd.grad(module.blocks[1](module.blocks[0](x)).sum(), x)
+    torch.testing.assert_close(gradient, expected)
+
+
+def test_saved_tensors_hooks_are_not_run_by_capture() -> None:
+    unpacked = []
+
+    def pack(tensor: torch.Tensor) -> tuple[str, torch.Tensor]:
+        return ("offloaded", tensor.clone())
+
+    def unpack(packed: tuple[str, torch.Tensor]) -> torch.Tensor:
+        unpacked.append(packed[0])
+        return packed[1]
+
+    x = torch.randn(3, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        y = torch.tanh(x) * x
+    graph = capture(y, inputs=x)
+    assert unpacked == []
+    assert [data["saved_reason"] for _, data in graph.nodes(data=True) if data["kind"] != "stage_input"] == [
+        _autograd.HOOKED_SAVED_TENSORS_REASON,
+        _autograd.HOOKED_SAVED_TENSORS_REASON,
+    ]
 
 
 def test_details_false_gives_the_structure_only() -> None:
