@@ -27,7 +27,14 @@ def run(script: str, *arguments: str, cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
-def test_every_example_is_tested() -> None:
+def run_ok(script: str, *arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    result = run(script, *arguments, cwd=cwd)
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def test_every_example_has_a_test_that_runs_it() -> None:
     tested = {
         "capture_and_draw.py",
         "groups_to_json.py",
