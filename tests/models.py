@@ -515,6 +515,7 @@ BATCH = 3
 UNARY_OPS = ("tanh", "sigmoid", "square", "relu", "exp_neg")
 BINARY_OPS = ("add", "mul", "sub")
 REDUCTION_OPS = ("sum_last", "mean_first", "norm")
+# matmul, linear and binary ops are listed twice: they are drawn twice as often as the others.
 OP_KINDS = (
     "matmul",
     "matmul",
