@@ -402,6 +402,8 @@ def collect(
                 inspection.svg = path.read_text(encoding="utf-8")
         except (GraphvizNotFoundError, RenderTimeoutError) as error:
             inspection.diagram_note = str(error)
+        except RuntimeError as error:  # dot itself failed: keep the rest of the report
+            inspection.diagram_note = f"{error}. The DOT source is still written."
     return inspection
 
 

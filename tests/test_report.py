@@ -309,6 +309,20 @@ def test_without_graphviz_everything_but_the_svg_is_written(tmp_path, monkeypatc
     assert page.group_rows == [str(group.index) for group in param_groups(graph)] == ["0", "1"]
 
 
+def test_a_failing_dot_program_leaves_a_report_without_the_diagram(tmp_path, monkeypatch):
+    programs = tmp_path / "bin"
+    programs.mkdir()
+    (programs / "dot").write_text("#!/bin/sh\necho 'Error: syntax error in line 1' >&2\nexit 3\n")
+    (programs / "dot").chmod(0o755)
+    monkeypatch.setenv("PATH", str(programs))
+    run = run_inspect(tmp_path / "report", "zoo:mlp")
+    assert run.status == 0
+    assert not (run.folder / "graph.svg").exists() and (run.folder / "graph.dot").is_file()
+    note = run.report["summary"]["diagram"]["note"]
+    assert "exit status 3" in note and "syntax error in line 1" in note
+    assert "No diagram" in run.html and "warning: no diagram" in run.err
+
+
 def test_dtype_and_collapse_depth_reach_the_report(tmp_path):
     run = run_inspect(tmp_path, "zoo:gpt_stage", dtype=torch.float64, collapse_depth=2)
     report = run.report
