@@ -109,7 +109,7 @@ class Inspection:
         verify: the split-versus-full check, with FLOPs per phase.
         device, dtype: where and in which dtype the check ran (``"cpu"``, ``"float32"``).
         dot_source: DOT source of the diagram.
-        svg: the laid-out diagram, or None when Graphviz is missing or too slow.
+        svg: the laid-out diagram, or None when Graphviz is missing, too slow or failed.
         diagram_note: why ``svg`` is None (install instructions), else None.
         collapse_depth: module depth the diagram is collapsed at (None: every node drawn).
         timings: seconds spent in each step, by step name.
@@ -192,7 +192,6 @@ class _Progress:
         self.steps = steps
         self.stream = stream
         self.done = 0
-        self.timings: dict[str, float] = {}
         self._rich: Any = None
         self._task: Any = None
 
@@ -243,7 +242,6 @@ class _Progress:
                 print(" failed", file=self.stream, flush=True)
             raise
         seconds = time.perf_counter() - start
-        self.timings[name] = seconds
         self.done += 1
         if self._rich is not None:
             self._rich.update(self._task, advance=1)
