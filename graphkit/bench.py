@@ -150,7 +150,7 @@ def _distinct_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def _captured_tensors(state: SplitState) -> list[torch.Tensor]:
-    tensors = [grad for work in state._work for grad in work.grads if grad is not None]
+    tensors = [grad for work in state._work if work is not None for grad in work.grads if grad is not None]
     return tensors + [grad for _, grad in state._output_roots]
 
 
@@ -161,7 +161,7 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     retained = _distinct_bytes([*captured, *held, *_saved_tensors_below(state.held_nodes())])
     own = []
     for work in state._work:
-        if work.node is not None:
+        if work is not None and work.node is not None:
             saved = _autograd.saved_tensors(work.node)
             own.extend(saved[1] if saved else [])
     weight_side = _saved_tensors_below(

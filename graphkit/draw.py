@@ -91,6 +91,7 @@ _FADED_FILL = "#F1F1F1"
 _FADED_TINT = "#F8F8F8"
 _MAX_NAME_LINES = 3
 _MAX_LEGEND_MODULES = 3
+_LEGEND_ROWS = 24
 _CHIPS_PER_ROW = 8
 _MAX_CHIPS = 32
 
@@ -600,12 +601,9 @@ def _edge_colour(plan: _Plan, producer: str, consumer: str) -> dict[str, str]:
     return attributes
 
 
-def _legend(plan: _Plan, *, proxies: bool) -> str:
-    """The legend node's HTML label: one row per group, then the key to colours and shapes."""
-    rows = [
-        '<tr><td colspan="2" bgcolor="#EEEEEE" align="left"><b>parameter groups</b> '
-        f'<font point-size="9">({len(plan.groups)})</font></td></tr>'
-    ]
+def _group_rows(plan: _Plan) -> list[str]:
+    """One HTML table row per group: its number in its colours, its parameters by module, its flags."""
+    rows = []
     for group in plan.groups:
         style = plan.style(group.index)
         by_module: dict[str, list[str]] = {}
@@ -627,29 +625,67 @@ def _legend(plan: _Plan, *, proxies: bool) -> str:
             f'<font color="{style.text}"><b>group {group.index}</b></font></td>'
             f'<td align="left" balign="left"><font point-size="10">{"<br/>".join(lines)}</font></td></tr>'
         )
-    unused = plan.graph.graph.get("unused_params") or []
-    if unused:
-        shown = ", ".join(unused[:6]) + (f" (+{len(unused) - 6})" if len(unused) > 6 else "")
-        rows.append(
-            f'<tr><td colspan="2" align="left">unused (no path to an output): {_text(shown)}</td></tr>'
-        )
+    return rows
+
+
+def _roles_drawn(plan: _Plan) -> set[str]:
+    """Which kinds of node the drawing shows outside collapsed modules (the key lists only those)."""
+    roles: set[str] = set()
+    for node, kind in plan.graph.nodes(data="kind"):
+        if plan.drawn[node] != node:
+            continue
+        kind = str(kind)
+        if kind == NodeKind.STAGE_INPUT.value:
+            roles.add("stage input")
+        elif kind in (NodeKind.PARAMETER.value, NodeKind.LEAF.value):
+            roles.add("parameter")
+        elif node in plan.intermediates:
+            roles.add("intermediate")
+        elif node in plan.node_group:
+            roles.add("weight-only")
+        else:
+            roles.add("input path")
+    return roles
+
+
+def _key_rows(plan: _Plan, *, proxies: bool, pairs_per_row: int = 1) -> list[str]:
+    """HTML table rows saying what the colours and shapes mean, ``pairs_per_row`` (sample, meaning) a row."""
     sample = group_style(0)
-    key = [
-        ('<td border="1" color="#8C8C8C">op</td>', "input path: depends on a stage input (B phase)"),
+    roles = _roles_drawn(plan)
+    candidates = [
         (
+            "input path",
+            '<td border="1" color="#8C8C8C">op</td>',
+            "input path: depends on a stage input (B phase)",
+        ),
+        (
+            "intermediate",
             f'<td border="3" color="{sample.colour}">op</td>',
             "intermediate: the weight gradient leaves the input path here",
         ),
         (
+            "weight-only",
             f'<td bgcolor="{sample.tint}" border="1" color="{sample.colour}">op</td>',
             "weight-only op in its group's box (W phase)",
         ),
-        (f'<td bgcolor="{sample.fill}" border="1" color="{sample.colour}">weight</td>', "parameter"),
         (
-            f'<td bgcolor="{_ENDPOINT_FILL}"><font color="#FFFFFF">input / output</font></td>',
-            "stage input (points down) / stage output (points up)",
+            "parameter",
+            f'<td bgcolor="{sample.fill}" border="1" color="{sample.colour}">weight</td>',
+            "parameter",
         ),
     ]
+    key = [(cell, meaning) for role, cell, meaning in candidates if role in roles]
+    if "stage input" in roles:
+        key.append(
+            (
+                f'<td bgcolor="{_ENDPOINT_FILL}"><font color="#FFFFFF">input / output</font></td>',
+                "stage input (points down) / stage output (points up)",
+            )
+        )
+    else:
+        key.append(
+            (f'<td bgcolor="{_ENDPOINT_FILL}"><font color="#FFFFFF">output</font></td>', "stage output")
+        )
     if plan.modules:
         key.append(
             (f'<td bgcolor="{_MODULE_FILL}" border="1">module</td>', "collapsed module; chips: groups inside")
@@ -662,14 +698,75 @@ def _legend(plan: _Plan, *, proxies: bool) -> str:
                 "copy of a node with many consumers (one per use)",
             )
         )
-    rows.append('<tr><td colspan="2" bgcolor="#EEEEEE" align="left"><b>key</b></td></tr>')
-    for cell, meaning in key:
-        rows.append(f'<tr>{cell}<td align="left"><font point-size="10">{_text(meaning)}</font></td></tr>')
-    return (
-        '<<table border="0" cellborder="1" cellspacing="0" cellpadding="3" color="#BBBBBB">'
-        + "".join(rows)
-        + "</table>>"
+    cells = [
+        f'{cell}<td align="left"><font point-size="10">{_text(meaning)}</font></td>' for cell, meaning in key
+    ]
+    unused = plan.graph.graph.get("unused_params") or []
+    rows = [
+        "<tr>" + "".join(cells[start : start + pairs_per_row]) + "</tr>"
+        for start in range(0, len(cells), pairs_per_row)
+    ]
+    if unused:
+        shown = ", ".join(unused[:6]) + (f" (+{len(unused) - 6})" if len(unused) > 6 else "")
+        rows.append(
+            f'<tr><td colspan="{2 * pairs_per_row}" align="left"><font point-size="10">unused parameters '
+            f"(no path to an output): {_text(shown)}</font></td></tr>"
+        )
+    return rows
+
+
+def _table(sections: list[tuple[str, list[str]]], columns: int = 2) -> str:
+    """A bordered HTML table: for each section a grey header row, then its rows."""
+    body = "".join(
+        f'<tr><td colspan="{columns}" bgcolor="#EEEEEE" align="left">{header}</td></tr>' + "".join(rows)
+        for header, rows in sections
     )
+    return f'<table border="0" cellborder="1" cellspacing="0" cellpadding="3" color="#BBBBBB">{body}</table>'
+
+
+def _graph_label(plan: _Plan, title: str | None, *, proxies: bool) -> str | None:
+    """The graph's HTML label, above the drawing: title, notes, and the legend.
+
+    The legend lives in the graph label rather than in a node so that its height never stretches a rank
+    of the layout. Groups are listed in columns of at most ``_LEGEND_ROWS`` rows.
+    """
+    rows = []
+    if title:
+        rows.append(f'<tr><td align="left"><font point-size="14"><b>{_text(title)}</b></font></td></tr>')
+    for note in plan.notes:
+        rows.append(
+            f'<tr><td align="left"><font point-size="11" color="{_SECONDARY_TEXT}">{_text(note)}</font></td></tr>'
+        )
+    key_header = "<b>key</b>"
+    if plan.groups:
+        group_rows = _group_rows(plan)
+        header = f'<b>parameter groups</b> <font point-size="9">({len(plan.groups)})</font>'
+        columns = -(-len(group_rows) // _LEGEND_ROWS)
+        if columns == 1:  # one table: the groups, then the key, in the same two columns
+            sections = [(header, group_rows), (key_header, _key_rows(plan, proxies=proxies))]
+            rows.append(f'<tr><td align="left">{_table(sections)}</td></tr>')
+        else:  # balanced group columns side by side (so none is stretched), the key below them
+            per_column = -(-len(group_rows) // columns)
+            cells = []
+            for column in range(columns):
+                first = column * per_column
+                chunk = group_rows[first : first + per_column]
+                span = f' <font point-size="9">{first}-{first + len(chunk) - 1}</font>'
+                cells.append(f"<td>{_table([(header + span, chunk)])}</td>")
+            rows.append(
+                '<tr><td align="left"><table border="0" cellspacing="4" cellpadding="0"><tr>'
+                + "".join(cells)
+                + "</tr></table></td></tr>"
+            )
+            key = _key_rows(plan, proxies=proxies, pairs_per_row=columns)
+            rows.append(f'<tr><td align="left">{_table([(key_header, key)], 2 * columns)}</td></tr>')
+    elif plan.modules:
+        rows.append(
+            f'<tr><td align="left">{_table([(key_header, _key_rows(plan, proxies=proxies))])}</td></tr>'
+        )
+    if not rows:
+        return None
+    return '<<table border="0" cellspacing="0" cellpadding="2">' + "".join(rows) + "</table>>"
 
 
 def draw(
@@ -723,7 +820,7 @@ def draw(
     graph_attributes = {
         "rankdir": rankdir,
         "fontname": _FONT,
-        "fontsize": "13",
+        "fontsize": "11",
         "bgcolor": "white",
         "nodesep": "0.25",
         "ranksep": "0.35",
@@ -731,9 +828,6 @@ def draw(
         "labelloc": "t",
         "labeljust": "l",
     }
-    heading = [line for line in [title, *plan.notes] if line]
-    if heading:
-        graph_attributes["label"] = "\\l".join(heading) + "\\l"
     digraph.attr("graph", **graph_attributes)
     digraph.attr(
         "node",
@@ -890,8 +984,10 @@ def draw(
         else:
             digraph.edge(tail, head, **attributes)
 
-    if plan.groups or plan.modules:
-        digraph.node("legend", label=_legend(plan, proxies=bool(proxied)), shape="plain", style="solid")
+    # Last, so that no subgraph above inherits it.
+    label = _graph_label(plan, title, proxies=bool(proxied))
+    if label is not None:
+        digraph.attr("graph", label=label)
     return digraph
 
 

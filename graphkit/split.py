@@ -126,7 +126,8 @@ class SplitState:
     input_names: tuple[str, ...]
     num_intermediates: int
     num_node_calls: int
-    _work: list[_WeightWork] = field(repr=False)
+    _plan: _Plan = field(repr=False)
+    _work: list[_WeightWork | None] = field(repr=False)
     _targets: dict[int, Node] = field(repr=False)
     _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
     _weight_tensors: list[torch.Tensor] = field(repr=False)
@@ -139,17 +140,19 @@ class SplitState:
 
     def captured_bytes(self) -> int:
         """Bytes of the gradients captured at intermediates and parameter-only outputs."""
-        tensors = [grad for work in self._work for grad in work.grads if grad is not None]
+        tensors = [grad for work in self._work if work is not None for grad in work.grads if grad is not None]
         tensors += [grad for _, grad in self._output_roots]
         return _distinct_bytes(tensors)
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Saved tensors the weight-side formulas keep alive (not counting Nodes kept for direct calls)."""
-        return [tensor for work in self._work if work.rule is not None for tensor in work.rule.tensors]
+        return [
+            tensor for work in self._work if work is not None and work.rule for tensor in work.rule.tensors
+        ]
 
     def held_nodes(self) -> list[Node]:
         """Nodes the state keeps alive: intermediates without a formula, weight-side targets, output roots."""
-        nodes = [work.node for work in self._work if work.node is not None]
+        nodes = [work.node for work in self._work if work is not None and work.node is not None]
         nodes += list(self._targets.values())
         nodes += [edge.node for edge, _ in self._output_roots]
         return nodes
@@ -253,19 +256,44 @@ def _freed_error(error: RuntimeError) -> Exception:
 # --- B phase ----------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Plan:
-    """The split of one walked graph, by node index (see :mod:`graphkit.closures` for the definitions)."""
+    """The split of one walked graph, by node index (see :mod:`graphkit.closures` for the definitions).
+
+    It depends only on the graph's structure, so microbatches of the same stage share one plan.
+    """
 
     # (intermediate index, ((input_nr, target index, target output_nr), ...))
     intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]]
     weight_leaves: list[int]
     weight_only: bytearray
+    # target index -> ((target output_nr, ((position in intermediates, input_nr), ...)), ...)
+    targets: dict[int, tuple[tuple[int, tuple[tuple[int, int], ...]], ...]]
+    # target index -> ((output_nr, shape, dtype, placeholder gradient), ...); filled on first use
+    target_specs: dict[int, tuple[tuple[int, tuple[int, ...], torch.dtype, torch.Tensor], ...]] = field(
+        default_factory=dict
+    )
+
+
+_PLAN_CACHE: dict[Any, _Plan] = {}
+_PLAN_CACHE_SIZE = 16
+
+
+def _cached_plan(walk: _Walk, input_nodes: set[Node], signature_extra: tuple[Any, ...]) -> _Plan:
+    """The plan of ``walk``, reused when a graph of the same structure and shapes was planned before."""
+    key = (tuple(map(type, walk.nodes)), tuple(walk.edges), signature_extra)
+    plan = _PLAN_CACHE.get(key)
+    if plan is None:
+        plan = _plan(walk, input_nodes)
+        if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+        _PLAN_CACHE[key] = plan
+    return plan
 
 
 def _plan(walk: _Walk, input_nodes: set[Node]) -> _Plan:
     """Input closure, weight-only nodes and intermediates of ``walk`` in one pass over its edges.
 
     The same definitions as :mod:`graphkit.closures`, on node indices instead of a networkx graph:
-    this runs for every microbatch, so it avoids building attribute dictionaries.
+    this runs for every new graph structure, so it avoids building attribute dictionaries.
     """
     count = len(walk.nodes)
     consumers: list[list[int]] = [[] for _ in range(count)]
@@ -287,7 +315,15 @@ def _plan(walk: _Walk, input_nodes: set[Node]) -> _Plan:
         if weight_only[producer] and in_closure[consumer]:
             edges_of.setdefault(consumer, []).append((input_nr, producer, output_nr))
     intermediates = [(index, tuple(sorted(edges))) for index, edges in sorted(edges_of.items())]
-    return _Plan(intermediates, leaves, weight_only)
+    feeding: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    for position, (_, edges) in enumerate(intermediates):
+        for input_nr, target, target_output_nr in edges:
+            feeding.setdefault(target, {}).setdefault(target_output_nr, []).append((position, input_nr))
+    targets = {
+        target: tuple((output_nr, tuple(sources)) for output_nr, sources in by_output.items())
+        for target, by_output in feeding.items()
+    }
+    return _Plan(intermediates, leaves, weight_only, targets)
 
 
 def _reach(consumers: list[list[int]], sources: list[int], count: int) -> bytearray:
@@ -335,7 +371,9 @@ def backward_input(
     input_nodes = {get_gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
     walk = _walk((edge.node for edge in output_edges), input_nodes)
-    plan = _plan(walk, input_nodes)
+    shapes = tuple((tuple(t.shape), t.dtype, t.device) for t in [*stage_inputs, *(t for t, _ in pairs)])
+    input_positions = tuple(walk.index.get(node, -1) for node in input_nodes)
+    plan = _cached_plan(walk, input_nodes, (tuple(sorted(input_positions)), shapes))
     nodes = walk.nodes
 
     closure_outputs = []
@@ -375,16 +413,19 @@ def backward_input(
         for handle in handles:
             handle.remove()
 
-    work: list[_WeightWork] = []
-    targets: dict[int, Node] = {}
+    work: list[_WeightWork | None] = []
     for index, edges in plan.intermediates:
         grads_received = captured.get(index)
         if grads_received is None or all(grad is None for grad in grads_received):
-            continue  # no gradient reached this intermediate: nothing flows to its weights either
+            work.append(None)  # no gradient reached this intermediate: nothing flows to its weights either
+            continue
         rule = prepare(nodes[index], [input_nr for input_nr, _, _ in edges])
         work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else nodes[index]))
-        for _, target, _ in edges:
-            targets[target] = nodes[target]
+    targets = {
+        target: nodes[target]
+        for target, by_output in plan.targets.items()
+        if any(work[position] is not None for _, sources in by_output for position, _ in sources)
+    }
     allowed = _weight_filter(params)
     weight_tensors = [
         nodes[leaf].variable
@@ -394,8 +435,9 @@ def backward_input(
     return SplitState(
         input_grads=tuple(input_grads_by_id.get(id(tensor)) for _, tensor in named_inputs),
         input_names=tuple(name for name, _ in named_inputs),
-        num_intermediates=len(work),
-        num_node_calls=sum(1 for item in work if item.node is not None),
+        num_intermediates=sum(1 for item in work if item is not None),
+        num_node_calls=sum(1 for item in work if item is not None and item.node is not None),
+        _plan=plan,
         _work=work,
         _targets=targets,
         _output_roots=output_roots,
@@ -429,17 +471,6 @@ def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torc
     return tuple(edges)
 
 
-def _conform(grad: torch.Tensor, meta: _autograd.GradientMetadata) -> torch.Tensor:
-    """What the engine's ``validate_outputs`` does to a gradient before it enters a Node."""
-    if tuple(grad.shape) != meta.shape:
-        grad = grad.sum_to_size(meta.shape)
-    if grad.dtype != meta.dtype:
-        grad = grad.to(meta.dtype)
-    if grad.device != meta.device:
-        grad = grad.to(meta.device)
-    return grad
-
-
 def backward_weight(state: SplitState) -> None:
     """W phase: accumulate the parameter gradients of one microbatch into ``.grad``.
 
@@ -469,46 +500,46 @@ def backward_weight(state: SplitState) -> None:
 
 
 def _run_weight_phase(state: SplitState) -> None:
-    if not state._weight_tensors or (not state._work and not state._output_roots):
+    if not state._weight_tensors or (not state._targets and not state._output_roots):
         return
-    # (target index, target output_nr) -> [(work item, input_nr)], in a deterministic order
-    contributions: dict[tuple[int, int], list[tuple[_WeightWork, int]]] = {}
-    for item in state._work:
-        for input_nr, target, target_output_nr in item.edges:
-            contributions.setdefault((target, target_output_nr), []).append((item, input_nr))
-    results: dict[int, dict[int, torch.Tensor | None]] = {}
+    work = state._work
+    results: list[dict[int, torch.Tensor | None] | None] = [None] * len(work)
 
-    def weight_gradients(item: _WeightWork) -> dict[int, torch.Tensor | None]:
-        found = results.get(id(item))
+    def weight_gradients(position: int) -> dict[int, torch.Tensor | None]:
+        found = results[position]
         if found is None:
+            item = work[position]
             if item.rule is not None:
                 found = item.rule(item.grads)
             else:
                 outputs = _call_node(item.node, item.grads)
                 found = {input_nr: outputs[input_nr] for input_nr, _, _ in item.edges}
-            results[id(item)] = found
-            item.grads, item.rule, item.node = (), None, None  # free what this item held
+            results[position] = found
+            work[position] = None  # free the captured gradient and saved tensors as soon as they are used
         return found
 
-    metadata_of = {target: _target_metadata(node) for target, node in state._targets.items()}
-    placeholders = {
-        key: torch.zeros((), dtype=meta.dtype, device=meta.device).expand(meta.shape)
-        for key in contributions
-        for meta in (metadata_of[key[0]][key[1]],)
-    }
-
-    def target_hook(target: int, output_nrs: list[int]) -> Any:
+    def target_hook(
+        entries: tuple[
+            tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], torch.dtype, torch.Tensor], ...
+        ],
+    ) -> Any:
         def hook(grad_inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
             updated = list(grad_inputs)
-            for output_nr in output_nrs:
+            for output_nr, sources, shape, dtype, placeholder in entries:
                 total = None
-                for item, input_nr in contributions[(target, output_nr)]:
-                    grad = weight_gradients(item).get(input_nr)
-                    if grad is not None:
-                        grad = _conform(grad, metadata_of[target][output_nr])
-                        total = grad if total is None else total + grad
+                for position, input_nr in sources:
+                    if work[position] is None and results[position] is None:
+                        continue  # this intermediate received no gradient
+                    grad = weight_gradients(position).get(input_nr)
+                    if grad is None:
+                        continue
+                    if grad.shape != shape:
+                        grad = grad.sum_to_size(shape)
+                    if grad.dtype != dtype:
+                        grad = grad.to(dtype)
+                    total = grad if total is None else total + grad
                 current = updated[output_nr]
-                if current is not None and _is_placeholder(current, placeholders[(target, output_nr)]):
+                if current is placeholder or (current is not None and _is_placeholder(current, placeholder)):
                     current = None
                 if total is not None:
                     current = total if current is None else current + total
@@ -517,25 +548,47 @@ def _run_weight_phase(state: SplitState) -> None:
 
         return hook
 
-    output_nrs_of: dict[int, list[int]] = {}
-    for target, output_nr in contributions:
-        output_nrs_of.setdefault(target, []).append(output_nr)
-    roots = [GradientEdge(state._targets[target], output_nr) for target, output_nr in contributions]
-    root_grads = list(placeholders.values())
+    plan = state._plan
+    roots: list[GradientEdge] = []
+    root_grads: list[torch.Tensor] = []
+    hooks = []
+    for target, node in state._targets.items():
+        entries = plan.target_specs.get(target)
+        if entries is None:
+            metadata = _target_metadata(node)
+            entries = plan.target_specs[target] = tuple(
+                (
+                    output_nr,
+                    sources,
+                    metadata[output_nr].shape,
+                    metadata[output_nr].dtype,
+                    _placeholder(metadata[output_nr]),
+                )
+                for output_nr, sources in plan.targets[target]
+            )
+        for output_nr, _, _, _, placeholder in entries:
+            roots.append(GradientEdge(node, output_nr))
+            root_grads.append(placeholder)
+        hooks.append((node, target_hook(entries)))
     for edge, grad in state._output_roots:
         roots.append(edge)
         root_grads.append(grad)
     handles = []
     try:
-        for target, output_nrs in output_nrs_of.items():
-            handles.append(_register_prehook(state._targets[target], target_hook(target, output_nrs)))
+        for node, hook in hooks:
+            handles.append(_register_prehook(node, hook))
         with _running(Phase.WEIGHT):
-            torch.autograd.backward(roots, grad_tensors=root_grads, inputs=state._weight_tensors)
+            _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
     except RuntimeError as error:
         raise _freed_error(error) from error
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _placeholder(meta: _autograd.GradientMetadata) -> torch.Tensor:
+    """A zero gradient of the right shape that allocates one element (the target hook replaces it)."""
+    return torch.zeros((), dtype=meta.dtype, device=meta.device).expand(meta.shape)
 
 
 def _is_placeholder(grad: torch.Tensor, placeholder: torch.Tensor) -> bool:
