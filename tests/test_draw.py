@@ -145,7 +145,7 @@ def test_zoo_svg_has_one_cluster_per_parameter_group(name: str) -> None:
 def test_groups_false_draws_no_cluster_and_no_legend() -> None:
     source = draw(traced("mlp"), groups=False).source
     assert "cluster_group" not in source
-    assert "legend" not in source
+    assert "parameter groups" not in source
     assert "graphkit-intermediate" not in source
 
 
@@ -249,18 +249,14 @@ def test_collapsed_module_lists_the_groups_inside_it() -> None:
         assert found == expected
     # Nothing under a module path survives except the stage input and the output marker.
     drawn = {title for title, element in nodes.items() if "graphkit-module" not in classes(element)}
-    assert drawn == {"legend", "output.0", graph.inputs[0].node} | {
+    assert drawn == {"output.0", graph.inputs[0].node} | {
         node for node, path in graph.nodes(data="module_path") if path is not None and "." not in path
     }
 
 
 def drawn_nodes(root: ElementTree.Element) -> int:
-    """Nodes laid out in an SVG, not counting the legend and per-use copies."""
-    return sum(
-        1
-        for title, element in svg_groups(root, "node").items()
-        if title != "legend" and "graphkit-proxy" not in classes(element)
-    )
+    """Nodes laid out in an SVG, not counting per-use copies."""
+    return sum(1 for element in svg_groups(root, "node").values() if "graphkit-proxy" not in classes(element))
 
 
 @needs_dot
@@ -270,7 +266,7 @@ def test_node_budget_collapses_to_the_deepest_depth_that_fits() -> None:
     assert full == graph.number_of_nodes() + len(graph.outputs)
     digraph = draw(graph, max_nodes=60)
     depth = int(re.search(r"collapsed at depth (\d+)", digraph.source).group(1))
-    assert f"{full} nodes > max_nodes=60" in digraph.source
+    assert f"{full} nodes &gt; max_nodes=60" in digraph.source  # HTML label: ">" escaped
     assert drawn_nodes(ElementTree.fromstring(digraph.pipe(format="svg"))) <= 60
     assert drawn_nodes(svg_of(graph, collapse_depth=depth + 1)) > 60
     assert "collapsed" not in draw(graph, max_nodes=full).source
