@@ -225,11 +225,19 @@ def build_parser() -> argparse.ArgumentParser:
     render.set_defaults(run=_render)
 
     inspect = commands.add_parser("inspect", help="capture, group, verify, measure and draw: an HTML report")
-    inspect.add_argument("spec", metavar="SPEC", nargs="?", default="zoo:gpt")
-    inspect.add_argument("-o", "--output", default="graphkit-report", metavar="DIR")
-    inspect.add_argument("--device", default=None)
-    inspect.add_argument("--dtype", choices=["float32", "float64"])
-    inspect.add_argument("--collapse", type=int, default=None, metavar="DEPTH")
+    inspect.add_argument(
+        "spec",
+        metavar="SPEC",
+        nargs="?",
+        default=None,
+        help="model spec (default: the zoo's GPT-style stage)",
+    )
+    inspect.add_argument("-o", "--output", default="graphkit-report", metavar="DIR", help="report folder")
+    inspect.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: where the model is)")
+    inspect.add_argument("--dtype", choices=["float32", "float64"], help="cast the model and inputs")
+    inspect.add_argument(
+        "--collapse", type=int, default=None, metavar="DEPTH", help="collapse modules deeper than DEPTH"
+    )
     inspect.set_defaults(run=_inspect)
 
     bench = commands.add_parser("bench", help="time full backward against B and W")
@@ -246,7 +254,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     try:
         return arguments.run(arguments)
-    except (ValueError, ImportError, FileNotFoundError) as error:  # SpecError, GraphkitInputError
+    except (ValueError, ImportError, OSError) as error:  # SpecError, GraphkitInputError, files
         print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:

@@ -36,6 +36,7 @@ __all__ = [
     "custom_function",
     "detached",
     "gpt",
+    "gpt_ends",
     "gpt_stage",
     "lstm",
     "mlp",
@@ -67,7 +68,7 @@ class ZooModel:
 MODELS: dict[str, ZooModel] = {}
 """Registry of the built-in models, by name, in the order they are defined."""
 
-DEFAULT_MODEL = "gpt"
+DEFAULT_MODEL = "gpt_ends"
 """The model that commands use when no spec is given."""
 
 _SEED = 0
@@ -271,6 +272,53 @@ def gpt_stage() -> tuple[nn.Module, ModelInputs]:
         model = GPTStage(config)
         hidden = torch.randn(config.batch, config.tokens, config.width).requires_grad_()
         return model, (hidden,)
+
+    return _seeded(make)
+
+
+class GPTEnds(nn.Module):
+    """The first and the last piece of :class:`GPT` on one device, as a V-shape zero-bubble schedule places them.
+
+    Inputs: token ids, int64 ``(batch, tokens)``, and the hidden states coming back from the middle
+    stages, float32 ``(batch, tokens, width)``. Outputs: ``{"embeddings", "logits"}``: the embedded tokens
+    to send to the next stage, and the logits of the last block, final LayerNorm and LM head, whose weight
+    *is* the token embedding's.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.width)
+        self.wpe = nn.Embedding(config.context_length, config.width)
+        self.last_block = Block(config)
+        self.ln_f = nn.LayerNorm(config.width)
+        self.lm_head = nn.Linear(config.width, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, token_ids: Tensor, hidden: Tensor) -> dict[str, Tensor]:
+        positions = torch.arange(token_ids.shape[1], device=token_ids.device)
+        embeddings = self.wte(token_ids) + self.wpe(positions)
+        logits = self.lm_head(self.ln_f(self.last_block(hidden)))
+        return {"embeddings": embeddings, "logits": logits}
+
+
+@_register
+def gpt_ends() -> tuple[nn.Module, ModelInputs]:
+    """GPT-style stage with a tied LM head: embedding out, last block and head in, as in a V-shape schedule.
+
+    Graph kinds: a weight tied across the two ends of the model (``wte.weight`` is ``lm_head.weight``):
+    the embedding output depends on parameters alone (a parameter-only output), the head's matmul is an
+    intermediate on the input path, and the tied weight reaches both (a shared parameter); integer and
+    float inputs side by side. Inputs: ``{"token_ids"}`` int64 ``(2, 8)`` and ``{"hidden"}`` float32
+    ``(2, 8, 32)`` with ``requires_grad=True``. Outputs: ``{"embeddings": (2, 8, 32), "logits": (2, 8, 64)}``.
+    """
+
+    def make() -> tuple[nn.Module, ModelInputs]:
+        config = GPTConfig()
+        model = GPTEnds(config)
+        token_ids = torch.randint(0, config.vocab_size, (config.batch, config.tokens))
+        hidden = torch.randn(config.batch, config.tokens, config.width).requires_grad_()
+        return model, {"token_ids": token_ids, "hidden": hidden}
 
     return _seeded(make)
 

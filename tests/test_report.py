@@ -110,14 +110,35 @@ def oracle_graph(spec_name: str):
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory) -> Run:
-    return run_inspect(tmp_path_factory.mktemp("default") / "graphkit-report")
+    # the first-stage GPT (token ids in, tied head): everything happens in the W phase
+    return run_inspect(tmp_path_factory.mktemp("gpt") / "graphkit-report", "zoo:gpt")
 
 
 def test_default_spec_is_the_zoo_default_model():
-    assert DEFAULT_SPEC == f"zoo:{zoo.DEFAULT_MODEL}" == "zoo:gpt"
+    assert DEFAULT_SPEC == f"zoo:{zoo.DEFAULT_MODEL}" == "zoo:gpt_ends"
 
 
-def test_inspect_default_writes_every_file_and_exits_0(default_run):
+def test_inspect_without_a_spec_reports_the_default_model(tmp_path):
+    run = run_inspect(tmp_path / "graphkit-report")
+    assert run.status == 0
+    for name in FILES.values():
+        assert (run.folder / name).is_file(), name
+        assert (run.folder / name).stat().st_size > 0, name
+    report = run.report
+    assert set(report) == {"spec", "summary", "groups", "unused_params", "verify", "files"}
+    assert report["spec"] == "zoo:gpt_ends"
+    assert report["files"] == FILES
+    # the tied weight reaches the head's intermediate and the embedding output: both flags show
+    tied = [group for group in report["groups"] if "wte.weight" in group["params"]]
+    assert len(tied) == 1
+    assert set(tied[0]["flags"]) == {"shared-parameter", "parameter-only-output"}
+    assert report["verify"]["ok"] is True
+    flops = report["verify"]["flops"]
+    assert flops["b"] > 0 and flops["w"] > 0 and flops["b"] + flops["w"] == flops["full"]
+    assert len(parse(run.html).group_rows) == len(report["groups"]) == 8
+
+
+def test_inspect_writes_every_file_and_exits_0(default_run):
     assert default_run.status == 0
     for name in FILES.values():
         assert (default_run.folder / name).is_file(), name

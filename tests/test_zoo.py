@@ -16,6 +16,7 @@ from graphkit import zoo
 
 EXPECTED_MODELS = {
     "gpt",
+    "gpt_ends",
     "gpt_stage",
     "mlp",
     "lstm",
@@ -70,7 +71,7 @@ def node_names(outputs: list[Tensor]) -> Counter[str]:
 
 def test_registry_has_every_model_with_a_one_line_description() -> None:
     assert set(zoo.MODELS) >= EXPECTED_MODELS
-    assert zoo.DEFAULT_MODEL == "gpt"
+    assert zoo.DEFAULT_MODEL == "gpt_ends"
     for name, entry in zoo.MODELS.items():
         assert entry.name == name
         assert entry.build is getattr(zoo, name)
@@ -352,3 +353,12 @@ def test_detached_branch_gets_weight_gradients_but_passes_none_to_the_input() ->
     hidden = functional.relu(module.first(x_oracle))
     (expected_grad_x,) = torch.autograd.grad(module.second(hidden).sum(), x_oracle)
     torch.testing.assert_close(grad_x, expected_grad_x)
+
+
+def test_gpt_ends_ties_the_head_to_the_embedding_and_returns_both_ends():
+    module, inputs = zoo.build("gpt_ends")
+    assert module.lm_head.weight is module.wte.weight
+    assert inputs["hidden"].requires_grad and not inputs["token_ids"].is_floating_point()
+    outputs = module(**inputs)
+    assert set(outputs) == {"embeddings", "logits"}
+    assert outputs["embeddings"].shape == (2, 8, 32) and outputs["logits"].shape == (2, 8, 64)
