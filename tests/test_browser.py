@@ -1,0 +1,287 @@
+"""End to end in a real browser: JupyterLab runs 01_param_groups.ipynb and the explorer reacts to a click.
+
+The test starts JupyterLab on 127.0.0.1 (a free port, a random token, a temporary root folder holding a
+copy of the notebook), opens the notebook in headless Chromium driven by Playwright, runs all cells, picks a
+group in the explorer's group dropdown and checks that the diagram changed: the picked group's cluster now
+has the class ``graphkit-highlight`` and its colours, every other cluster ``graphkit-faded`` and grey. A
+screenshot is saved under ``test-artifacts/`` (also when the test fails).
+
+It uses Debian's Chromium (``apt-get install chromium``); Playwright never downloads a browser here. It runs
+only when selected with ``-m browser`` (CI runs it as its own step, ``scripts/browser_test.sh``), and it is
+skipped with the reason when Chromium or Playwright is missing, unless ``GRAPHKIT_REQUIRE_BROWSER=1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK = REPO_ROOT / "notebooks" / "01_param_groups.ipynb"
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "chromium", "chromium-browser")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+REQUIRED = os.environ.get("GRAPHKIT_REQUIRE_BROWSER") == "1"
+PICKED_GROUP = 4
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+
+def chromium_path() -> str | None:
+    for candidate in CHROMIUM_CANDIDATES:
+        found = shutil.which(candidate)
+        if found:
+            return found
+    return None
+
+
+def unavailable(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"{reason} (GRAPHKIT_REQUIRE_BROWSER=1)")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def chromium(request: pytest.FixtureRequest) -> str:
+    selected = request.config.getoption("markexpr") or ""
+    if "browser" not in selected or "not browser" in selected:
+        pytest.skip("the browser test runs as its own step: pytest -m browser (bash scripts/browser_test.sh)")
+    path = chromium_path()
+    if path is None:
+        unavailable(
+            "needs Chromium: apt-get install chromium (Playwright's own browser download is not used)"
+        )
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        unavailable("needs the playwright Python package: pip install -e '.[dev]'")
+    return path
+
+
+@dataclass(slots=True)
+class Lab:
+    url: str
+    token: str
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def request_json(url: str, method: str = "GET") -> Any:
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=5) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    """A JupyterLab server on 127.0.0.1 whose kernels run this test run's Python."""
+    root = tmp_path / "root"
+    root.mkdir()
+    shutil.copyfile(NOTEBOOK, root / NOTEBOOK.name)
+    kernel = tmp_path / "jupyter" / "kernels" / "python3"
+    kernel.mkdir(parents=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (kernel / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python 3", "language": "python"})
+    )
+    settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
+    settings.mkdir(parents=True)
+    # Keep every cell in the DOM (no virtual scrolling), so the page shows what the kernel produced.
+    (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
+    notifications = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    notifications.mkdir(parents=True)
+    (notifications / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})  # no news toast over the page
+    )
+    environment = dict(
+        os.environ,
+        JUPYTER_PATH=str(tmp_path / "jupyter"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+        JUPYTER_DATA_DIR=str(tmp_path / "data"),
+        JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
+        JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "workspaces"),
+        PYDEVD_DISABLE_FILE_VALIDATION="1",
+    )
+    port = free_port()
+    token = os.urandom(16).hex()
+    log = tmp_path / "jupyterlab.log"
+    command = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.root_dir={root}",
+        f"--IdentityProvider.token={token}",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        "--LabApp.extension_manager=readonly",
+    ]
+    if os.geteuid() == 0:
+        command.append("--ServerApp.allow_root=True")  # CI runs as root
+    with log.open("w") as output:
+        server = subprocess.Popen(command, env=environment, stdout=output, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"JupyterLab exited with status {server.returncode}:\n{log.read_text()[-3000:]}")
+            with contextlib.suppress(OSError, ValueError):
+                if request_json(f"{url}/api/status?token={token}") is not None:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"JupyterLab did not answer within 60 s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield Lab(url, token, log)
+    finally:
+        with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
+            request_json(f"{url}/api/shutdown?token={token}", method="POST")  # also stops the kernels
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.terminate()
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+
+
+# JavaScript run in the page -------------------------------------------------------------------------------
+NOTEBOOK_READY = """() => {
+    const panel = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+    const kernel = panel && panel.sessionContext && panel.sessionContext.session
+        && panel.sessionContext.session.kernel;
+    return Boolean(kernel && kernel.status === 'idle' && panel.content && panel.content.model);
+}"""
+
+ALL_CELLS_RAN = """() => {
+    const panel = window.jupyterapp.shell.currentWidget;
+    const cells = panel.content.model.cells;
+    let code = 0;
+    for (let index = 0; index < cells.length; index++) {
+        const cell = cells.get(index);
+        if (cell.type !== 'code') continue;
+        code += 1;
+        if (cell.executionCount === null) return false;
+    }
+    return code > 0 && panel.sessionContext.session.kernel.status === 'idle';
+}"""
+
+CELL_ERRORS = """() => {
+    const cells = window.jupyterapp.shell.currentWidget.content.model.cells;
+    const errors = [];
+    for (let index = 0; index < cells.length; index++) {
+        const cell = cells.get(index);
+        if (cell.type !== 'code') continue;
+        for (let position = 0; position < cell.outputs.length; position++) {
+            const output = cell.outputs.get(position).toJSON();
+            if (output.output_type === 'error') errors.push(output.ename + ': ' + output.evalue);
+        }
+    }
+    return errors;
+}"""
+
+CLUSTERS = """(diagram) => Array.from(diagram.querySelectorAll('svg g.cluster')).map((cluster) => {
+    const shape = cluster.querySelector('path, polygon');
+    return {
+        id: cluster.id,
+        classes: Array.from(cluster.classList),
+        fill: shape ? shape.getAttribute('fill') : null,
+        stroke: shape ? shape.getAttribute('stroke') : null,
+    };
+})"""
+
+
+def test_picking_a_group_in_jupyterlab_highlights_its_cluster(chromium: str, lab: Lab) -> None:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    screenshot = ARTIFACTS / "browser-01_param_groups.png"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?token={lab.token}")
+            page.wait_for_function(NOTEBOOK_READY, timeout=90_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_function(ALL_CELLS_RAN, timeout=120_000, polling=500)
+            assert page.evaluate(CELL_ERRORS) == []
+
+            picker = page.locator(".graphkit-group-picker select").first
+            diagram = page.locator(".graphkit-diagram").first
+            picker.scroll_into_view_if_needed()
+            page.wait_for_function(
+                "(diagram) => diagram.querySelectorAll('svg g.cluster').length > 1",
+                arg=diagram.element_handle(),
+            )
+            before = diagram.evaluate(CLUSTERS)
+            assert len(before) == 12  # zoo:gpt_stage: six groups in each of two blocks
+            assert not any({"graphkit-highlight", "graphkit-faded"} & set(c["classes"]) for c in before)
+
+            # ipywidgets shows option labels with non-breaking spaces
+            options = [text.replace("\xa0", " ") for text in picker.locator("option").all_text_contents()]
+            assert options[0] == "all groups" and options[PICKED_GROUP + 1].startswith(
+                f"group {PICKED_GROUP}:"
+            )
+            picker.select_option(index=PICKED_GROUP + 1)  # as a person picks it with the mouse
+            page.wait_for_function(
+                "(diagram) => diagram.querySelector('svg g.cluster.graphkit-highlight') !== null",
+                arg=diagram.element_handle(),
+            )
+            after = diagram.evaluate(CLUSTERS)
+            highlighted = [c for c in after if "graphkit-highlight" in c["classes"]]
+            faded = [c for c in after if "graphkit-faded" in c["classes"]]
+            assert [c["id"] for c in highlighted] == [f"graphkit-group-{PICKED_GROUP}"]
+            assert len(faded) == len(after) - 1
+            (picked_before,) = [c for c in before if c["id"] == f"graphkit-group-{PICKED_GROUP}"]
+            assert highlighted[0]["fill"] == picked_before["fill"]  # keeps its colour
+            assert {c["fill"] for c in faded} != {picked_before["fill"]}
+            assert len({c["fill"] for c in faded}) == 1  # every other group in the same grey
+            changed = [c for c, old in zip(after, before, strict=True) if c["fill"] != old["fill"]]
+            assert len(changed) == len(after) - 1
+
+            panel = page.locator(".graphkit-info-panel").first.inner_text()
+            assert "blocks.0.mlp.fc.weight" in panel  # group 4 of zoo:gpt_stage
+            diagram.locator("g.cluster.graphkit-highlight").scroll_into_view_if_needed()
+            page.screenshot(path=str(screenshot))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser-01_param_groups-failure.png"), full_page=True)
+            print(f"JupyterLab log:\n{lab.log.read_text()[-4000:]}")
+            raise
+        finally:
+            browser.close()
+    assert screenshot.stat().st_size > 10_000
