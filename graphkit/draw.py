@@ -10,7 +10,8 @@ inline); :func:`render` writes it to ``.svg``, ``.png``, ``.pdf`` or ``.dot``. W
 - **intermediates**, the input-path nodes where a group's weight gradient leaves the input path, outlined
   in the group's colour; with several forward outputs, the label says whose gradients are captured;
 - **stage inputs and outputs** as dark house shapes (inputs point down, outputs up);
-- **a legend**: each group's parameters and flags, and what the colours and shapes mean.
+- **a legend** above the drawing (in the graph label, so its height never stretches the layout): each
+  group's parameters and flags (the first 72 groups), and a key to the colours and shapes in use.
 
 Colours come from Paul Tol's *muted* qualitative scheme (:data:`PALETTE`, safe for colour-blind readers);
 past its nine colours, border patterns (dashed, bold, dotted, ...) keep groups apart, and every cluster is
@@ -92,6 +93,7 @@ _FADED_TINT = "#F8F8F8"
 _MAX_NAME_LINES = 3
 _MAX_LEGEND_MODULES = 3
 _LEGEND_ROWS = 24
+_MAX_LEGEND_GROUPS = 3 * _LEGEND_ROWS
 _CHIPS_PER_ROW = 8
 _MAX_CHIPS = 32
 
@@ -739,7 +741,7 @@ def _graph_label(plan: _Plan, title: str | None, *, proxies: bool) -> str | None
         )
     key_header = "<b>key</b>"
     if plan.groups:
-        group_rows = _group_rows(plan)
+        group_rows = _group_rows(plan)[:_MAX_LEGEND_GROUPS]
         header = f'<b>parameter groups</b> <font point-size="9">({len(plan.groups)})</font>'
         columns = -(-len(group_rows) // _LEGEND_ROWS)
         if columns == 1:  # one table: the groups, then the key, in the same two columns
@@ -759,6 +761,12 @@ def _graph_label(plan: _Plan, title: str | None, *, proxies: bool) -> str | None
                 + "</tr></table></td></tr>"
             )
             key = _key_rows(plan, proxies=proxies, pairs_per_row=columns)
+            if len(plan.groups) > _MAX_LEGEND_GROUPS:
+                key.append(
+                    f'<tr><td colspan="{2 * columns}" align="left"><font point-size="10">groups '
+                    f"{_MAX_LEGEND_GROUPS}-{len(plan.groups) - 1} are not listed here: print "
+                    "graphkit.param_groups(graph) for all of them</font></td></tr>"
+                )
             rows.append(f'<tr><td align="left">{_table([(key_header, key)], 2 * columns)}</td></tr>')
     elif plan.modules:
         rows.append(
