@@ -500,7 +500,8 @@ class MatmulTanh(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_y: Tensor, grad_t: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, weight, t = ctx.saved_tensors
-        grad = grad_y + grad_t * (1 - t * t)
+        # under autocast the outputs (and their gradients) may be in a lower precision than x and weight
+        grad = (grad_y + grad_t * (1 - t * t)).to(weight.dtype)
         grad_x = grad @ weight.transpose(0, 1) if ctx.needs_input_grad[0] else None
         grad_weight = x.transpose(0, 1) @ grad if ctx.needs_input_grad[1] else None
         return grad_x, grad_weight

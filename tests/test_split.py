@@ -7,6 +7,7 @@ The oracle is ``torch.autograd.backward`` on a deep copy of the model run on the
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ import graphkit
 from graphkit import split, zoo
 from graphkit.split import GraphFreedError, Phase, SplitError, backward_input, backward_weight
 from graphkit.tensors import flatten_tensors, unflatten_like
+
+# scripts/gpu_check.sh runs these tests with GRAPHKIT_TEST_DEVICE=cuda; CI runs them on the CPU.
+DEVICE = torch.device(os.environ.get("GRAPHKIT_TEST_DEVICE", "cpu"))
 
 
 def _call(module, inputs):
@@ -36,7 +40,9 @@ def _cotangents(outputs, seed=0):
     generator = torch.Generator().manual_seed(seed)
     flat = flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("output", outputs)]
     grads = [
-        torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype) if tensor.requires_grad else None
+        torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype).to(tensor.device)
+        if tensor.requires_grad
+        else None
         for _, tensor in flat
     ]
     return grads[0] if isinstance(outputs, torch.Tensor) else unflatten_like(outputs, grads)
@@ -99,13 +105,17 @@ def _assert_same(expected, actual, rtol=1e-10):
 
 
 def _float64(name):
+    """A zoo model and its inputs in float64 on DEVICE."""
     module, inputs = zoo.build(name)
-    module = module.to(torch.float64)
+    module = module.to(device=DEVICE, dtype=torch.float64)
+
+    def convert(tensor):
+        moved = tensor.to(DEVICE, torch.float64) if tensor.is_floating_point() else tensor.to(DEVICE)
+        return moved.detach().requires_grad_(tensor.requires_grad)
+
     if isinstance(inputs, dict):
-        inputs = {k: v.to(torch.float64) if v.is_floating_point() else v for k, v in inputs.items()}
-    else:
-        inputs = tuple(v.to(torch.float64) if v.is_floating_point() else v for v in inputs)
-    return module, inputs
+        return module, {k: convert(v) for k, v in inputs.items()}
+    return module, tuple(convert(v) for v in inputs)
 
 
 @pytest.mark.parametrize("name", sorted(zoo.MODELS))
@@ -447,7 +457,9 @@ def test_tensor_hooks_that_change_an_intermediate_gradient_are_honoured():
 
     def run(backward):
         model = copy.deepcopy(layer)
-        x = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        x = torch.randn(
+            2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+        ).requires_grad_()
         hidden = model(x)
         hidden.register_hook(lambda grad: grad * 3.0)
         out = torch.tanh(hidden)
