@@ -113,6 +113,9 @@ class ParamGroups(list):
         unused_params: parameter names that require grad but reach no output.
         intermediates: every intermediate of the graph, keyed by node id.
         node_group: group index of every node a group colours.
+        graph: the graph the groups were computed from (None for a list built by hand).
+
+    In Jupyter the list shows as a table followed by the diagram of its graph (``graphkit.draw``).
     """
 
     def __init__(
@@ -120,11 +123,29 @@ class ParamGroups(list):
         groups: list[ParamGroup],
         unused_params: list[str],
         all_intermediates: dict[str, Intermediate],
+        graph: AutogradGraph | None = None,
     ) -> None:
         super().__init__(groups)
         self.unused_params = list(unused_params)
         self.intermediates = all_intermediates
         self.node_group = {node: group.index for group in groups for node in group.nodes()}
+        self.graph = graph
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        if self.graph is None:
+            return bundle
+        # The display hook is the one place analysis reaches for drawing, lazily: nothing else does.
+        from graphkit.draw import groups_diagram
+
+        try:
+            svg = groups_diagram(self, self.graph).pipe(format="svg", encoding="utf-8")
+        except Exception as error:  # no dot binary, or a layout failure: the table still shows
+            bundle["text/html"] += f"<p><i>diagram unavailable: {html.escape(str(error))}</i></p>"
+            return bundle
+        bundle["image/svg+xml"] = svg
+        bundle["text/html"] += svg[svg.find("<svg") :]
+        return bundle
 
     def to_dict(self) -> dict[str, Any]:
         """``{"groups": [...], "unused_params": [...]}``."""
@@ -279,7 +300,7 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
         )
     groups.sort(key=lambda group: group.params)
     numbered = [dataclasses.replace(group, index=index) for index, group in enumerate(groups)]
-    return ParamGroups(numbered, graph.graph.get("unused_params", []), found)
+    return ParamGroups(numbered, graph.graph.get("unused_params", []), found, graph)
 
 
 def _leaf_names(graph: AutogradGraph, leaves: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import graphkit
 from graphkit import zoo
 from graphkit.closures import (
     WeightSideEdge,
@@ -386,3 +387,14 @@ def test_node_group_maps_every_coloured_node_to_its_group() -> None:
         for node in group.nodes():
             assert groups.node_group[node] == group.index
     assert set(groups.node_group) == {node for group in groups for node in group.nodes()}
+
+
+def test_group_list_displays_as_a_table_and_the_diagram_in_jupyter():
+    module, inputs = zoo.build("shared_late")
+    _, graph = graphkit.trace(module, *inputs)
+    groups = graphkit.param_groups(graph)
+    bundle = groups._repr_mimebundle_()
+    table = bundle["text/html"][: bundle["text/html"].index("</table>")]
+    assert table.count("<tr>") == len(groups) + 1  # header row and one row per group
+    assert bundle["image/svg+xml"].count('class="cluster') == len(groups)
+    assert "<svg" in bundle["text/html"] and "shared.scale" in bundle["text/html"]
