@@ -3,8 +3,10 @@
 The test starts JupyterLab on 127.0.0.1 (a free port, a random token, a temporary root folder holding a
 copy of the notebook), opens the notebook in headless Chromium driven by Playwright, runs all cells, picks a
 group in the explorer's group dropdown and checks that the diagram changed: the picked group's cluster now
-has the class ``graphkit-highlight`` and its colours, every other cluster ``graphkit-faded`` and grey. A
-screenshot is saved under ``test-artifacts/`` (also when the test fails).
+has the class ``graphkit-highlight`` and its colours, every other cluster ``graphkit-faded`` and grey. Then
+it picks that group's intermediate in the node dropdown (outlined in the diagram, described in the panel)
+and presses the verify button (the table says OK). Screenshots are saved under ``test-artifacts/`` (also
+when the test fails).
 
 It uses Debian's Chromium (``apt-get install chromium``); Playwright never downloads a browser here. It runs
 only when selected with ``-m browser`` (CI runs it as its own step, ``scripts/browser_test.sh``), and it is
@@ -277,6 +279,25 @@ def test_picking_a_group_in_jupyterlab_highlights_its_cluster(chromium: str, lab
             assert "blocks.0.mlp.fc.weight" in panel  # group 4 of zoo:gpt_stage
             diagram.locator("g.cluster.graphkit-highlight").scroll_into_view_if_needed()
             page.screenshot(path=str(screenshot))
+
+            # The node picker and the verify button work through the same widget messages.
+            nodes = page.locator(".graphkit-node-picker select").first
+            labels = [text.replace("\xa0", " ") for text in nodes.locator("option").all_text_contents()]
+            (position,) = [
+                i for i, label in enumerate(labels) if f"[group {PICKED_GROUP} intermediate]" in label
+            ]
+            nodes.select_option(index=position)
+            page.wait_for_function(
+                "(diagram) => diagram.querySelector('svg g.node.graphkit-selected') !== null",
+                arg=diagram.element_handle(),
+            )
+            node_panel = page.locator(".graphkit-node-panel").first.inner_text()
+            assert f"group {PICKED_GROUP}: intermediate" in node_panel and "mat1" in node_panel
+            page.locator(".graphkit-verify-button").first.click()
+            page.wait_for_selector(".graphkit-verify-report", timeout=60_000)
+            report = page.locator(".graphkit-verify-report").first.inner_text()
+            assert report.startswith("OK") and "blocks.1.mlp.proj.weight" in report
+            page.locator(".graphkit-explorer").first.screenshot(path=str(ARTIFACTS / "browser-explorer.png"))
         except BaseException:
             with contextlib.suppress(Exception):
                 page.screenshot(path=str(ARTIFACTS / "browser-01_param_groups-failure.png"), full_page=True)
