@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import html
 import re
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from graphkit.closures import input_closure
-from graphkit.draw import choose_collapse_depth, collapse_key, draw, drawn_node_count
+from graphkit.draw import choose_collapse_depth, collapse_key, drawn_node_count, render
 from graphkit.graph import AutogradGraph, NodeKind
 from graphkit.groups import GroupFlag, ParamGroup, param_groups
 
@@ -415,6 +417,7 @@ class Explorer:
         diagram: ``HTML`` holding the SVG.
         info_panel, node_panel, verify_panel: ``HTML`` panels beside the diagram.
         report: the last :class:`graphkit.verify.VerifyReport`, or None.
+        render_timeout_s: seconds Graphviz may take for one layout.
     """
 
     def __init__(
@@ -431,6 +434,7 @@ class Explorer:
         show_module: bool = False,
         rankdir: str = "BT",
         title: str | None = None,
+        render_timeout_s: float = 60.0,
     ) -> None:
         widgets = _import_ipywidgets()
         self.graph = graph
@@ -447,6 +451,7 @@ class Explorer:
         self._closure = input_closure(graph)
         self._svg_cache: dict[tuple[Any, ...], str] = {}
         self._current_svg = ""
+        self.render_timeout_s = render_timeout_s
 
         depth_limit = _max_depth(graph)
         if collapse_depth is None:
@@ -661,14 +666,26 @@ class Explorer:
                 return f"module.{key}"
         return node
 
+    def _render_svg(self, options: dict[str, Any]) -> str:
+        """Lay the diagram out with ``dot``, stopped after :attr:`render_timeout_s` seconds."""
+        with tempfile.TemporaryDirectory(prefix="graphkit-explore-") as folder:
+            path = render(
+                self.graph,
+                Path(folder) / "diagram.svg",
+                self.groups,
+                timeout_s=self.render_timeout_s,
+                **options,
+            )
+            return path.read_text(encoding="utf-8")
+
     def _redraw(self) -> None:
         options = self.draw_options()
         key = tuple(sorted((name, value) for name, value in options.items()))
         svg = self._svg_cache.get(key)
         if svg is None:
             try:
-                svg = draw(self.graph, self.groups, **options).pipe(format="svg", encoding="utf-8")
-            except Exception as error:  # no Graphviz, a layout failure: say so in place of the picture
+                svg = self._render_svg(options)
+            except Exception as error:  # no Graphviz, a layout too slow or failing: say so in its place
                 self._current_svg = ""
                 self.diagram.value = (
                     f"<div style='color:#b2182b'>cannot draw: {_escape(type(error).__name__)}: "
@@ -713,6 +730,7 @@ def explore(
     show_module: bool = False,
     rankdir: str = "BT",
     title: str | None = None,
+    render_timeout_s: float = 60.0,
 ) -> Explorer:
     """An ipywidgets app to explore an autograd graph, its parameter groups and its split backward.
 
@@ -730,6 +748,8 @@ def explore(
         show_shapes, show_saved, show_module: initial state of the label toggles.
         rankdir: graphviz layout direction (``"BT"``: inputs at the bottom).
         title: a heading drawn on top of the diagram (default: the spec, if one was given).
+        render_timeout_s: stop Graphviz after this many seconds per layout and say so in place of the
+            diagram (then collapse more with the slider).
 
     Returns:
         An :class:`Explorer`; as the last expression of a cell, Jupyter displays it.
@@ -754,4 +774,5 @@ def explore(
         show_module=show_module,
         rankdir=rankdir,
         title=title if title is not None else spec,
+        render_timeout_s=render_timeout_s,
     )

@@ -281,3 +281,14 @@ def test_explorer_displays_as_a_widget() -> None:
     assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.app.model_id
     classes = set(explorer.app._dom_classes)
     assert "graphkit-explorer" in classes
+
+
+def test_without_graphviz_the_diagram_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, _, graph = traced("mlp")
+    monkeypatch.setenv("PATH", "")  # no `dot` to find
+    explorer = explore(graph)
+    assert "cannot draw: GraphvizNotFoundError" in explorer.diagram.value
+    assert "apt-get install graphviz" in explorer.diagram.value
+    assert explorer.svg == ""
+    explorer.select_group(0)  # the controls keep working
+    assert "0.weight" in explorer.info_panel.value
