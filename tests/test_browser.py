@@ -1,7 +1,8 @@
-"""End to end in a real browser: JupyterLab runs 01_param_groups.ipynb and the explorer reacts to a click.
+"""End to end in a real browser: 01_param_groups.ipynb runs in JupyterLab and Notebook 7, the explorer reacts.
 
 The test starts JupyterLab on 127.0.0.1 (a free port, a random token, a temporary root folder holding a
-copy of the notebook), opens the notebook in headless Chromium driven by Playwright, runs all cells, picks a
+copy of the notebook), opens the notebook in headless Chromium driven by Playwright - in JupyterLab, then in
+Notebook 7, the same server's classic-style interface - runs all cells, picks a
 group in the explorer's group dropdown and checks that the diagram changed: the picked group's cluster now
 has the class ``graphkit-highlight`` and its colours, every other cluster ``graphkit-faded`` and grey. Then
 it picks that group's intermediate in the node dropdown (outlined in the diagram, described in the panel)
@@ -145,6 +146,7 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
         f"--ServerApp.root_dir={root}",
         f"--IdentityProvider.token={token}",
         "--LabApp.expose_app_in_browser=True",
+        "--JupyterNotebookApp.expose_app_in_browser=True",
         "--LabApp.news_url=None",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         "--LabApp.extension_manager=readonly",
@@ -226,17 +228,22 @@ CLUSTERS = """(diagram) => Array.from(diagram.querySelectorAll('svg g.cluster'))
 })"""
 
 
-def test_picking_a_group_in_jupyterlab_highlights_its_cluster(chromium: str, lab: Lab) -> None:
+# The same server serves JupyterLab and Notebook 7 (the classic Notebook's successor): test both.
+FRONTENDS = {"jupyterlab": "lab/tree", "notebook": "notebooks"}
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+def test_picking_a_group_highlights_its_cluster(chromium: str, lab: Lab, frontend: str) -> None:
     from playwright.sync_api import sync_playwright
 
     ARTIFACTS.mkdir(exist_ok=True)
-    screenshot = ARTIFACTS / "browser-01_param_groups.png"
+    screenshot = ARTIFACTS / f"browser-{frontend}-01_param_groups.png"
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         page.set_default_timeout(60_000)
         try:
-            page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?token={lab.token}")
+            page.goto(f"{lab.url}/{FRONTENDS[frontend]}/{NOTEBOOK.name}?token={lab.token}")
             page.wait_for_function(NOTEBOOK_READY, timeout=90_000)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             page.wait_for_function(ALL_CELLS_RAN, timeout=120_000, polling=500)
@@ -297,10 +304,12 @@ def test_picking_a_group_in_jupyterlab_highlights_its_cluster(chromium: str, lab
             page.wait_for_selector(".graphkit-verify-report", timeout=60_000)
             report = page.locator(".graphkit-verify-report").first.inner_text()
             assert report.startswith("OK") and "blocks.1.mlp.proj.weight" in report
-            page.locator(".graphkit-explorer").first.screenshot(path=str(ARTIFACTS / "browser-explorer.png"))
+            page.locator(".graphkit-explorer").first.screenshot(
+                path=str(ARTIFACTS / f"browser-{frontend}-explorer.png")
+            )
         except BaseException:
             with contextlib.suppress(Exception):
-                page.screenshot(path=str(ARTIFACTS / "browser-01_param_groups-failure.png"), full_page=True)
+                page.screenshot(path=str(ARTIFACTS / f"browser-{frontend}-failure.png"), full_page=True)
             print(f"JupyterLab log:\n{lab.log.read_text()[-4000:]}")
             raise
         finally:
