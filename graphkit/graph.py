@@ -15,21 +15,21 @@ nodes are fine) and returns an :class:`AutogradGraph`, a ``networkx.MultiDiGraph
 
 Node attributes (all plain Python values, so every networkx algorithm and writer works):
 
-=====================  ===========================================================================
-``name``               autograd class name, ``"AddmmBackward0"``
-``op``                 short forward op name, ``"addmm"``; ``"accumulate_grad"`` for leaves
-``kind``               a :class:`NodeKind` value: op, parameter, leaf, stage_input, stage_output
-``param_names``        names from ``module.named_parameters()`` (every name of a shared parameter)
-``shapes``/``dtypes``  shape (tuple) and dtype (str) of each forward output of the node
-``num_outputs``        number of forward outputs (gradients the node receives)
-``saved_tensors``      list of ``{"name", "shape", "dtype", "bytes"}``; None when freed or hooked
-``saved_bytes``        total bytes of the saved tensors (int) or None
-``saved_reason``       why ``saved_tensors`` is None, else None
-``module_path``        module that created the node (from :func:`graphkit.trace`), else None
-``is_custom_function`` True for a Python ``torch.autograd.Function`` node
-``output_names``       names of the stage outputs this node produces
-``input_names``        names of the stage inputs this node stands for
-=====================  ===========================================================================
+========================  ===========================================================================
+``name``                  autograd class name, ``"AddmmBackward0"``
+``op``                    short forward op name, ``"addmm"``; ``"accumulate_grad"`` for leaves
+``kind``                  a :class:`NodeKind` value: op, parameter, leaf, stage_input, stage_output
+``param_names``           names from ``module.named_parameters()`` (every name of a shared parameter)
+``shapes``/``dtypes``     shape (tuple) and dtype (str) of each forward output of the node
+``num_outputs``           number of forward outputs (gradients the node receives)
+``saved_tensors``         list of ``{"name", "shape", "dtype", "bytes"}``; None when freed or hooked
+``saved_bytes``           total bytes of the saved tensors (int) or None
+``saved_reason``          why ``saved_tensors`` is None, else None
+``module_path``           module that created the node (from :func:`graphkit.trace`), else None
+``is_custom_function``    True for a Python ``torch.autograd.Function`` node
+``output_names``          names of the stage outputs this node produces
+``input_names``           names of the stage inputs this node stands for
+========================  ===========================================================================
 """
 
 from __future__ import annotations
