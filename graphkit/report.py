@@ -754,7 +754,7 @@ def _groups_section(inspection: Inspection) -> str:
         '<section id="groups"><h2>Parameter groups</h2>'
         '<p class="lead">A parameter group is a set of weights whose gradients leave the input path at the same '
         "<em>intermediates</em>: the B phase computes the gradients of those intermediates (and of the stage "
-        "inputs), the W phase later turns them into weight gradients, one group at a time. "
+        "inputs), the W phase later turns them into weight gradients, every group in one pass. "
         f"This model has {count} group{'s' if count != 1 else ''}; the colours match the diagram.</p>"
         '<div class="scroll"><table class="groups"><thead><tr><th>group</th><th>parameters</th>'
         '<th class="number">values</th><th>intermediates (where W starts)</th><th>flags</th></tr></thead>'
