@@ -32,7 +32,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 class CliReference(SphinxDirective):
-    """``.. graphkit-cli::`` - the help text of ``graphkit`` and of each subcommand."""
+    """``{graphkit-cli}`` (in a MyST page) - the help text of ``graphkit`` and of each subcommand."""
 
     has_content = False
 
@@ -40,15 +40,20 @@ class CliReference(SphinxDirective):
         from graphkit.cli import build_parser
 
         previous = os.environ.get("COLUMNS")
-        os.environ["COLUMNS"] = "100"  # argparse wraps help text to the terminal width
+        os.environ["COLUMNS"] = "80"  # argparse wraps help text to the terminal width
         try:
             parser = build_parser()
-            lines = ["Usage", "-----", "", "::", ""]
-            lines += ["    " + line for line in parser.format_help().splitlines()]
+            # The directive is used from MyST pages, so it writes Markdown: a heading and a text block each.
+            lines = ["## Usage", "", "```text", *parser.format_help().splitlines(), "```"]
             for name, subparser in _subcommands(parser).items():
-                title = f"graphkit {name}"
-                lines += ["", title, "-" * len(title), "", "::", ""]
-                lines += ["    " + line for line in subparser.format_help().splitlines()]
+                lines += [
+                    "",
+                    f"## graphkit {name}",
+                    "",
+                    "```text",
+                    *subparser.format_help().splitlines(),
+                    "```",
+                ]
         finally:
             if previous is None:
                 os.environ.pop("COLUMNS", None)
