@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("sphinx", reason="the docs extra (sphinx, myst-nb, pydata-sphinx-theme) is not installed")
 pytest.importorskip("myst_nb")
@@ -120,3 +122,21 @@ def test_notebook_pages_carry_their_executed_outputs(built_docs: Path) -> None:
     groups = (built_docs / "notebooks" / "01_param_groups.html").read_text()
     assert "application/vnd.jupyter.widget-state+json" in groups  # the explorer, as saved widget state
     assert "blocks.0.attn.proj.weight" in groups
+
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.parametrize("page", ["index.md", "getting_started.md", "cli.md"])
+def test_python_examples_on_the_page_run(
+    page: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocks = PYTHON_BLOCK.findall((repo_root / "docs" / page).read_text())
+    assert blocks
+    monkeypatch.chdir(tmp_path)  # examples that write files write them here
+    namespace: dict[str, object] = {"__name__": f"docs_{page}"}
+    for block in blocks:  # one namespace per page: later examples use what earlier ones made
+        exec(compile(block, f"docs/{page}", "exec"), namespace)
+    if page == "cli.md":
+        module, inputs = namespace["make_stage"]()
+        assert isinstance(module, torch.nn.Module) and inputs[0].requires_grad
