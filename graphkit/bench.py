@@ -33,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from graphkit import _autograd
 from graphkit.graph import capture
 from graphkit.split import SplitState, backward_input, backward_weight
-from graphkit.tensors import flatten_tensors, unflatten_like
+from graphkit.tensors import distinct_bytes, flatten_tensors, unflatten_like
 
 __all__ = ["SplitBenchmark", "bench_spec", "benchmark_split", "count_engine_calls"]
 
@@ -140,15 +140,6 @@ def _saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
     return found
 
 
-def _distinct_bytes(tensors: list[torch.Tensor]) -> int:
-    sizes: dict[tuple[int, int], int] = {}
-    for tensor in tensors:
-        if tensor.numel():
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            sizes[key] = max(sizes.get(key, 0), tensor.numel() * tensor.element_size())
-    return sum(sizes.values())
-
-
 def _captured_tensors(state: SplitState) -> list[torch.Tensor]:
     tensors = [grad for work in state._work if work is not None for grad in work.grads if grad is not None]
     return tensors + [grad for _, grad in state._output_roots]
@@ -158,7 +149,7 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     """``(retained_bytes, w_needs_bytes)`` of a state between B and W (see module docstring)."""
     captured = _captured_tensors(state)
     held = state.held_tensors()
-    retained = _distinct_bytes([*captured, *held, *_saved_tensors_below(state.held_nodes())])
+    retained = distinct_bytes([*captured, *held, *_saved_tensors_below(state.held_nodes())])
     own = []
     for work in state._work:
         if work is not None and work.node is not None:
@@ -167,7 +158,7 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     weight_side = _saved_tensors_below(
         list(state._targets.values()) + [e.node for e, _ in state._output_roots]
     )
-    needs = _distinct_bytes([*captured, *held, *own, *weight_side])
+    needs = distinct_bytes([*captured, *held, *own, *weight_side])
     return retained, needs
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "collapse_key",
     "draw",
     "drawn_node_count",
+    "format_bytes",
     "group_style",
     "groups_diagram",
     "render",
@@ -308,7 +309,8 @@ def _format_shape(shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(size) for size in shape) + ")"
 
 
-def _format_bytes(count: int) -> str:
+def format_bytes(count: int) -> str:
+    """``count`` bytes for people: ``512 B``, ``95.4 KiB``, ``1.2 GiB``."""
     size = float(count)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
@@ -346,7 +348,7 @@ def _saved_line(data: dict[str, Any]) -> str | None:
     saved = data.get("saved_bytes")
     if not saved:
         return None
-    return f"saved {_format_bytes(saved)}"
+    return f"saved {format_bytes(saved)}"
 
 
 def _parameter_names(plan: _Plan, node: str) -> list[str]:
@@ -547,7 +549,7 @@ def _module_attributes(plan: _Plan, module: _Module, *, show_saved: bool) -> dic
     if module.parameters:
         counts += f", {module.parameters} parameter" + ("" if module.parameters == 1 else "s")
     if show_saved and module.saved_bytes:
-        counts += f", saved {_format_bytes(module.saved_bytes)}"
+        counts += f", saved {format_bytes(module.saved_bytes)}"
     cells = [f'<td align="left"><font point-size="9" color="{_SECONDARY_TEXT}">{_text(counts)}</font></td>']
     for index in module.groups[:_MAX_CHIPS]:
         style = plan.style(index)

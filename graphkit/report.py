@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 import torch
 
+from graphkit.draw import format_bytes
 from graphkit.graph import AutogradGraph
 from graphkit.groups import GroupFlag, ParamGroups, param_groups
 from graphkit.spec import load_spec, spec_inputs_as_call
@@ -532,14 +533,7 @@ def _tolerance(value: float) -> str:
 
 
 def _bytes(count: int | None) -> str:
-    if count is None:
-        return "unknown (the graph was freed)"
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
+    return "unknown (the graph was freed)" if count is None else format_bytes(count)
 
 
 def _shape(shape: list[int] | None) -> str:

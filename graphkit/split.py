@@ -40,7 +40,7 @@ from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 from graphkit import _autograd
 from graphkit.graph import _Walk, _walk
-from graphkit.tensors import GraphkitInputError, flatten_tensors
+from graphkit.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
 from graphkit.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
@@ -142,7 +142,7 @@ class SplitState:
         """Bytes of the gradients captured at intermediates and parameter-only outputs."""
         tensors = [grad for work in self._work if work is not None for grad in work.grads if grad is not None]
         tensors += [grad for _, grad in self._output_roots]
-        return _distinct_bytes(tensors)
+        return distinct_bytes(tensors)
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Saved tensors the weight-side formulas keep alive (not counting Nodes kept for direct calls)."""
@@ -163,15 +163,6 @@ class SplitState:
         self._targets = {}
         self._output_roots = []
         self._weight_tensors = []
-
-
-def _distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    seen: dict[tuple[int, int], int] = {}
-    for tensor in tensors:
-        if tensor.numel():
-            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-            seen[key] = max(seen.get(key, 0), tensor.numel() * tensor.element_size())
-    return sum(seen.values())
 
 
 # --- argument handling ------------------------------------------------------------------------------------

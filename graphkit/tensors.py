@@ -7,12 +7,12 @@ its path (``"logits"``, ``"1"``, ``"hidden.0"``) so that diagrams, reports and g
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["GraphkitInputError", "flatten_tensors", "unflatten_like"]
+__all__ = ["GraphkitInputError", "distinct_bytes", "flatten_tensors", "unflatten_like"]
 
 
 class GraphkitInputError(ValueError):
@@ -46,6 +46,19 @@ def flatten_tensors(value: Any, prefix: str = "", *, keep_none: bool = False) ->
             children = [(_join(path, str(index)), child) for index, child in enumerate(item)]
             stack.extend(reversed(children))
     return found
+
+
+def distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes held by ``tensors``, each stretch of storage counted once (views of one tensor are not added up).
+
+    A tensor is keyed by its storage and offset; of several tensors with the same key the largest counts.
+    """
+    sizes: dict[tuple[int, int], int] = {}
+    for tensor in tensors:
+        if tensor.numel():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            sizes[key] = max(sizes.get(key, 0), tensor.numel() * tensor.element_size())
+    return sum(sizes.values())
 
 
 def unflatten_like(template: Any, values: Sequence[Any]) -> Any:

@@ -67,41 +67,34 @@ def _addmm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
     return gradients
 
 
-def _mm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
-    # next_functions: (self, mat2)
-    first = node._saved_self if 1 in wanted else None
-    second = node._saved_mat2 if 0 in wanted else None
-    if (1 in wanted and not _plain(first)) or (0 in wanted and not _plain(second)):
-        return None
+def _matmul_rule(
+    transpose: Callable[[torch.Tensor], torch.Tensor], multiply: Callable[..., torch.Tensor]
+) -> Any:
+    """The rule of ``self @ mat2`` (``mm``: ``transpose = t``; ``bmm``: the last two dimensions)."""
 
-    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
-        grad = grads[0]
-        result: dict[int, torch.Tensor | None] = {}
-        if 1 in wanted:
-            result[1] = first.t().mm(grad)
-        if 0 in wanted:
-            result[0] = grad.mm(second.t())
-        return result
+    def rule(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+        # next_functions: (self, mat2); d(self @ mat2)/d(mat2) takes self, and the other way round
+        first = node._saved_self if 1 in wanted else None
+        second = node._saved_mat2 if 0 in wanted else None
+        if (1 in wanted and not _plain(first)) or (0 in wanted and not _plain(second)):
+            return None
 
-    return gradients
+        def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+            grad = grads[0]
+            result: dict[int, torch.Tensor | None] = {}
+            if 1 in wanted:
+                result[1] = multiply(transpose(first), grad)
+            if 0 in wanted:
+                result[0] = multiply(grad, transpose(second))
+            return result
+
+        return gradients
+
+    return rule
 
 
-def _bmm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
-    first = node._saved_self if 1 in wanted else None
-    second = node._saved_mat2 if 0 in wanted else None
-    if (1 in wanted and not _plain(first)) or (0 in wanted and not _plain(second)):
-        return None
-
-    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
-        grad = grads[0]
-        result: dict[int, torch.Tensor | None] = {}
-        if 1 in wanted:
-            result[1] = first.transpose(1, 2).bmm(grad)
-        if 0 in wanted:
-            result[0] = grad.bmm(second.transpose(1, 2))
-        return result
-
-    return gradients
+_mm = _matmul_rule(torch.t, torch.mm)
+_bmm = _matmul_rule(lambda tensor: tensor.transpose(1, 2), torch.bmm)
 
 
 def _convolution(node: Node, wanted: frozenset[int]) -> WeightGradient | None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from graphkit.closures import input_closure
-from graphkit.draw import choose_collapse_depth, collapse_key, drawn_node_count, render
+from graphkit.draw import choose_collapse_depth, collapse_key, drawn_node_count, format_bytes, render
 from graphkit.graph import AutogradGraph, NodeKind
 from graphkit.groups import GroupFlag, ParamGroup, param_groups
 
@@ -208,12 +208,7 @@ def _shape(shape: Sequence[int]) -> str:
 def _bytes(count: int | None) -> str:
     if count is None:
         return "-"
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{count:,} B" if unit == "B" else f"{size:.1f} {unit} ({count:,} B)"
-        size /= 1024
-    raise AssertionError("unreachable")
+    return f"{count:,} B" if count < 1024 else f"{format_bytes(count)} ({count:,} B)"
 
 
 def _rows(rows: Sequence[tuple[str, str]]) -> str:

@@ -366,6 +366,6 @@ def test_graph_and_groups_display_as_svg() -> None:
 
 
 def test_byte_sizes_read_as_a_person_would() -> None:
-    assert draw_module._format_bytes(512) == "512 B"
-    assert draw_module._format_bytes(2304) == "2.2 KiB"
-    assert draw_module._format_bytes(3 * 1024**3) == "3.0 GiB"
+    assert draw_module.format_bytes(512) == "512 B"
+    assert draw_module.format_bytes(2304) == "2.2 KiB"
+    assert draw_module.format_bytes(3 * 1024**3) == "3.0 GiB"
