@@ -562,7 +562,7 @@ def _flops_note(inspection: Inspection) -> str:
     """A warning when B + W costs noticeably more than the full backward, with the likely reason."""
     flops = inspection.verify.flops
     extra = flops["b"] + flops["w"] - flops["full"]
-    if flops["full"] <= 0 or extra <= 0.05 * flops["full"]:
+    if flops["full"] <= 0 or flops["b"] < 0 or extra <= 0.05 * flops["full"]:
         return ""
     custom = any(GroupFlag.CUSTOM_FUNCTION in group.flags for group in inspection.groups)
     reason = (
@@ -580,6 +580,8 @@ def _flops_note(inspection: Inspection) -> str:
 def _flops_chart(flops: Mapping[str, int]) -> str:
     """FLOPs of full backward, B, W and B + W as horizontal bars in an inline SVG."""
     full, b, w = flops["full"], flops["b"], flops["w"]
+    if b < 0 or w < 0:  # not counted (see VerifyReport.extra["flops_note"])
+        return f"<p>full backward {_flop(full)}; the B and W phases could not be counted for this model.</p>"
     largest = max(full, b + w, 1)
     bar_width, left, row = 300, 150, 30
     rows = [
@@ -907,7 +909,9 @@ def _terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]
         (
             "FLOPs",
             f"full backward {_flop(flops['full'])}, B {_flop(flops['b'])}{share(flops['b'])}, "
-            f"W {_flop(flops['w'])}{share(flops['w'])}",
+            f"W {_flop(flops['w'])}{share(flops['w'])}"
+            if flops["b"] >= 0
+            else f"full backward {_flop(flops['full'])}; B and W not counted (activation checkpointing)",
         ),
         (
             "verify",

@@ -30,6 +30,7 @@ forward time, so they cannot tell B from W by themselves; :func:`current_phase` 
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -103,6 +104,17 @@ class _WeightWork:
     edges: tuple[tuple[int, int, int], ...]
     rule: PreparedWeightGradient | None
     node: Node | None  # kept only when no rule applies
+    versions: tuple[int, ...] = ()  # of ``grads`` when B captured them
+
+    def check_unchanged(self) -> None:
+        """Raise if a captured gradient was modified in place between B and W."""
+        for grad, version in zip((g for g in self.grads if g is not None), self.versions, strict=True):
+            if grad._version != version:
+                raise SplitError(
+                    f"a gradient of shape {tuple(grad.shape)} captured in the B phase was modified in place "
+                    "before the W phase (a reused receive buffer, or an input gradient scaled in place); "
+                    "pass cotangents that stay unchanged until W, or clone them"
+                )
 
 
 @dataclass(slots=True)
@@ -230,6 +242,16 @@ def _weight_filter(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> s
     return {id(parameter) for parameter in params}
 
 
+def _unaliased(grad: torch.Tensor | None, storages: set[int]) -> torch.Tensor | None:
+    """``grad``, copied if it shares storage with a gradient the W phase still needs.
+
+    The input gradient is the caller's to change (scale, send, reuse); the W phase must not see that.
+    """
+    if grad is not None and grad.untyped_storage().data_ptr() in storages:
+        return grad.clone()
+    return grad
+
+
 def _register_prehook(node: Node, hook: Any) -> Any:
     """Every pre-hook graphkit puts on a Node goes through here (one place to audit their removal)."""
     return node.register_prehook(hook)
@@ -258,10 +280,6 @@ class _Plan:
     weight_only: bytearray
     # target index -> ((target output_nr, ((position in intermediates, input_nr), ...)), ...)
     targets: dict[int, tuple[tuple[int, tuple[tuple[int, int], ...]], ...]]
-    # target index -> ((output_nr, shape, dtype, placeholder gradient), ...); filled on first use
-    target_specs: dict[int, tuple[tuple[int, tuple[int, ...], torch.dtype, torch.Tensor], ...]] = field(
-        default_factory=dict
-    )
 
 
 _PLAN_CACHE: dict[Any, _Plan] = {}
@@ -359,6 +377,14 @@ def backward_input(
         raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
     named_inputs = _named_inputs(inputs)
     stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
+    for name, tensor in named_inputs:
+        if tensor.requires_grad and tensor.grad_fn is not None:
+            warnings.warn(
+                f"stage input {name!r} is not a leaf: the split backward stops at it, so nothing before it "
+                "(an earlier stage's graph) receives gradients; pass .detach().requires_grad_() inputs, as "
+                "a pipeline stage receives them",
+                stacklevel=2,
+            )
     input_nodes = {get_gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
     walk = _walk((edge.node for edge in output_edges), input_nodes)
@@ -405,13 +431,25 @@ def backward_input(
             handle.remove()
 
     work: list[_WeightWork | None] = []
+    cotangent_storages = {grad.untyped_storage().data_ptr() for _, grad in pairs}
     for index, edges in plan.intermediates:
         grads_received = captured.get(index)
         if grads_received is None or all(grad is None for grad in grads_received):
             work.append(None)  # no gradient reached this intermediate: nothing flows to its weights either
             continue
-        rule = prepare(nodes[index], [input_nr for input_nr, _, _ in edges])
-        work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else nodes[index]))
+        # the caller owns its cotangents and may reuse their buffers before W: keep a copy of those
+        grads_received = tuple(
+            grad.clone()
+            if grad is not None and grad.untyped_storage().data_ptr() in cotangent_storages
+            else grad
+            for grad in grads_received
+        )
+        node = nodes[index]
+        # reading saved tensors packed by saved_tensors_hooks would run the unpack hook (a recomputation,
+        # for activation checkpointing) outside the engine: let the W phase call such a Node instead
+        rule = None if _autograd.uses_saved_tensor_hooks(node) else prepare(node, [nr for nr, _, _ in edges])
+        versions = tuple(grad._version for grad in grads_received if grad is not None)
+        work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else node, versions))
     targets = {
         target: nodes[target]
         for target, by_output in plan.targets.items()
@@ -423,8 +461,18 @@ def backward_input(
         for leaf in plan.weight_leaves
         if allowed is None or id(nodes[leaf].variable) in allowed
     ]
+    captured_storages = {
+        grad.untyped_storage().data_ptr()
+        for item in work
+        if item is not None
+        for grad in item.grads
+        if grad is not None
+    }
+    input_grads = tuple(
+        _unaliased(input_grads_by_id.get(id(tensor)), captured_storages) for _, tensor in named_inputs
+    )
     return SplitState(
-        input_grads=tuple(input_grads_by_id.get(id(tensor)) for _, tensor in named_inputs),
+        input_grads=input_grads,
         input_names=tuple(name for name, _ in named_inputs),
         num_intermediates=sum(1 for item in work if item is not None),
         num_node_calls=sum(1 for item in work if item is not None and item.node is not None),
@@ -500,6 +548,7 @@ def _run_weight_phase(state: SplitState) -> None:
         found = results[position]
         if found is None:
             item = work[position]
+            item.check_unchanged()
             if item.rule is not None:
                 found = item.rule(item.grads)
             else:
@@ -509,31 +558,36 @@ def _run_weight_phase(state: SplitState) -> None:
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
         return found
 
+    def total(
+        sources: tuple[tuple[int, int], ...], shape: tuple[int, ...], dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """The gradient a target output receives from the intermediates in ``sources``, summed."""
+        summed = None
+        for position, input_nr in sources:
+            if work[position] is None and results[position] is None:
+                continue  # this intermediate received no gradient
+            grad = weight_gradients(position).get(input_nr)
+            if grad is None:
+                continue
+            if grad.shape != shape:
+                grad = grad.sum_to_size(shape)
+            if grad.dtype != dtype:
+                grad = grad.to(dtype)
+            summed = grad if summed is None else summed + grad
+        return summed
+
     def target_hook(
-        entries: tuple[
-            tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], torch.dtype, torch.Tensor], ...
-        ],
+        entries: list[tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], torch.dtype, torch.Tensor]],
     ) -> Any:
         def hook(grad_inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
             updated = list(grad_inputs)
             for output_nr, sources, shape, dtype, placeholder in entries:
-                total = None
-                for position, input_nr in sources:
-                    if work[position] is None and results[position] is None:
-                        continue  # this intermediate received no gradient
-                    grad = weight_gradients(position).get(input_nr)
-                    if grad is None:
-                        continue
-                    if grad.shape != shape:
-                        grad = grad.sum_to_size(shape)
-                    if grad.dtype != dtype:
-                        grad = grad.to(dtype)
-                    total = grad if total is None else total + grad
+                received = total(sources, shape, dtype)
                 current = updated[output_nr]
                 if current is placeholder or (current is not None and _is_placeholder(current, placeholder)):
                     current = None
-                if total is not None:
-                    current = total if current is None else current + total
+                if received is not None:
+                    current = received if current is None else current + received
                 updated[output_nr] = current
             return tuple(updated)
 
@@ -543,24 +597,27 @@ def _run_weight_phase(state: SplitState) -> None:
     roots: list[GradientEdge] = []
     root_grads: list[torch.Tensor] = []
     hooks = []
-    for target, node in state._targets.items():
-        entries = plan.target_specs.get(target)
-        if entries is None:
+    with torch.enable_grad():
+        for target, node in state._targets.items():
             metadata = _target_metadata(node)
-            entries = plan.target_specs[target] = tuple(
-                (
-                    output_nr,
-                    sources,
-                    metadata[output_nr].shape,
-                    metadata[output_nr].dtype,
-                    _placeholder(metadata[output_nr]),
+            if _autograd.is_accumulate_grad(node) and _inject_before_leaf_hooks(node.variable):
+                # The leaf's own tensor hooks run before any Node pre-hook: hand them the real gradient
+                (output_nr, sources), *_ = plan.targets[target]
+                meta = metadata[output_nr]
+                proxy = _InjectGradient.apply(
+                    node.variable, lambda s=sources, m=meta: total(s, m.shape, m.dtype)
                 )
-                for output_nr, sources in plan.targets[target]
-            )
-        for output_nr, _, _, _, placeholder in entries:
-            roots.append(GradientEdge(node, output_nr))
-            root_grads.append(placeholder)
-        hooks.append((node, target_hook(entries)))
+                roots.append(get_gradient_edge(proxy))
+                root_grads.append(torch.zeros((), dtype=proxy.dtype, device=proxy.device))
+                continue
+            entries = []
+            for output_nr, sources in plan.targets[target]:
+                meta = metadata[output_nr]
+                placeholder = _placeholder(meta)
+                entries.append((output_nr, sources, meta.shape, meta.dtype, placeholder))
+                roots.append(GradientEdge(node, output_nr))
+                root_grads.append(placeholder)
+            hooks.append((node, target_hook(entries)))
     for edge, grad in state._output_roots:
         roots.append(edge)
         root_grads.append(grad)
@@ -575,6 +632,39 @@ def _run_weight_phase(state: SplitState) -> None:
     finally:
         for handle in handles:
             handle.remove()
+
+
+def _inject_before_leaf_hooks(leaf: torch.Tensor) -> bool:
+    """Whether a leaf target needs its gradient from an injecting Node rather than a pre-hook.
+
+    True when the leaf has tensor hooks of its own (``Tensor.register_hook``), which the engine runs
+    before Node pre-hooks, or a layout the dense placeholder gradient cannot stand in for (sparse).
+    """
+    return bool(getattr(leaf, "_backward_hooks", None)) or leaf.layout != torch.strided
+
+
+class _InjectGradient(torch.autograd.Function):
+    """A Node in front of a leaf's AccumulateGrad whose backward supplies the leaf's W-phase gradient.
+
+    Forward returns a zero-size-free scalar that the W phase roots the engine at; backward ignores the
+    incoming gradient and returns ``supplier()``, computed when the engine reaches it (so it is made
+    just in time, like the pre-hook path, and the leaf's tensor hooks see it).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, leaf: torch.Tensor, supplier: Any) -> torch.Tensor:
+        ctx.supplier = supplier
+        return (
+            leaf.new_zeros(())
+            if leaf.layout == torch.strided
+            else torch.zeros((), dtype=leaf.dtype, device=leaf.device)
+        )
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        supplier, ctx.supplier = ctx.supplier, None
+        return supplier(), None
 
 
 def _placeholder(meta: _autograd.GradientMetadata) -> torch.Tensor:

@@ -109,8 +109,9 @@ class StageCompute:
         Raises:
             StageError: no cached forward (never ran, or backward already ran for it).
         """
-        cached = self._take_forward(microbatch)
+        cached = self._cached_forward(microbatch)
         grads = backward_full(cached.outputs, self._cotangents(cached, grad_outputs), cached.inputs)
+        del self._forwards[microbatch]  # only once the backward ran: a rejected call can be retried
         self._backwards[microbatch] = _Backward(
             dict(zip(cached.inputs, grads, strict=True)), _needing(cached), None
         )
@@ -121,8 +122,9 @@ class StageCompute:
         Raises:
             StageError: no cached forward (never ran, or backward already ran for it).
         """
-        cached = self._take_forward(microbatch)
+        cached = self._cached_forward(microbatch)
         state = backward_input(cached.outputs, self._cotangents(cached, grad_outputs), cached.inputs)
+        del self._forwards[microbatch]  # the outputs, and the input path's graph with them, can go now
         grads = dict(zip(cached.inputs, state.input_grads, strict=True))
         self._backwards[microbatch] = _Backward(grads, _needing(cached), state)
 
@@ -172,8 +174,8 @@ class StageCompute:
         return grads  # type: ignore[return-value]
 
     # --- helpers --------------------------------------------------------------------------------------
-    def _take_forward(self, microbatch: int) -> _Forward:
-        found = self._forwards.pop(microbatch, None)
+    def _cached_forward(self, microbatch: int) -> _Forward:
+        found = self._forwards.get(microbatch)
         if found is None:
             if microbatch in self._backwards:
                 raise StageError(f"{self._where(microbatch)}: double backward: backward already ran for it")

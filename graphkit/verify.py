@@ -18,6 +18,7 @@ Tolerances (relative to the largest magnitude of the reference gradient):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
 from collections.abc import Mapping
@@ -69,7 +70,8 @@ class VerifyReport:
     Attributes:
         ok: every gradient has status ``ok``.
         inputs, params: one :class:`GradientCheck` per stage input / parameter.
-        flops: FLOPs of the ``full`` backward and of the ``b`` and ``w`` phases.
+        flops: FLOPs of the ``full`` backward and of the ``b`` and ``w`` phases (``-1`` when they could not
+            be counted; ``extra["flops_note"]`` says why).
         groups: number of parameter groups.
         dtype, device, tolerance: the settings of the run.
     """
@@ -120,10 +122,15 @@ class VerifyReport:
         ]
         lines.insert(1, "  ".join("-" * width for width in widths))
         flops = self.flops
-        lines.append(
-            f"FLOPs full={flops['full']:,} B={flops['b']:,} W={flops['w']:,} "
-            f"(B+W)/full={_ratio(flops['b'] + flops['w'], flops['full'])}"
-        )
+        if flops["b"] < 0:
+            lines.append(
+                f"FLOPs full={flops['full']:,}; {self.extra.get('flops_note', 'B and W not counted')}"
+            )
+        else:
+            lines.append(
+                f"FLOPs full={flops['full']:,} B={flops['b']:,} W={flops['w']:,} "
+                f"(B+W)/full={_ratio(flops['b'] + flops['w'], flops['full'])}"
+            )
         lines.append(
             f"{'OK' if self.ok else 'FAILED'}: {len(self.failures)} of {len(self.inputs) + len(self.params)} "
             f"gradients differ ({self.dtype}, {self.device}, rel tol {self.tolerance:g}, {self.groups} groups)"
@@ -272,14 +279,34 @@ def verify_split(
     reference_params = {name: None if p.grad is None else p.grad.detach().clone() for name, p in parameters}
     del outputs
 
-    for _, parameter in parameters:
-        parameter.grad = None
-    prepared, outputs = forward()
-    groups = len(param_groups(capture(outputs, inputs=prepared, details=False)))
-    with FlopCounterMode(display=False) as input_counter:
-        state = backward_input(outputs, cotangent_structure, prepared)
-    with FlopCounterMode(display=False) as weight_counter:
-        backward_weight(state)
+    def split_run(count_flops: bool) -> tuple[Any, Any, int, int, int]:
+        for _, parameter in parameters:
+            parameter.grad = None
+        prepared, outputs = forward()
+        groups = len(param_groups(capture(outputs, inputs=prepared, details=False)))
+        input_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+        weight_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+        with input_counter:
+            state = backward_input(outputs, cotangent_structure, prepared)
+        del outputs
+        with weight_counter:
+            backward_weight(state)
+        if not count_flops:
+            return prepared, state, groups, -1, -1
+        return prepared, state, groups, input_counter.get_total_flops(), weight_counter.get_total_flops()
+
+    extra: dict[str, Any] = {}
+    try:
+        prepared, state, groups, b_flops, w_flops = split_run(count_flops=True)
+    except RuntimeError as error:
+        # FlopCounterMode's module hooks fire again when activation checkpointing recomputes the forward
+        # inside the B phase's torch.autograd.grad, which PyTorch refuses ("_will_engine_execute_node")
+        if "_will_engine_execute_node" not in str(error):
+            raise
+        prepared, state, groups, b_flops, w_flops = split_run(count_flops=False)
+        extra["flops_note"] = (
+            "B and W FLOPs not counted: FlopCounterMode cannot run with this model's checkpointing"
+        )
 
     tolerance = tolerance_for(autocast_dtype or dtype or _dominant_dtype(parameters))
     input_names = [name for name, tensor in _named(prepared)]
@@ -296,13 +323,14 @@ def verify_split(
         params=param_checks,
         flops={
             "full": int(full_counter.get_total_flops()),
-            "b": int(input_counter.get_total_flops()),
-            "w": int(weight_counter.get_total_flops()),
+            "b": int(b_flops),
+            "w": int(w_flops),
         },
         groups=groups,
         dtype=str(autocast_dtype or dtype or _dominant_dtype(parameters)).removeprefix("torch."),
         device=str(run_device),
         tolerance=tolerance,
+        extra=extra,
     )
 
 

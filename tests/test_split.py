@@ -469,3 +469,128 @@ def test_tensor_hooks_that_change_an_intermediate_gradient_are_honoured():
     expected = run(lambda out, x: out.backward(torch.ones_like(out)))
     actual = run(lambda out, x: backward_weight(backward_input(out, torch.ones_like(out), x)))
     _assert_same(expected, actual)
+
+
+def _split_and_full(build, grad_seed=0):
+    """Run ``build() -> (module, inputs dict)`` twice: full backward and B then W; return both grads."""
+    results = []
+    for use_split in (False, True):
+        module, inputs = build()
+        outputs = module(**inputs)
+        grad = torch.randn(
+            outputs.shape, generator=torch.Generator().manual_seed(grad_seed), dtype=outputs.dtype
+        )
+        if use_split:
+            backward_weight(backward_input(outputs, grad, inputs))
+        else:
+            outputs.backward(grad)
+        results.append({name: p.grad for name, p in module.named_parameters()})
+    return results
+
+
+def test_a_tensor_hook_on_a_parameter_sees_and_changes_the_real_gradient():
+    seen: list[float] = []
+
+    def build():
+        torch.manual_seed(0)
+        layer = nn.Linear(4, 3).double()
+        layer.bias.register_hook(lambda grad: (seen.append(grad.abs().sum().item()), grad * 10)[1])
+        return layer, {"input": torch.randn(2, 4, dtype=torch.float64, requires_grad=True)}
+
+    expected, actual = _split_and_full(build)
+    assert len(seen) == 2 and seen[0] == pytest.approx(seen[1]) and seen[0] > 0
+    _assert_same(expected, actual)
+
+
+def test_microbatches_with_data_dependent_inner_shapes_share_no_stale_shapes():
+    # the number of weight rows gathered depends on the data: same structure, different inner shapes
+    torch.manual_seed(0)
+    weight = nn.Parameter(torch.randn(8, 6, dtype=torch.float64))
+    for rows in ([0, 1, 2, 3], [4, 5]):
+        x = torch.randn(len(rows), 6, dtype=torch.float64, requires_grad=True)
+        out = x * weight[torch.tensor(rows)]
+        weight.grad = None
+        backward_weight(backward_input(out, torch.ones_like(out), x))
+        expected = torch.zeros(8, 6, dtype=torch.float64)
+        expected[torch.tensor(rows)] = x.detach()
+        torch.testing.assert_close(weight.grad, expected)
+
+
+def test_reusing_the_cotangent_buffer_or_scaling_the_input_gradient_before_w_changes_nothing():
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 3).double()
+    reference = copy.deepcopy(layer)
+    x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    buffer = torch.randn(2, 3, dtype=torch.float64)
+    reference(x.detach().requires_grad_()).backward(buffer.clone())
+    out = layer(x) + 0.0  # x + b style: the input gradient is the captured gradient itself
+    state = backward_input(out, buffer, x)
+    buffer.copy_(torch.randn(2, 3, dtype=torch.float64))  # the pipeline receives the next microbatch
+    state.input_grads[0].mul_(0.5)  # the caller scales what it sends
+    backward_weight(state)
+    _assert_same(
+        {name: p.grad for name, p in reference.named_parameters()},
+        {name: p.grad for name, p in layer.named_parameters()},
+    )
+
+
+def test_activation_checkpointing_is_recomputed_once_per_phase():
+    from torch.utils.checkpoint import checkpoint
+
+    calls = {"count": 0}
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = nn.Linear(4, 4), nn.Linear(4, 4)
+
+        def forward(self, x):
+            calls["count"] += 1
+            return self.second(torch.tanh(self.first(x)))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return checkpoint(self.block, x, use_reentrant=False)
+
+    def build():
+        torch.manual_seed(0)
+        return Model().double(), {"x": torch.randn(3, 4, dtype=torch.float64, requires_grad=True)}
+
+    expected, actual = _split_and_full(build)
+    _assert_same(expected, actual)
+    module, inputs = build()
+    out = module(**inputs)
+    calls["count"] = 0
+    state = backward_input(out, torch.ones_like(out), inputs)
+    assert calls["count"] == 1
+    backward_weight(state)
+    assert calls["count"] == 2
+
+
+def test_a_sparse_parameter_gets_its_sparse_gradient():
+    torch.manual_seed(0)
+    dense = torch.randn(5, 4, dtype=torch.float64)
+    dense[dense.abs() < 0.7] = 0
+    sparse = nn.Parameter(dense.to_sparse())
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    out = torch.sparse.mm(sparse, torch.tanh(x))
+    backward_weight(backward_input(out, torch.ones_like(out), x))
+    reference = nn.Parameter(dense.to_sparse())
+    torch.sparse.mm(reference, torch.tanh(x.detach())).backward(torch.ones_like(out))
+    assert sparse.grad.layout == torch.sparse_coo
+    torch.testing.assert_close(sparse.grad.to_dense(), reference.grad.to_dense())
+
+
+def test_a_stage_input_that_is_not_a_leaf_is_warned_about():
+    base = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    hidden = base * 2
+    layer = nn.Linear(4, 3).double()
+    out = layer(hidden)
+    with pytest.warns(UserWarning, match="not a leaf"):
+        state = backward_input(out, torch.ones_like(out), hidden)
+    backward_weight(state)
+    assert base.grad is None

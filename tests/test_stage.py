@@ -162,3 +162,11 @@ def test_forward_failure_names_the_stage_and_microbatch():
     stage = StageCompute(nn.Linear(3, 3), 4)
     with pytest.raises(StageError, match="stage 4, microbatch 7"):
         stage.forward(7, {"input": torch.randn(2, 5)})
+
+
+def test_a_rejected_backward_keeps_the_forward_for_a_corrected_retry():
+    stage = _stage_with_forward()
+    with pytest.raises(StageError, match="did not return"):
+        stage.backward_input(0, {"logits": torch.ones(1)})
+    stage.backward_input(0, None)  # the forward is still cached
+    stage.backward_weight(0)

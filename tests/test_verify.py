@@ -73,3 +73,24 @@ def test_verify_leaves_the_users_module_untouched():
     for name, parameter in module.named_parameters():
         assert parameter.grad is None and parameter.dtype == torch.float32
         assert torch.equal(parameter, before[name])
+
+
+def test_verify_handles_activation_checkpointing_even_when_flops_cannot_be_counted():
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            return checkpoint(self.block, x, use_reentrant=False)
+
+    torch.manual_seed(0)
+    report = verify_split(Checkpointed(), (torch.randn(3, 4, requires_grad=True),), dtype=torch.float64)
+    assert report.ok, report.table()
+    assert report.flops["full"] > 0
+    if report.flops["b"] < 0:  # PyTorch refused FlopCounterMode during the recomputation
+        assert "not counted" in report.extra["flops_note"] and "not counted" in report.table()
+    else:
+        assert report.flops["b"] + report.flops["w"] >= report.flops["full"]
