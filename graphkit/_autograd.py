@@ -110,7 +110,7 @@ def gradient_metadata(node: Node) -> tuple[GradientMetadata, ...] | None:
     """
     try:
         metadata = node._input_metadata
-    except AttributeError:
+    except (AttributeError, RuntimeError):  # older releases; custom Functions on some releases refuse it
         return None
     result = []
     for entry in metadata:

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -552,13 +553,7 @@ class RotaryDecoderStage(nn.Module):
     def forward(self, hidden_states: Tensor) -> dict[str, Tensor]:
         """``hidden_states``: (batch, seq, hidden_size). Returns ``{"hidden_states": same shape}``."""
         position_ids = _position_ids(hidden_states)
-        mask = self.make_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=None,
-            cache=None,
-            position_ids=position_ids,
-        )
+        mask = _causal_mask(self.make_mask, self.config, hidden_states, position_ids)
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         for layer in self.layers:
             hidden_states = layer(
@@ -569,6 +564,21 @@ class RotaryDecoderStage(nn.Module):
                 use_cache=False,
             )
         return {"hidden_states": hidden_states}
+
+
+def _causal_mask(make_mask: Any, config: Any, hidden_states: Tensor, position_ids: Tensor) -> Any:
+    """Call a ``transformers.masking_utils`` mask builder for a stage without a KV cache.
+
+    transformers 5.17 names the cache argument ``past_key_values``; later releases name it ``cache``.
+    """
+    cache_argument = "cache" if "cache" in inspect.signature(make_mask).parameters else "past_key_values"
+    return make_mask(
+        config=config,
+        inputs_embeds=hidden_states,
+        attention_mask=None,
+        position_ids=position_ids,
+        **{cache_argument: None},
+    )
 
 
 class GPT2Stage(nn.Module):
@@ -585,13 +595,7 @@ class GPT2Stage(nn.Module):
     def forward(self, hidden_states: Tensor) -> dict[str, Tensor]:
         """``hidden_states``: (batch, seq, hidden_size). Returns ``{"hidden_states": same shape}``."""
         position_ids = _position_ids(hidden_states)
-        mask = self.make_mask(
-            config=self.config,
-            inputs_embeds=hidden_states,
-            attention_mask=None,
-            cache=None,
-            position_ids=position_ids,
-        )
+        mask = _causal_mask(self.make_mask, self.config, hidden_states, position_ids)
         for block in self.h:
             hidden_states = block(
                 hidden_states, attention_mask=mask, use_cache=False, position_ids=position_ids

@@ -495,11 +495,14 @@ def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torc
     if not _autograd.is_custom_function(node):
         result = node(*grads)
         return (result,) if isinstance(result, torch.Tensor) else tuple(result)
-    metadata = _autograd.gradient_metadata(node) or ()
-    materialized = [
-        grad if grad is not None else torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
-        for grad, meta in zip(grads, metadata, strict=True)
-    ]
+    metadata = _autograd.gradient_metadata(node)
+    if metadata is None:  # shapes unknown on this PyTorch: pass missing gradients on as None
+        materialized = list(grads)
+    else:
+        materialized = [
+            grad if grad is not None else torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+            for grad, meta in zip(grads, metadata, strict=True)
+        ]
     result = node.apply(*materialized)
     result = (result,) if isinstance(result, torch.Tensor) or result is None else tuple(result)
     per_argument = [grad for grad, needed in zip(result, node.needs_input_grad, strict=False) if needed]

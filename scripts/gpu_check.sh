@@ -13,7 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 device="${1:-cuda}"
 python_bin="${PYTHON:-.venv/bin/python}"
 [[ -x "$python_bin" ]] || python_bin=python3
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 failed=0
 
 "$python_bin" - "$device" <<'PY' || failed=1

@@ -212,10 +212,10 @@ def test_gradients_accumulate_over_four_microbatches_like_a_full_backward():
     reference, split_model = copy.deepcopy(module), copy.deepcopy(module)
     generator = torch.Generator().manual_seed(3)
     for microbatch in range(4):
-        hidden = torch.randn(2, 8, 32, generator=generator, dtype=torch.float64)
+        hidden = torch.randn(2, 8, 32, generator=generator, dtype=torch.float64).to(DEVICE)
         ref_in = hidden.clone().requires_grad_()
         out = reference(ref_in)
-        grad = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+        grad = torch.randn(out.shape, generator=generator, dtype=torch.float64).to(DEVICE)
         out.backward(grad)
         split_in = hidden.clone().requires_grad_()
         state = backward_input(split_model(split_in), grad, split_in)
@@ -232,7 +232,7 @@ def test_gradients_accumulate_over_four_microbatches_like_a_full_backward():
 def test_microbatches_in_zero_bubble_order_b_b_w_w():
     module, _ = _float64("mlp")
     reference, split_model = copy.deepcopy(module), copy.deepcopy(module)
-    xs = [torch.randn(4, 16, dtype=torch.float64) for _ in range(2)]
+    xs = [torch.randn(4, 16, dtype=torch.float64, device=DEVICE) for _ in range(2)]
     for x in xs:
         reference(x.clone().requires_grad_()).sum().backward()
     states = []
