@@ -143,6 +143,9 @@ class SplitState:
     _targets: dict[int, Node] = field(repr=False)
     _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
     _weight_tensors: list[torch.Tensor] = field(repr=False)
+    # The stage outputs, kept only when a custom Function's Node must be called in W: a Python Node
+    # object refers to its C++ Node weakly, and only the graph above it keeps that (and its ctx) alive.
+    _keep_alive: tuple[torch.Tensor, ...] = field(default=(), repr=False)
     _used: bool = False
 
     @property
@@ -167,6 +170,7 @@ class SplitState:
         nodes = [work.node for work in self._work if work is not None and work.node is not None]
         nodes += list(self._targets.values())
         nodes += [edge.node for edge, _ in self._output_roots]
+        nodes += [tensor.grad_fn for tensor in self._keep_alive if tensor.grad_fn is not None]
         return nodes
 
     def _release(self) -> None:
@@ -175,6 +179,7 @@ class SplitState:
         self._targets = {}
         self._output_roots = []
         self._weight_tensors = []
+        self._keep_alive = ()
 
 
 # --- argument handling ------------------------------------------------------------------------------------
@@ -481,6 +486,12 @@ def backward_input(
         _targets=targets,
         _output_roots=output_roots,
         _weight_tensors=weight_tensors,
+        _keep_alive=tuple(tensor for tensor, _ in pairs)
+        if any(
+            item is not None and item.node is not None and _autograd.is_custom_function(item.node)
+            for item in work
+        )
+        else (),
     )
 
 

@@ -594,3 +594,18 @@ def test_a_stage_input_that_is_not_a_leaf_is_warned_about():
         state = backward_input(out, torch.ones_like(out), hidden)
     backward_weight(state)
     assert base.grad is None
+
+
+def test_a_custom_function_node_survives_the_outputs_being_dropped_between_b_and_w():
+    # A pipeline drops the stage outputs after B; the W phase still calls the custom Function's Node.
+    import gc
+
+    module, inputs = _float64("custom_function")
+    expected, _ = _oracle(module, inputs)
+    fresh = _fresh(inputs)
+    outputs = _call(module, fresh)
+    state = backward_input(outputs, _cotangents(outputs), fresh)
+    del outputs
+    gc.collect()
+    backward_weight(state)
+    _assert_same(expected, {name: p.grad for name, p in module.named_parameters()})
