@@ -14,14 +14,23 @@ receives, one per forward output.
 
 **W phase** (:func:`backward_weight`). One autograd-engine call, rooted at the *targets* of the
 weight-side edges (``GradientEdge(target, output_nr)``) and the parameter-only outputs, with
-``inputs=`` the weight leaves. A pre-hook on each target computes its incoming gradient by calling the
-intermediates that feed it directly with their captured gradients. Because that call happens inside the
-W graph task, whose ``exec_info`` holds only the weight-only subgraph, each intermediate computes only
-its weight-side outputs: never its input-side ones, and nothing on the input path runs again. The
-engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
+``inputs=`` the weight leaves. Each target's gradient is made just in time, when the engine reaches the
+target (a pre-hook; for a leaf with tensor hooks of its own, a small injecting Node in front of it), as
+the sum of the weight-side gradients of the intermediates that feed it:
+
+- for the ops that carry most weights (``mm``, ``addmm``, ``bmm``, convolution, layer norm, ``mul``,
+  ``add``) from a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`), so
+  the state holds those tensors and not the Node, and the input path's graph is freed once the caller
+  drops the outputs;
+- for any other Node by calling it directly with its captured gradients. The call happens inside the W
+  graph task, whose ``exec_info`` holds only the weight-only subgraph, so the Node computes only its
+  weight-side outputs: never its input-side ones, and nothing on the input path runs again.
+
+The engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
 normally: ``.grad`` accumulates across microbatches and post-accumulate-grad hooks fire once per W.
 A parameter shared by many intermediates receives each contribution exactly once, whatever the order
-of parameters, and a chain of intermediates is never re-entered.
+of parameters, and a chain of intermediates is never re-entered. Plans (closures, intermediates,
+targets) depend only on the graph's structure and are reused across microbatches.
 
 Custom ``torch.autograd.Function`` backwards run in both phases with ``ctx.needs_input_grad`` fixed at
 forward time, so they cannot tell B from W by themselves; :func:`current_phase` tells them.
@@ -660,19 +669,15 @@ def _inject_before_leaf_hooks(leaf: torch.Tensor) -> bool:
 class _InjectGradient(torch.autograd.Function):
     """A Node in front of a leaf's AccumulateGrad whose backward supplies the leaf's W-phase gradient.
 
-    Forward returns a zero-size-free scalar that the W phase roots the engine at; backward ignores the
-    incoming gradient and returns ``supplier()``, computed when the engine reaches it (so it is made
-    just in time, like the pre-hook path, and the leaf's tensor hooks see it).
+    Forward returns a scalar zero for the W phase to root the engine at; backward ignores the gradient it
+    receives and returns ``supplier()``, computed when the engine reaches it (just in time, like the
+    pre-hook path), so the leaf's own tensor hooks see, and may change, the real gradient.
     """
 
     @staticmethod
     def forward(ctx: Any, leaf: torch.Tensor, supplier: Any) -> torch.Tensor:
         ctx.supplier = supplier
-        return (
-            leaf.new_zeros(())
-            if leaf.layout == torch.strided
-            else torch.zeros((), dtype=leaf.dtype, device=leaf.device)
-        )
+        return torch.zeros((), dtype=leaf.dtype, device=leaf.device)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
