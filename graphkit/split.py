@@ -300,23 +300,27 @@ _PLAN_CACHE: dict[Any, _Plan] = {}
 _PLAN_CACHE_SIZE = 16
 
 
-def _cached_plan(walk: _Walk, input_nodes: set[Node], signature_extra: tuple[Any, ...]) -> _Plan:
-    """The plan of ``walk``, reused when a graph of the same structure and shapes was planned before."""
-    key = (tuple(map(type, walk.nodes)), tuple(walk.edges), signature_extra)
+def _cached_plan(
+    walk: _Walk, input_nodes: set[Node], excluded: frozenset[int], signature_extra: tuple[Any, ...]
+) -> _Plan:
+    """The plan of ``walk``, reused when a graph of the same structure was planned before."""
+    key = (tuple(map(type, walk.nodes)), tuple(walk.edges), excluded, signature_extra)
     plan = _PLAN_CACHE.get(key)
     if plan is None:
-        plan = _plan(walk, input_nodes)
+        plan = _plan(walk, input_nodes, excluded)
         if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
             _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
         _PLAN_CACHE[key] = plan
     return plan
 
 
-def _plan(walk: _Walk, input_nodes: set[Node]) -> _Plan:
+def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozenset()) -> _Plan:
     """Input closure, weight-only nodes and intermediates of ``walk`` in one pass over its edges.
 
     The same definitions as :mod:`graphkit.closures`, on node indices instead of a networkx graph:
-    this runs for every new graph structure, so it avoids building attribute dictionaries.
+    this runs for every new graph structure, so it avoids building attribute dictionaries. Leaves whose
+    indices are in ``excluded`` (parameters left out by ``params=``) count as no weight at all, so the W
+    phase computes nothing for them.
     """
     count = len(walk.nodes)
     consumers: list[list[int]] = [[] for _ in range(count)]
@@ -326,7 +330,7 @@ def _plan(walk: _Walk, input_nodes: set[Node]) -> _Plan:
     leaves = [
         index
         for index, node in enumerate(walk.nodes)
-        if node not in input_nodes and _autograd.is_accumulate_grad(node)
+        if node not in input_nodes and index not in excluded and _autograd.is_accumulate_grad(node)
     ]
     in_closure = _reach(consumers, inputs, count)
     weight_only = _reach(consumers, leaves, count)
@@ -404,7 +408,13 @@ def backward_input(
     walk = _walk((edge.node for edge in output_edges), input_nodes)
     shapes = tuple((tuple(t.shape), t.dtype, t.device) for t in [*stage_inputs, *(t for t, _ in pairs)])
     input_positions = tuple(walk.index.get(node, -1) for node in input_nodes)
-    plan = _cached_plan(walk, input_nodes, (tuple(sorted(input_positions)), shapes))
+    allowed = _weight_filter(params)
+    excluded = frozenset(
+        index
+        for index, node in enumerate(walk.nodes)
+        if allowed is not None and _autograd.is_accumulate_grad(node) and id(node.variable) not in allowed
+    )
+    plan = _cached_plan(walk, input_nodes, excluded, (tuple(sorted(input_positions)), shapes))
     nodes = walk.nodes
 
     closure_outputs = []
@@ -469,12 +479,7 @@ def backward_input(
         for target, by_output in plan.targets.items()
         if any(work[position] is not None for _, sources in by_output for position, _ in sources)
     }
-    allowed = _weight_filter(params)
-    weight_tensors = [
-        nodes[leaf].variable
-        for leaf in plan.weight_leaves
-        if allowed is None or id(nodes[leaf].variable) in allowed
-    ]
+    weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     captured_storages = {
         grad.untyped_storage().data_ptr()
         for item in work

@@ -296,12 +296,15 @@ def test_stage_zero_with_integer_inputs_does_nothing_in_b_and_everything_in_w():
     _assert_same(expected, {n: p.grad for n, p in module.named_parameters()})
 
 
-def test_restricting_params_leaves_the_others_alone():
+def test_restricting_params_leaves_the_others_alone_and_computes_nothing_for_them():
     module, inputs = _float64("mlp")
     fresh = _fresh(inputs)
     first = list(module.parameters())[:2]
     outputs = _call(module, fresh)
-    backward_weight(backward_input(outputs, _cotangents(outputs), fresh, params=first))
+    with FlopCounterMode(display=False) as counter:
+        backward_weight(backward_input(outputs, _cotangents(outputs), fresh, params=first))
+    # B: both input-gradient matmuls (4*16*32 and 4*32*8 multiply-adds); W: the first layer's weight only
+    assert counter.get_total_flops() == 2 * (4 * 32 * 8) + 2 * (4 * 16 * 32) * 2
     expected, _ = _oracle(module, inputs)
     names = [name for name, p in module.named_parameters() if any(p is q for q in first)]
     for name, parameter in module.named_parameters():
