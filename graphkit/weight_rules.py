@@ -97,6 +97,13 @@ _mm = _matmul_rule(torch.t, torch.mm)
 _bmm = _matmul_rule(lambda tensor: tensor.transpose(1, 2), torch.bmm)
 
 
+def _weight_and_bias(
+    wanted: frozenset[int], grad_weight: torch.Tensor | None, grad_bias: torch.Tensor | None
+) -> dict[int, torch.Tensor | None]:
+    """The gradients of ``next_functions`` entries 1 (weight) and 2 (bias) that are weight-side."""
+    return {input_nr: grad for input_nr, grad in ((1, grad_weight), (2, grad_bias)) if input_nr in wanted}
+
+
 def _convolution(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
     # next_functions: (input, weight, bias)
     if 0 in wanted:
@@ -130,12 +137,7 @@ def _convolution(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
             groups,
             mask,
         )
-        result: dict[int, torch.Tensor | None] = {}
-        if 1 in wanted:
-            result[1] = grad_weight
-        if 2 in wanted:
-            result[2] = grad_bias
-        return result
+        return _weight_and_bias(wanted, grad_weight, grad_bias)
 
     return gradients
 
@@ -161,12 +163,7 @@ def _layer_norm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
         _, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
             grads[0].contiguous(), tensor_input, normalized_shape, mean, rstd, weight, bias, mask
         )
-        result: dict[int, torch.Tensor | None] = {}
-        if 1 in wanted:
-            result[1] = grad_weight
-        if 2 in wanted:
-            result[2] = grad_bias
-        return result
+        return _weight_and_bias(wanted, grad_weight, grad_bias)
 
     return gradients
 
