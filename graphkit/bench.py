@@ -33,7 +33,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from graphkit import _autograd
 from graphkit.graph import capture
 from graphkit.split import SplitState, backward_input, backward_weight
-from graphkit.tensors import distinct_bytes, flatten_tensors, unflatten_like
+from graphkit.tensors import distinct_bytes, flatten_tensors
+from graphkit.verify import call_stage, fresh_inputs
 
 __all__ = ["SplitBenchmark", "bench_spec", "benchmark_split", "count_engine_calls"]
 
@@ -90,25 +91,6 @@ def count_engine_calls() -> Iterator[list[int]]:
         autograd_module._engine_run_backward = original
 
 
-def _call(module: torch.nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return module(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return module(*inputs)
-    return module(inputs)
-
-
-def _fresh(inputs: Any, device: torch.device | None) -> Any:
-    def one(tensor: torch.Tensor) -> torch.Tensor:
-        copy = tensor.detach().clone()
-        copy = copy.to(device) if device is not None else copy
-        return copy.requires_grad_(tensor.requires_grad)
-
-    if isinstance(inputs, torch.Tensor):
-        return one(inputs)
-    return unflatten_like(inputs, [one(tensor) for _, tensor in flatten_tensors(inputs)])
-
-
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -140,14 +122,9 @@ def _saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
     return found
 
 
-def _captured_tensors(state: SplitState) -> list[torch.Tensor]:
-    tensors = [grad for work in state._work if work is not None for grad in work.grads if grad is not None]
-    return tensors + [grad for _, grad in state._output_roots]
-
-
 def memory_kept(state: SplitState) -> tuple[int, int]:
     """``(retained_bytes, w_needs_bytes)`` of a state between B and W (see module docstring)."""
-    captured = _captured_tensors(state)
+    captured = state.captured_tensors()
     held = state.held_tensors()
     retained = distinct_bytes([*captured, *held, *_saved_tensors_below(state.held_nodes())])
     own = []
@@ -213,8 +190,8 @@ def benchmark_split(
             parameter.grad = None
 
     def forward() -> tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]]:
-        prepared = _fresh(inputs, device)
-        outputs = _call(module, prepared)
+        prepared = fresh_inputs(inputs, device=device)
+        outputs = call_stage(module, prepared)
         return prepared, _cotangents(outputs, 0)
 
     def stage_inputs(prepared: Any) -> list[torch.Tensor]:

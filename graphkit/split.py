@@ -162,11 +162,14 @@ class SplitState:
         """True once :func:`backward_weight` consumed this state."""
         return self._used
 
-    def captured_bytes(self) -> int:
-        """Bytes of the gradients captured at intermediates and parameter-only outputs."""
+    def captured_tensors(self) -> list[torch.Tensor]:
+        """The gradients captured at intermediates and for parameter-only outputs, kept for W."""
         tensors = [grad for work in self._work if work is not None for grad in work.grads if grad is not None]
-        tensors += [grad for _, grad in self._output_roots]
-        return distinct_bytes(tensors)
+        return tensors + [grad for _, grad in self._output_roots]
+
+    def captured_bytes(self) -> int:
+        """Bytes of :meth:`captured_tensors` (each storage counted once)."""
+        return distinct_bytes(self.captured_tensors())
 
     def held_tensors(self) -> list[torch.Tensor]:
         """Saved tensors the weight-side formulas keep alive (not counting Nodes kept for direct calls)."""
@@ -301,10 +304,14 @@ _PLAN_CACHE_SIZE = 16
 
 
 def _cached_plan(
-    walk: _Walk, input_nodes: set[Node], excluded: frozenset[int], signature_extra: tuple[Any, ...]
+    walk: _Walk, input_nodes: set[Node], excluded: frozenset[int], input_positions: tuple[int, ...]
 ) -> _Plan:
-    """The plan of ``walk``, reused when a graph of the same structure was planned before."""
-    key = (tuple(map(type, walk.nodes)), tuple(walk.edges), excluded, signature_extra)
+    """The plan of ``walk``, reused when a graph of the same structure was planned before.
+
+    The key is the structure alone (Node classes, edges, which nodes are stage inputs and excluded
+    leaves): shapes are read per microbatch in W, so graphs that differ only in shapes share a plan.
+    """
+    key = (tuple(map(type, walk.nodes)), tuple(walk.edges), excluded, input_positions)
     plan = _PLAN_CACHE.get(key)
     if plan is None:
         plan = _plan(walk, input_nodes, excluded)
@@ -406,15 +413,18 @@ def backward_input(
     input_nodes = {get_gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
     walk = _walk((edge.node for edge in output_edges), input_nodes)
-    shapes = tuple((tuple(t.shape), t.dtype, t.device) for t in [*stage_inputs, *(t for t, _ in pairs)])
-    input_positions = tuple(walk.index.get(node, -1) for node in input_nodes)
+    input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = _weight_filter(params)
-    excluded = frozenset(
-        index
-        for index, node in enumerate(walk.nodes)
-        if allowed is not None and _autograd.is_accumulate_grad(node) and id(node.variable) not in allowed
+    excluded = (
+        frozenset()
+        if allowed is None
+        else frozenset(
+            index
+            for index, node in enumerate(walk.nodes)
+            if _autograd.is_accumulate_grad(node) and id(node.variable) not in allowed
+        )
     )
-    plan = _cached_plan(walk, input_nodes, excluded, (tuple(sorted(input_positions)), shapes))
+    plan = _cached_plan(walk, input_nodes, excluded, input_positions)
     nodes = walk.nodes
 
     closure_outputs = []

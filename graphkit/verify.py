@@ -33,7 +33,7 @@ from graphkit.groups import param_groups
 from graphkit.split import backward_full, backward_input, backward_weight
 from graphkit.tensors import flatten_tensors, unflatten_like
 
-__all__ = ["GradientCheck", "VerifyReport", "tolerance_for", "verify_split"]
+__all__ = ["GradientCheck", "VerifyReport", "call_stage", "fresh_inputs", "tolerance_for", "verify_split"]
 
 _TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 
@@ -190,8 +190,9 @@ def _compare(
     return GradientCheck(name, status, difference, relative)
 
 
-def _prepare(value: Any, dtype: torch.dtype | None, device: torch.device | None) -> Any:
-    """Fresh leaf copies of the input tensors (same requires_grad), moved and cast as asked."""
+def fresh_inputs(value: Any, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Any:
+    """Fresh leaf copies of the input tensors in ``value`` (same structure and requires_grad), moved to
+    ``device`` and, for floating tensors, cast to ``dtype`` when given. Non-tensor entries stay as they are."""
     tensors = flatten_tensors(value) if not isinstance(value, torch.Tensor) else [("input", value)]
     prepared = []
     for _, tensor in tensors:
@@ -204,7 +205,8 @@ def _prepare(value: Any, dtype: torch.dtype | None, device: torch.device | None)
     return prepared[0] if isinstance(value, torch.Tensor) else unflatten_like(value, prepared)
 
 
-def _call(module: torch.nn.Module, inputs: Any) -> Any:
+def call_stage(module: torch.nn.Module, inputs: Any) -> Any:
+    """``module(**inputs)`` for a dict, ``module(*inputs)`` for a tuple or list, else ``module(inputs)``."""
     if isinstance(inputs, Mapping):
         return module(**inputs)
     if isinstance(inputs, (tuple, list)):
@@ -247,14 +249,14 @@ def verify_split(
     parameters = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
 
     def forward() -> tuple[Any, Any]:
-        prepared = _prepare(inputs, dtype, device)
+        prepared = fresh_inputs(inputs, dtype, device)
         with torch.random.fork_rng(devices=[run_device] if run_device.type == "cuda" else []):
             torch.manual_seed(seed)
             if autocast_dtype is not None:
                 with torch.autocast(device_type=run_device.type, dtype=autocast_dtype):
-                    outputs = _call(stage, prepared)
+                    outputs = call_stage(stage, prepared)
             else:
-                outputs = _call(stage, prepared)
+                outputs = call_stage(stage, prepared)
         return prepared, outputs
 
     for _, parameter in parameters:
