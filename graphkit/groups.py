@@ -42,7 +42,7 @@ from graphkit.closures import (
 )
 from graphkit.graph import AutogradGraph, GraphEndpoint, NodeKind
 
-__all__ = ["GroupFlag", "ParamGroup", "ParamGroups", "param_groups"]
+__all__ = ["FLAG_MEANINGS", "GroupFlag", "ParamGroup", "ParamGroups", "param_groups"]
 
 
 class GroupFlag(enum.StrEnum):
@@ -52,6 +52,26 @@ class GroupFlag(enum.StrEnum):
     MULTI_OUTPUT_INTERMEDIATE = "multi-output-intermediate"
     PARAMETER_ONLY_OUTPUT = "parameter-only-output"
     CUSTOM_FUNCTION = "custom-function"
+
+
+FLAG_MEANINGS: dict[str, str] = {
+    GroupFlag.SHARED_PARAMETER.value: (
+        "a parameter reaches several intermediates or outputs (tied weights, a reused block, a recurrence): "
+        "its gradient sums several contributions"
+    ),
+    GroupFlag.MULTI_OUTPUT_INTERMEDIATE.value: (
+        "an intermediate has several forward outputs (a custom Function, an RNN kernel, chunk/split): each "
+        "captured gradient goes back to its own output"
+    ),
+    GroupFlag.PARAMETER_ONLY_OUTPUT.value: (
+        "a stage output depends on parameters alone: its gradient goes straight into the W phase"
+    ),
+    GroupFlag.CUSTOM_FUNCTION.value: (
+        "an intermediate is a Python torch.autograd.Function, whose backward cannot tell B from W by itself: "
+        "read graphkit.current_phase() in it to skip work"
+    ),
+}
+"""One sentence per :class:`GroupFlag`: what it means for the user (reports and widgets show it)."""
 
 
 @dataclass(slots=True, frozen=True)

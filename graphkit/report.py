@@ -36,7 +36,7 @@ import torch
 
 from graphkit.draw import format_bytes
 from graphkit.graph import AutogradGraph
-from graphkit.groups import GroupFlag, ParamGroups, param_groups
+from graphkit.groups import FLAG_MEANINGS, GroupFlag, ParamGroups, param_groups
 from graphkit.spec import load_spec, spec_inputs_as_call
 from graphkit.tensors import flatten_tensors, unflatten_like
 from graphkit.trace import trace
@@ -46,7 +46,6 @@ from graphkit.zoo import DEFAULT_MODEL
 __all__ = [
     "DEFAULT_SPEC",
     "FILES",
-    "FLAG_HELP",
     "Inspection",
     "collect",
     "inspect",
@@ -66,25 +65,6 @@ FILES: dict[str, str] = {
     "json": "report.json",
 }
 """The files of a report folder, by kind."""
-
-FLAG_HELP: dict[str, str] = {
-    GroupFlag.SHARED_PARAMETER.value: (
-        "a parameter reaches several intermediates or outputs (tied weights, a reused block, a recurrence): "
-        "its gradient sums several contributions"
-    ),
-    GroupFlag.MULTI_OUTPUT_INTERMEDIATE.value: (
-        "an intermediate has several forward outputs (a custom Function, an RNN kernel, chunk/split): each "
-        "captured gradient goes back to its own output"
-    ),
-    GroupFlag.PARAMETER_ONLY_OUTPUT.value: (
-        "a stage output depends on parameters alone: its gradient goes straight into the W phase"
-    ),
-    GroupFlag.CUSTOM_FUNCTION.value: (
-        "an intermediate is a Python torch.autograd.Function, whose backward cannot tell B from W by itself: "
-        "read graphkit.current_phase() in it to skip work"
-    ),
-}
-"""What each :class:`~graphkit.groups.GroupFlag` means for a user, in one sentence."""
 
 MAX_NODES = 400
 """Node budget of the diagram: larger graphs are collapsed by module (see :func:`graphkit.draw.draw`)."""
@@ -727,7 +707,7 @@ def _group_rows(inspection: Inspection) -> str:
         entries += [f"stage output <code>{_e(entry.name)}</code>" for entry in group.output_entries]
         flags = (
             " ".join(
-                f'<span class="flag" title="{_e(FLAG_HELP.get(str(flag), ""))}">{_e(flag)}</span>'
+                f'<span class="flag" title="{_e(FLAG_MEANINGS.get(str(flag), ""))}">{_e(flag)}</span>'
                 for flag in group.flags
             )
             or '<span class="muted">-</span>'
@@ -744,7 +724,7 @@ def _group_rows(inspection: Inspection) -> str:
 
 def _groups_section(inspection: Inspection) -> str:
     used = sorted({str(flag) for group in inspection.groups for flag in group.flags})
-    legend = "".join(f"<li><b>{_e(flag)}</b>: {_e(FLAG_HELP.get(flag, ''))}</li>" for flag in used)
+    legend = "".join(f"<li><b>{_e(flag)}</b>: {_e(FLAG_MEANINGS.get(flag, ''))}</li>" for flag in used)
     count = len(inspection.groups)
     return (
         '<section id="groups"><h2>Parameter groups</h2>'

@@ -36,7 +36,7 @@ import torch
 from graphkit.closures import input_closure
 from graphkit.draw import choose_collapse_depth, collapse_key, drawn_node_count, format_bytes, render
 from graphkit.graph import AutogradGraph, NodeKind
-from graphkit.groups import GroupFlag, ParamGroup, param_groups
+from graphkit.groups import FLAG_MEANINGS, ParamGroup, param_groups
 
 __all__ = [
     "ROLES",
@@ -60,23 +60,6 @@ ROLES: tuple[str, ...] = (
 )
 """What a node can be, as :func:`node_role` reports it."""
 
-FLAG_MEANINGS: dict[str, str] = {
-    GroupFlag.SHARED_PARAMETER.value: (
-        "a parameter reaches several intermediates or outputs (tied weights, a reused block, a recurrence); "
-        "its gradient sums their contributions"
-    ),
-    GroupFlag.MULTI_OUTPUT_INTERMEDIATE.value: (
-        "an intermediate has several forward outputs; each captured gradient goes back to its own output"
-    ),
-    GroupFlag.PARAMETER_ONLY_OUTPUT.value: (
-        "a stage output depends on parameters alone; its gradient enters the W phase directly"
-    ),
-    GroupFlag.CUSTOM_FUNCTION.value: (
-        "an intermediate is a Python torch.autograd.Function, which runs in both phases: read "
-        "graphkit.current_phase() in its backward to skip work"
-    ),
-}
-"""One sentence per :class:`~graphkit.groups.GroupFlag` value: what it means for the user."""
 
 _PANEL_STYLE = "font-size: 12px; line-height: 1.45;"
 _TABLE_STYLE = "border-collapse: collapse; font-size: 12px;"
