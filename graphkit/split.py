@@ -43,6 +43,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -259,14 +260,28 @@ def _weight_filter(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> s
     return {id(parameter) for parameter in params}
 
 
-def _unaliased(grad: torch.Tensor | None, storages: set[int]) -> torch.Tensor | None:
+def _storage_range(tensor: torch.Tensor) -> tuple[int, int]:
+    """``[start, end)`` addresses of the storage behind ``tensor``: every view of it points inside."""
+    storage = tensor.untyped_storage()
+    start = storage.data_ptr()
+    return start, start + storage.nbytes()
+
+
+def _inside(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
+    """Whether ``tensor`` views one of the storages ``ranges`` describe (a cheap test on its address)."""
+    address = tensor.data_ptr()
+    return any(start <= address < end for start, end in ranges)
+
+
+def _unaliased(grad: torch.Tensor | None, captured: list[torch.Tensor]) -> torch.Tensor | None:
     """``grad``, copied if it shares storage with a gradient the W phase still needs.
 
     The input gradient is the caller's to change (scale, send, reuse); the W phase must not see that.
     """
-    if grad is not None and grad.untyped_storage().data_ptr() in storages:
-        return grad.clone()
-    return grad
+    if grad is None or not captured:
+        return grad
+    ranges = [_storage_range(grad)]
+    return grad.clone() if any(_inside(kept, ranges) for kept in captured) else grad
 
 
 def _register_prehook(node: Node, hook: Any) -> Any:
@@ -435,19 +450,15 @@ def backward_input(
         else:
             closure_outputs.append((tensor, grad))
 
+    # a Node pre-hook receives the gradients after the tensor hooks of the Node's outputs ran, as the
+    # Node itself does (the engine's captures for ``inputs=GradientEdge`` come before them)
     captured: dict[int, tuple[torch.Tensor | None, ...]] = {}
-
-    def capture_hook(index: int) -> Any:
-        def hook(grads: tuple[torch.Tensor | None, ...]) -> None:
-            captured[index] = tuple(grads)
-
-        return hook
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
     handles = []
     try:
         for index, _ in plan.intermediates:
-            handles.append(_register_prehook(nodes[index], capture_hook(index)))
+            handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
         if stage_inputs and closure_outputs:
             with _running(Phase.INPUT):
                 grads = torch.autograd.grad(
@@ -465,7 +476,9 @@ def backward_input(
             handle.remove()
 
     work: list[_WeightWork | None] = []
-    cotangent_storages = {grad.untyped_storage().data_ptr() for _, grad in pairs}
+    kept_grads: list[torch.Tensor] = []
+    cotangent_ranges = [_storage_range(grad) for _, grad in pairs]
+    targets: dict[int, Node] = {}
     for index, edges in plan.intermediates:
         grads_received = captured.get(index)
         if grads_received is None or all(grad is None for grad in grads_received):
@@ -473,32 +486,20 @@ def backward_input(
             continue
         # the caller owns its cotangents and may reuse their buffers before W: keep a copy of those
         grads_received = tuple(
-            grad.clone()
-            if grad is not None and grad.untyped_storage().data_ptr() in cotangent_storages
-            else grad
+            grad.clone() if grad is not None and _inside(grad, cotangent_ranges) else grad
             for grad in grads_received
         )
+        kept_grads.extend(grad for grad in grads_received if grad is not None)
         node = nodes[index]
-        # reading saved tensors packed by saved_tensors_hooks would run the unpack hook (a recomputation,
-        # for activation checkpointing) outside the engine: let the W phase call such a Node instead
-        rule = None if _autograd.uses_saved_tensor_hooks(node) else prepare(node, [nr for nr, _, _ in edges])
+        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it)
+        rule = prepare(node, [input_nr for input_nr, _, _ in edges])
         versions = tuple(grad._version for grad in grads_received if grad is not None)
         work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else node, versions))
-    targets = {
-        target: nodes[target]
-        for target, by_output in plan.targets.items()
-        if any(work[position] is not None for _, sources in by_output for position, _ in sources)
-    }
+        for _, target, _ in edges:
+            targets[target] = nodes[target]
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
-    captured_storages = {
-        grad.untyped_storage().data_ptr()
-        for item in work
-        if item is not None
-        for grad in item.grads
-        if grad is not None
-    }
     input_grads = tuple(
-        _unaliased(input_grads_by_id.get(id(tensor)), captured_storages) for _, tensor in named_inputs
+        _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
     )
     return SplitState(
         input_grads=input_grads,
@@ -580,15 +581,67 @@ def _run_weight_phase(state: SplitState) -> None:
     if not state._weight_tensors or (not state._targets and not state._output_roots):
         return
     work = state._work
-    results: list[dict[int, torch.Tensor | None] | None] = [None] * len(work)
+    targets = state._targets
+    roots: list[GradientEdge] = []
+    root_grads: list[torch.Tensor] = []
+    # Intermediates with a formula: compute their weight-side gradients now and root the engine at
+    # their targets; the engine sums several roots on one edge and reduces shapes and dtypes to the
+    # edge's (validate_outputs). Tensor hooks on the targets (a leaf's hooks, a hook on ``W.t()``)
+    # see the summed gradient, as in a full backward.
+    just_in_time: set[int] = set()
+    for position, item in enumerate(work):
+        if item is None:
+            continue
+        if item.rule is None or any(_is_sparse_leaf(targets[target]) for _, target, _ in item.edges):
+            just_in_time.add(position)
+            continue
+        item.check_unchanged()
+        for (_, target, output_nr), (_, grad) in zip(item.edges, item.rule(item.grads), strict=True):
+            if grad is not None:
+                roots.append(GradientEdge(targets[target], output_nr))
+                root_grads.append(grad)
+        work[position] = None  # free the captured gradient and saved tensors as soon as they are used
+    hooks = _just_in_time_hooks(state, just_in_time, roots, root_grads) if just_in_time else []
+    for edge, grad in state._output_roots:
+        roots.append(edge)
+        root_grads.append(grad)
+    if not roots:
+        return
+    handles = []
+    try:
+        for node, hook in hooks:
+            handles.append(_register_prehook(node, hook))
+        with _running(Phase.WEIGHT):
+            _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
+    except RuntimeError as error:
+        raise _freed_error(error) from error
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _just_in_time_hooks(
+    state: SplitState, positions: set[int], roots: list[GradientEdge], root_grads: list[torch.Tensor]
+) -> list[tuple[Node, Any]]:
+    """Pre-hooks that compute, inside the W graph task, the gradients of intermediates in ``positions``.
+
+    These are the intermediates without a formula: their Node is called directly when the engine reaches
+    a target they feed, so a C++ Node computes only its weight-side outputs (the task's ``exec_info``
+    holds only the weight-only subgraph). A placeholder root (a zero that allocates one element) makes
+    the engine reach each such target; leaves with tensor hooks of their own, or sparse ones, get the
+    gradient from an injecting Node in front of them instead. Adds the roots to ``roots``/``root_grads``
+    and returns ``(node, hook)`` pairs to register.
+    """
+    work = state._work
+    results: dict[int, dict[int, torch.Tensor | None]] = {}
 
     def weight_gradients(position: int) -> dict[int, torch.Tensor | None]:
-        found = results[position]
+        found = results.get(position)
         if found is None:
             item = work[position]
             item.check_unchanged()
             if item.rule is not None:
-                found = item.rule(item.grads)
+                found = dict(item.rule(item.grads))
             else:
                 outputs = _call_node(item.node, item.grads)
                 found = {input_nr: outputs[input_nr] for input_nr, _, _ in item.edges}
@@ -599,11 +652,11 @@ def _run_weight_phase(state: SplitState) -> None:
     def total(
         sources: tuple[tuple[int, int], ...], shape: tuple[int, ...], dtype: torch.dtype
     ) -> torch.Tensor | None:
-        """The gradient a target output receives from the intermediates in ``sources``, summed."""
+        """The gradient a target output receives from the just-in-time intermediates in ``sources``."""
         summed = None
         for position, input_nr in sources:
-            if work[position] is None and results[position] is None:
-                continue  # this intermediate received no gradient
+            if position not in positions:
+                continue  # computed eagerly, or received no gradient
             grad = weight_gradients(position).get(input_nr)
             if grad is None:
                 continue
@@ -632,15 +685,20 @@ def _run_weight_phase(state: SplitState) -> None:
         return hook
 
     plan = state._plan
-    roots: list[GradientEdge] = []
-    root_grads: list[torch.Tensor] = []
     hooks = []
     with torch.enable_grad():
         for target, node in state._targets.items():
+            fed = [
+                (output_nr, sources)
+                for output_nr, sources in plan.targets[target]
+                if any(position in positions for position, _ in sources)
+            ]
+            if not fed:
+                continue
             metadata = _target_metadata(node)
-            if _autograd.is_accumulate_grad(node) and _inject_before_leaf_hooks(node.variable):
+            if _needs_injection(node):
                 # The leaf's own tensor hooks run before any Node pre-hook: hand them the real gradient
-                (output_nr, sources), *_ = plan.targets[target]
+                ((output_nr, sources),) = fed
                 meta = metadata[output_nr]
                 proxy = _InjectGradient.apply(
                     node.variable, lambda s=sources, m=meta: total(s, m.shape, m.dtype)
@@ -649,27 +707,24 @@ def _run_weight_phase(state: SplitState) -> None:
                 root_grads.append(torch.zeros((), dtype=proxy.dtype, device=proxy.device))
                 continue
             entries = []
-            for output_nr, sources in plan.targets[target]:
+            for output_nr, sources in fed:
                 meta = metadata[output_nr]
                 placeholder = _placeholder(meta)
                 entries.append((output_nr, sources, meta.shape, meta.dtype, placeholder))
                 roots.append(GradientEdge(node, output_nr))
                 root_grads.append(placeholder)
             hooks.append((node, target_hook(entries)))
-    for edge, grad in state._output_roots:
-        roots.append(edge)
-        root_grads.append(grad)
-    handles = []
-    try:
-        for node, hook in hooks:
-            handles.append(_register_prehook(node, hook))
-        with _running(Phase.WEIGHT):
-            _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
-    except RuntimeError as error:
-        raise _freed_error(error) from error
-    finally:
-        for handle in handles:
-            handle.remove()
+    return hooks
+
+
+def _is_sparse_leaf(target: Node) -> bool:
+    """A leaf with a non-strided layout: its gradient's layout is the Node's to choose, not a formula's."""
+    return _autograd.is_accumulate_grad(target) and target.variable.layout != torch.strided
+
+
+def _needs_injection(target: Node) -> bool:
+    """Whether a target is a leaf whose gradient must come from an injecting Node (see below)."""
+    return _autograd.is_accumulate_grad(target) and _inject_before_leaf_hooks(target.variable)
 
 
 def _inject_before_leaf_hooks(leaf: torch.Tensor) -> bool:

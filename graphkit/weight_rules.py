@@ -19,76 +19,89 @@ Node                            weight-side gradient (``g`` = gradient of the op
 
 :func:`prepare` runs in the B phase: it reads the saved tensors the formula needs and returns a small
 callable holding only those, so the W phase no longer needs the Node, nor, through it, the rest of the
-input path's graph. Ops without a rule (and complex or non-strided tensors) return None: the W phase
-then calls the Node itself. Gradients are reduced to the edge's shape and dtype afterwards, like the
-engine's ``validate_outputs`` does.
+input path's graph. Ops without a rule, complex or non-strided tensors, and tensors packed by
+``torch.autograd.graph.saved_tensors_hooks`` (activation checkpointing, offloading: unpacking them runs
+user code) return None: the W phase then calls the Node itself. Gradients come back in the shape the
+formula gives; the autograd engine reduces them to the edge's shape and dtype when the W phase feeds
+them in (``validate_outputs`` in ``torch/csrc/autograd/engine.cpp``).
+
+:func:`prepare` runs once per intermediate and microbatch, so it reads each attribute once and holds
+its tensors in a plain tuple.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch.autograd.graph import Node
 
-__all__ = ["PreparedWeightGradient", "WeightGradient", "held_tensors", "prepare"]
+__all__ = ["PreparedWeightGradient", "WeightGradient", "prepare"]
 
-# A prepared rule: takes the gradients the intermediate received (one per forward output) and returns
-# one gradient (or None) per weight-side input_nr it was prepared for.
-WeightGradient = Callable[[Sequence[torch.Tensor | None]], dict[int, torch.Tensor | None]]
-
-
-def _plain(tensor: torch.Tensor | None) -> bool:
-    return tensor is not None and tensor.layout == torch.strided and not tensor.is_complex()
+# A rule's formula: the gradients the intermediate received (one per forward output) and the tensors the
+# rule holds; returns ``(input_nr, gradient)`` for each weight-side ``next_functions`` entry it covers.
+WeightGradient = Callable[
+    [Sequence[torch.Tensor | None], tuple[torch.Tensor, ...]], list[tuple[int, torch.Tensor | None]]
+]
 
 
-def _addmm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+class _Unsupported(Exception):
+    """This Node's tensors rule out a formula (packed by hooks, complex, sparse): call the Node instead."""
+
+
+def _saved(node: Node, name: str) -> torch.Tensor:
+    """The saved tensor ``name`` of ``node``, refusing tensors a formula cannot read safely."""
+    if getattr(getattr(node, "_raw_saved_" + name, None), "unpack_hook", None) is not None:
+        raise _Unsupported(name)  # reading it would run a saved-tensor unpack hook outside the engine
+    tensor = getattr(node, "_saved_" + name)
+    if tensor is None or tensor.layout != torch.strided or tensor.is_complex():
+        raise _Unsupported(name)
+    return tensor
+
+
+def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self = bias, mat1, mat2)
     alpha, beta = node._saved_alpha, node._saved_beta
-    mat1 = node._saved_mat1 if 2 in wanted else None
-    mat2 = node._saved_mat2 if 1 in wanted else None
-    if (2 in wanted and not _plain(mat1)) or (1 in wanted and not _plain(mat2)):
-        return None
+    mat1 = _saved(node, "mat1") if 2 in wanted else None
+    mat2 = _saved(node, "mat2") if 1 in wanted else None
 
-    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[tuple[int, torch.Tensor | None]]:
         grad = grads[0]
-        result: dict[int, torch.Tensor | None] = {}
-        if 0 in wanted:
-            result[0] = grad if beta == 1 else grad * beta
-        if 2 in wanted:
-            product = mat1.t().mm(grad)
-            result[2] = product if alpha == 1 else product * alpha
-        if 1 in wanted:
-            product = grad.mm(mat2.t())
-            result[1] = product if alpha == 1 else product * alpha
+        result = []
+        for input_nr in wanted:
+            if input_nr == 0:
+                result.append((0, grad if beta == 1 else grad * beta))
+                continue
+            product = mat1.t().mm(grad) if input_nr == 2 else grad.mm(mat2.t())
+            result.append((input_nr, product if alpha == 1 else product * alpha))
         return result
 
-    return gradients
+    return gradients, tuple(tensor for tensor in (mat1, mat2) if tensor is not None)
 
 
-def _matmul_rule(
-    transpose: Callable[[torch.Tensor], torch.Tensor], multiply: Callable[..., torch.Tensor]
-) -> Any:
+def _matmul_rule(transpose: Callable[[torch.Tensor], torch.Tensor], multiply: Callable[..., torch.Tensor]):
     """The rule of ``self @ mat2`` (``mm``: ``transpose = t``; ``bmm``: the last two dimensions)."""
 
-    def rule(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+    def rule(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
         # next_functions: (self, mat2); d(self @ mat2)/d(mat2) takes self, and the other way round
-        first = node._saved_self if 1 in wanted else None
-        second = node._saved_mat2 if 0 in wanted else None
-        if (1 in wanted and not _plain(first)) or (0 in wanted and not _plain(second)):
-            return None
+        first = _saved(node, "self") if 1 in wanted else None
+        second = _saved(node, "mat2") if 0 in wanted else None
 
-        def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+        def gradients(
+            grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+        ) -> list[tuple[int, torch.Tensor | None]]:
             grad = grads[0]
-            result: dict[int, torch.Tensor | None] = {}
-            if 1 in wanted:
-                result[1] = multiply(transpose(first), grad)
-            if 0 in wanted:
-                result[0] = multiply(grad, transpose(second))
-            return result
+            return [
+                (
+                    input_nr,
+                    multiply(transpose(first), grad) if input_nr == 1 else multiply(grad, transpose(second)),
+                )
+                for input_nr in wanted
+            ]
 
-        return gradients
+        return gradients, tuple(tensor for tensor in (first, second) if tensor is not None)
 
     return rule
 
@@ -98,19 +111,17 @@ _bmm = _matmul_rule(lambda tensor: tensor.transpose(1, 2), torch.bmm)
 
 
 def _weight_and_bias(
-    wanted: frozenset[int], grad_weight: torch.Tensor | None, grad_bias: torch.Tensor | None
-) -> dict[int, torch.Tensor | None]:
+    wanted: tuple[int, ...], grad_weight: torch.Tensor | None, grad_bias: torch.Tensor | None
+) -> list[tuple[int, torch.Tensor | None]]:
     """The gradients of ``next_functions`` entries 1 (weight) and 2 (bias) that are weight-side."""
-    return {input_nr: grad for input_nr, grad in ((1, grad_weight), (2, grad_bias)) if input_nr in wanted}
+    return [(input_nr, grad_weight if input_nr == 1 else grad_bias) for input_nr in wanted]
 
 
-def _convolution(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+def _convolution(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (input, weight, bias)
     if 0 in wanted:
-        return None  # the input itself on the weight side: rare, let the Node do it
-    tensor_input, weight = node._saved_input, node._saved_weight
-    if not (_plain(tensor_input) and _plain(weight)):
-        return None
+        raise _Unsupported("input")  # the input itself on the weight side: rare, let the Node do it
+    tensor_input, weight = _saved(node, "input"), _saved(node, "weight")
     arguments = (
         node._saved_bias_sym_sizes_opt,
         list(node._saved_stride),
@@ -122,75 +133,64 @@ def _convolution(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
     )
     mask = [False, 1 in wanted, 2 in wanted]
 
-    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
-        bias_sizes, stride, padding, dilation, transposed, output_padding, groups = arguments
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[tuple[int, torch.Tensor | None]]:
         _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-            grads[0],
-            tensor_input,
-            weight,
-            bias_sizes,
-            stride,
-            padding,
-            dilation,
-            transposed,
-            output_padding,
-            groups,
-            mask,
+            grads[0], tensors[0], tensors[1], *arguments, mask
         )
         return _weight_and_bias(wanted, grad_weight, grad_bias)
 
-    return gradients
+    return gradients, (tensor_input, weight)
 
 
-def _layer_norm(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+def _layer_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (input, weight, bias)
     if 0 in wanted:
-        return None
-    saved = (
-        node._saved_input,
-        list(node._saved_normalized_shape),
-        node._saved_result1,
-        node._saved_result2,
-        node._saved_weight,
-        node._saved_bias,
-    )
-    if not (_plain(saved[0]) and _plain(saved[2]) and _plain(saved[3])):
-        return None
+        raise _Unsupported("input")
+    tensors = (_saved(node, "input"), _saved(node, "result1"), _saved(node, "result2"))
+    normalized_shape = list(node._saved_normalized_shape)
+    weight, bias = node._saved_weight, node._saved_bias
     mask = [False, 1 in wanted, 2 in wanted]
 
-    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
-        tensor_input, normalized_shape, mean, rstd, weight, bias = saved
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[tuple[int, torch.Tensor | None]]:
+        tensor_input, mean, rstd = tensors
         _, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
             grads[0].contiguous(), tensor_input, normalized_shape, mean, rstd, weight, bias, mask
         )
         return _weight_and_bias(wanted, grad_weight, grad_bias)
 
-    return gradients
+    return gradients, tensors
 
 
-def _mul(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
-    # next_functions: (self, other); d(self*other)/d(other) = self
-    factors = {1: node._saved_self if 1 in wanted else None, 0: node._saved_other if 0 in wanted else None}
-    if any(not _plain(factors[input_nr]) for input_nr in wanted):
-        return None
+def _mul(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
+    # next_functions: (self, other); d(self * other)/d(other) = self, and the other way round
+    factors = tuple(_saved(node, "self" if input_nr == 1 else "other") for input_nr in wanted)
 
-    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
-        return {input_nr: grads[0] * factors[input_nr] for input_nr in wanted}
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[tuple[int, torch.Tensor | None]]:
+        grad = grads[0]
+        return [(input_nr, grad * factor) for input_nr, factor in zip(wanted, tensors, strict=True)]
 
-    return gradients
+    return gradients, factors
 
 
-def _add(node: Node, wanted: frozenset[int]) -> WeightGradient | None:
+def _add(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     alpha = node._saved_alpha
 
-    def gradients(grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[tuple[int, torch.Tensor | None]]:
         grad = grads[0]
-        return {input_nr: grad if input_nr == 0 or alpha == 1 else grad * alpha for input_nr in wanted}
+        return [(input_nr, grad if input_nr == 0 or alpha == 1 else grad * alpha) for input_nr in wanted]
 
-    return gradients
+    return gradients, ()
 
 
-_RULES: dict[str, Callable[[Node, frozenset[int]], WeightGradient | None]] = {
+_RULES: dict[str, Callable[[Node, tuple[int, ...]], tuple[WeightGradient, tuple[torch.Tensor, ...]]]] = {
     "AddmmBackward0": _addmm,
     "MmBackward0": _mm,
     "BmmBackward0": _bmm,
@@ -199,6 +199,20 @@ _RULES: dict[str, Callable[[Node, frozenset[int]], WeightGradient | None]] = {
     "MulBackward0": _mul,
     "AddBackward0": _add,
 }
+_rules_by_class: dict[type, Callable[..., tuple[WeightGradient, tuple[torch.Tensor, ...]]] | None] = {}
+
+
+def has_rule(node_class: type) -> bool:
+    """Whether graphkit has a weight-side formula for Nodes of this class (their tensors may still rule it out)."""
+    return _rule_for(node_class) is not None
+
+
+def _rule_for(node_class: type) -> Callable[..., tuple[WeightGradient, tuple[torch.Tensor, ...]]] | None:
+    try:
+        return _rules_by_class[node_class]
+    except KeyError:
+        factory = _rules_by_class[node_class] = _RULES.get(node_class.__name__)
+        return factory
 
 
 def prepare(node: Node, weight_input_nrs: Sequence[int]) -> PreparedWeightGradient | None:
@@ -206,20 +220,22 @@ def prepare(node: Node, weight_input_nrs: Sequence[int]) -> PreparedWeightGradie
 
     Args:
         node: an intermediate whose saved tensors are still alive (call this in the B phase).
-        weight_input_nrs: positions in ``node.next_functions`` of its weight-side edges.
+        weight_input_nrs: positions in ``node.next_functions`` of its weight-side edges, in the order the
+            results should come back.
 
     Returns:
-        ``rule(grads) -> {input_nr: gradient}``, where ``grads`` are the gradients ``node`` received
-        (one per forward output); or None when graphkit has no rule for this op or these tensors.
+        ``rule(grads) -> [(input_nr, gradient), ...]``, where ``grads`` are the gradients ``node``
+        received (one per forward output); or None when graphkit has no rule for this op or these
+        tensors (complex, sparse, packed by saved-tensor hooks).
     """
-    factory = _RULES.get(type(node).__name__)
+    factory = _rule_for(type(node))
     if factory is None:
         return None
     try:
-        compute = factory(node, frozenset(weight_input_nrs))
-    except (AttributeError, RuntimeError):  # an attribute PyTorch renamed, or freed saved tensors
+        compute, tensors = factory(node, tuple(weight_input_nrs))
+    except (_Unsupported, AttributeError, RuntimeError):  # also: a renamed attribute, freed saved tensors
         return None
-    return None if compute is None else PreparedWeightGradient(compute)
+    return PreparedWeightGradient(compute, tensors)
 
 
 class PreparedWeightGradient:
@@ -227,35 +243,23 @@ class PreparedWeightGradient:
 
     Calling it checks that none of those tensors was modified in place since the B phase (the check
     autograd's SavedVariable would make) and raises RuntimeError if one was.
+
+    Attributes:
+        tensors: the saved tensors the formula reads (what it keeps alive until the W phase).
     """
 
-    __slots__ = ("compute", "tensors", "versions")
+    __slots__ = ("_compute", "_versions", "tensors")
 
-    def __init__(self, compute: WeightGradient) -> None:
-        self.compute = compute
-        self.tensors = held_tensors(compute)
-        self.versions = tuple(tensor._version for tensor in self.tensors)
+    def __init__(self, compute: WeightGradient, tensors: tuple[torch.Tensor, ...]) -> None:
+        self._compute = compute
+        self.tensors = tensors
+        self._versions = tuple(tensor._version for tensor in tensors)
 
-    def __call__(self, grads: Sequence[torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
-        for tensor, version in zip(self.tensors, self.versions, strict=True):
+    def __call__(self, grads: Sequence[torch.Tensor | None]) -> list[tuple[int, torch.Tensor | None]]:
+        for tensor, version in zip(self.tensors, self._versions, strict=True):
             if tensor._version != version:
                 raise RuntimeError(
                     f"a tensor of shape {tuple(tensor.shape)} saved for the W phase was modified in place "
                     "between the B and the W phase; keep activations and parameters unchanged until W ran"
                 )
-        return self.compute(grads)
-
-
-def held_tensors(rule: Any) -> list[torch.Tensor]:
-    """The tensors a prepared rule keeps alive (for memory accounting)."""
-    found: list[torch.Tensor] = []
-    stack = [cell.cell_contents for cell in (getattr(rule, "__closure__", None) or ())]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (tuple, list)):
-            stack.extend(value)
-        elif isinstance(value, dict):
-            stack.extend(value.values())
-    return found
+        return self._compute(grads, self.tensors)
