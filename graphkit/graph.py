@@ -37,8 +37,7 @@ from __future__ import annotations
 import enum
 import gc
 import json
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,35 +238,45 @@ class _Walk:
 
     nodes: list[Node]
     index: dict[Node, int]
-    # (producer index, consumer index, output_nr, input_nr)
-    edges: list[tuple[int, int, int, int]]
+    # flat: producer index, consumer index, output_nr, input_nr, then the next edge (one list, no tuple
+    # per edge: the split backward walks every microbatch and each tuple costs the garbage collector)
+    flat_edges: list[int]
+
+    def edges(self) -> Iterator[tuple[int, int, int, int]]:
+        """``(producer index, consumer index, output_nr, input_nr)`` of every edge, in walk order."""
+        values = iter(self.flat_edges)
+        return zip(values, values, values, values, strict=True)
 
 
 def _walk(roots: Iterable[Node], stop: set[Node]) -> _Walk:
-    """Breadth-first walk over ``next_functions`` from ``roots``; nodes in ``stop`` are not expanded."""
+    """Breadth-first walk over ``next_functions`` from ``roots``; nodes in ``stop`` are not expanded.
+
+    The split backward walks every microbatch's graph, so this loop is kept lean: the node list is
+    its own queue, and edges are recorded as plain tuples.
+    """
     nodes: list[Node] = []
     index: dict[Node, int] = {}
-    edges: list[tuple[int, int, int, int]] = []
-    queue: deque[Node] = deque()
+    edges: list[int] = []
+    add_node = nodes.append
+    add_edge = edges.extend
     for root in roots:
         if root not in index:
             index[root] = len(nodes)
-            nodes.append(root)
-            queue.append(root)
-    while queue:
-        consumer = queue.popleft()
-        if consumer in stop:
-            continue
-        consumer_index = index[consumer]
-        for input_nr, (producer, output_nr) in enumerate(consumer.next_functions):
-            if producer is None:
-                continue
-            producer_index = index.get(producer)
-            if producer_index is None:
-                producer_index = index[producer] = len(nodes)
-                nodes.append(producer)
-                queue.append(producer)
-            edges.append((producer_index, consumer_index, output_nr, input_nr))
+            add_node(root)
+    position = 0
+    while position < len(nodes):
+        consumer = nodes[position]
+        if consumer not in stop:
+            input_nr = 0
+            for producer, output_nr in consumer.next_functions:
+                if producer is not None:
+                    producer_index = index.get(producer)
+                    if producer_index is None:
+                        producer_index = index[producer] = len(nodes)
+                        add_node(producer)
+                    add_edge((producer_index, position, output_nr, input_nr))
+                input_nr += 1  # noqa: SIM113 - enumerate() costs more in this hot loop
+        position += 1
     return _Walk(nodes, index, edges)
 
 
@@ -359,7 +368,7 @@ def _capture(
         attributes = _node_attributes(node, names_by_id, input_nodes, details, seen_storages)
         graph.add_node(node_ids[position], **attributes)
         graph.autograd_nodes[node_ids[position]] = node
-    for producer, consumer, output_nr, input_nr in walk.edges:
+    for producer, consumer, output_nr, input_nr in walk.edges():
         graph.add_edge(
             node_ids[producer], node_ids[consumer], key=input_nr, output_nr=output_nr, input_nr=input_nr
         )

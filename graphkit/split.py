@@ -118,6 +118,9 @@ class _WeightWork:
 
     def check_unchanged(self) -> None:
         """Raise if a captured gradient was modified in place between B and W."""
+        current = tuple([grad._version for grad in self.grads if grad is not None])
+        if current == self.versions:
+            return
         for grad, version in zip((g for g in self.grads if g is not None), self.versions, strict=True):
             if grad._version != version:
                 raise SplitError(
@@ -312,6 +315,10 @@ class _Plan:
     weight_only: bytearray
     # target index -> ((target output_nr, ((position in intermediates, input_nr), ...)), ...)
     targets: dict[int, tuple[tuple[int, tuple[tuple[int, int], ...]], ...]]
+    # per intermediate: the input_nr of each weight-side edge (what its formula computes)
+    weight_input_nrs: list[tuple[int, ...]]
+    # targets that are AccumulateGrad Nodes (leaves: a sparse one needs its Node's own gradient layout)
+    leaf_targets: frozenset[int]
 
 
 _PLAN_CACHE: dict[Any, _Plan] = {}
@@ -326,7 +333,7 @@ def _cached_plan(
     The key is the structure alone (Node classes, edges, which nodes are stage inputs and excluded
     leaves): shapes are read per microbatch in W, so graphs that differ only in shapes share a plan.
     """
-    key = (tuple(map(type, walk.nodes)), tuple(walk.edges), excluded, input_positions)
+    key = (tuple(map(type, walk.nodes)), tuple(walk.flat_edges), excluded, input_positions)
     plan = _PLAN_CACHE.get(key)
     if plan is None:
         plan = _plan(walk, input_nodes, excluded)
@@ -346,7 +353,7 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
     """
     count = len(walk.nodes)
     consumers: list[list[int]] = [[] for _ in range(count)]
-    for producer, consumer, _, _ in walk.edges:
+    for producer, consumer, _, _ in walk.edges():
         consumers[producer].append(consumer)
     inputs = [index for index, node in enumerate(walk.nodes) if node in input_nodes]
     leaves = [
@@ -360,7 +367,7 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
         if in_closure[index]:
             weight_only[index] = 0
     edges_of: dict[int, list[tuple[int, int, int]]] = {}
-    for producer, consumer, output_nr, input_nr in walk.edges:
+    for producer, consumer, output_nr, input_nr in walk.edges():
         if weight_only[producer] and in_closure[consumer]:
             edges_of.setdefault(consumer, []).append((input_nr, producer, output_nr))
     intermediates = [(index, tuple(sorted(edges))) for index, edges in sorted(edges_of.items())]
@@ -372,7 +379,14 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
         target: tuple((output_nr, tuple(sources)) for output_nr, sources in by_output.items())
         for target, by_output in feeding.items()
     }
-    return _Plan(intermediates, leaves, weight_only, targets)
+    return _Plan(
+        intermediates,
+        leaves,
+        weight_only,
+        targets,
+        [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
+        frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target])),
+    )
 
 
 def _reach(consumers: list[list[int]], sources: list[int], count: int) -> bytearray:
@@ -479,21 +493,32 @@ def backward_input(
     kept_grads: list[torch.Tensor] = []
     cotangent_ranges = [_storage_range(grad) for _, grad in pairs]
     targets: dict[int, Node] = {}
-    for index, edges in plan.intermediates:
+    for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):
         grads_received = captured.get(index)
-        if grads_received is None or all(grad is None for grad in grads_received):
+        if grads_received is None:
             work.append(None)  # no gradient reached this intermediate: nothing flows to its weights either
             continue
-        # the caller owns its cotangents and may reuse their buffers before W: keep a copy of those
-        grads_received = tuple(
-            grad.clone() if grad is not None and _inside(grad, cotangent_ranges) else grad
-            for grad in grads_received
-        )
-        kept_grads.extend(grad for grad in grads_received if grad is not None)
+        kept: list[torch.Tensor] = []
+        for grad in grads_received:
+            if grad is not None:
+                kept.append(grad)
+        if not kept:
+            work.append(None)
+            continue
+        for grad in kept:
+            if _inside(grad, cotangent_ranges):
+                # the caller owns its cotangents and may reuse their buffers before W: keep a copy
+                grads_received = tuple(
+                    copy.clone() if copy is not None and _inside(copy, cotangent_ranges) else copy
+                    for copy in grads_received
+                )
+                kept = [grad for grad in grads_received if grad is not None]
+                break
+        kept_grads += kept
         node = nodes[index]
         # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it)
-        rule = prepare(node, [input_nr for input_nr, _, _ in edges])
-        versions = tuple(grad._version for grad in grads_received if grad is not None)
+        rule = prepare(node, weight_input_nrs)
+        versions = tuple([grad._version for grad in kept])
         work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else node, versions))
         for _, target, _ in edges:
             targets[target] = nodes[target]
@@ -589,14 +614,20 @@ def _run_weight_phase(state: SplitState) -> None:
     # edge's (validate_outputs). Tensor hooks on the targets (a leaf's hooks, a hook on ``W.t()``)
     # see the summed gradient, as in a full backward.
     just_in_time: set[int] = set()
+    sparse_targets = {
+        target
+        for target in state._plan.leaf_targets
+        if target in targets and _is_sparse_leaf(targets[target])
+    }
     for position, item in enumerate(work):
         if item is None:
             continue
-        if item.rule is None or any(_is_sparse_leaf(targets[target]) for _, target, _ in item.edges):
+        edges = item.edges
+        if item.rule is None or (sparse_targets and any(target in sparse_targets for _, target, _ in edges)):
             just_in_time.add(position)
             continue
         item.check_unchanged()
-        for (_, target, output_nr), (_, grad) in zip(item.edges, item.rule(item.grads), strict=True):
+        for (_, target, output_nr), (_, grad) in zip(edges, item.rule(item.grads), strict=True):
             if grad is not None:
                 roots.append(GradientEdge(targets[target], output_nr))
                 root_grads.append(grad)

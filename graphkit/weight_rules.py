@@ -59,55 +59,93 @@ def _saved(node: Node, name: str) -> torch.Tensor:
     return tensor
 
 
+def _column_major(node: Node, name: str) -> bool:
+    """Whether the saved strides of the 2-D operand ``name`` are column-major (``W.t()`` of a Linear).
+
+    PyTorch's ``mm_mat1_backward``/``mm_mat2_backward`` (``torch/csrc/autograd/FunctionsManual.cpp``)
+    then return the gradient column-major too, so that after the transpose it is contiguous in the
+    parameter's own layout and AccumulateGrad adds it without a strided copy. The rules do the same.
+    """
+    sizes = getattr(node, f"_saved_{name}_sym_sizes", None)
+    strides = getattr(node, f"_saved_{name}_sym_strides", None)
+    return strides is not None and len(strides) == 2 and strides[0] == 1 and strides[1] == sizes[0]
+
+
+def _matrix_gradients(
+    grad: torch.Tensor,
+    wanted: tuple[int, ...],
+    first: torch.Tensor | None,
+    second: torch.Tensor | None,
+    column_major: tuple[bool, bool],
+    first_nr: int,
+    second_nr: int,
+) -> list[tuple[int, torch.Tensor | None]]:
+    """Gradients of ``first @ second`` for the wanted of ``first_nr``/``second_nr``, in their layouts."""
+    result = []
+    for input_nr in wanted:
+        if input_nr == second_nr:  # d/d(second) = first.T @ grad
+            product = grad.t().mm(first).t() if column_major[1] else first.t().mm(grad)
+        elif input_nr == first_nr:  # d/d(first) = grad @ second.T
+            product = second.mm(grad.t()).t() if column_major[0] else grad.mm(second.t())
+        else:
+            continue
+        result.append((input_nr, product))
+    return result
+
+
 def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self = bias, mat1, mat2)
     alpha, beta = node._saved_alpha, node._saved_beta
     mat1 = _saved(node, "mat1") if 2 in wanted else None
     mat2 = _saved(node, "mat2") if 1 in wanted else None
+    column_major = (1 in wanted and _column_major(node, "mat1"), 2 in wanted and _column_major(node, "mat2"))
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
     ) -> list[tuple[int, torch.Tensor | None]]:
         grad = grads[0]
+        products = dict(_matrix_gradients(grad, wanted, mat1, mat2, column_major, 1, 2))
         result = []
         for input_nr in wanted:
             if input_nr == 0:
                 result.append((0, grad if beta == 1 else grad * beta))
-                continue
-            product = mat1.t().mm(grad) if input_nr == 2 else grad.mm(mat2.t())
-            result.append((input_nr, product if alpha == 1 else product * alpha))
+            else:
+                product = products[input_nr]
+                result.append((input_nr, product if alpha == 1 else product * alpha))
         return result
 
     return gradients, tuple(tensor for tensor in (mat1, mat2) if tensor is not None)
 
 
-def _matmul_rule(transpose: Callable[[torch.Tensor], torch.Tensor], multiply: Callable[..., torch.Tensor]):
-    """The rule of ``self @ mat2`` (``mm``: ``transpose = t``; ``bmm``: the last two dimensions)."""
+def _mm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
+    # next_functions: (self, mat2); d(self @ mat2)/d(mat2) takes self, and the other way round
+    first = _saved(node, "self") if 1 in wanted else None
+    second = _saved(node, "mat2") if 0 in wanted else None
+    column_major = (0 in wanted and _column_major(node, "self"), 1 in wanted and _column_major(node, "mat2"))
 
-    def rule(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
-        # next_functions: (self, mat2); d(self @ mat2)/d(mat2) takes self, and the other way round
-        first = _saved(node, "self") if 1 in wanted else None
-        second = _saved(node, "mat2") if 0 in wanted else None
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[tuple[int, torch.Tensor | None]]:
+        return _matrix_gradients(grads[0], wanted, first, second, column_major, 0, 1)
 
-        def gradients(
-            grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-        ) -> list[tuple[int, torch.Tensor | None]]:
-            grad = grads[0]
-            return [
-                (
-                    input_nr,
-                    multiply(transpose(first), grad) if input_nr == 1 else multiply(grad, transpose(second)),
-                )
-                for input_nr in wanted
-            ]
-
-        return gradients, tuple(tensor for tensor in (first, second) if tensor is not None)
-
-    return rule
+    return gradients, tuple(tensor for tensor in (first, second) if tensor is not None)
 
 
-_mm = _matmul_rule(torch.t, torch.mm)
-_bmm = _matmul_rule(lambda tensor: tensor.transpose(1, 2), torch.bmm)
+def _bmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
+    # next_functions: (self, mat2), batched over the first dimension
+    first = _saved(node, "self") if 1 in wanted else None
+    second = _saved(node, "mat2") if 0 in wanted else None
+
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[tuple[int, torch.Tensor | None]]:
+        grad = grads[0]
+        return [
+            (input_nr, first.transpose(1, 2).bmm(grad) if input_nr == 1 else grad.bmm(second.transpose(1, 2)))
+            for input_nr in wanted
+        ]
+
+    return gradients, tuple(tensor for tensor in (first, second) if tensor is not None)
 
 
 def _weight_and_bias(
