@@ -627,7 +627,7 @@ def _run_weight_phase(state: SplitState) -> None:
             just_in_time.add(position)
             continue
         item.check_unchanged()
-        for (_, target, output_nr), (_, grad) in zip(edges, item.rule(item.grads), strict=True):
+        for (_, target, output_nr), grad in zip(edges, item.rule(item.grads), strict=True):
             if grad is not None:
                 roots.append(GradientEdge(targets[target], output_nr))
                 root_grads.append(grad)
@@ -672,7 +672,7 @@ def _just_in_time_hooks(
             item = work[position]
             item.check_unchanged()
             if item.rule is not None:
-                found = dict(item.rule(item.grads))
+                found = dict(zip((nr for nr, _, _ in item.edges), item.rule(item.grads), strict=True))
             else:
                 outputs = _call_node(item.node, item.grads)
                 found = {input_nr: outputs[input_nr] for input_nr, _, _ in item.edges}

@@ -39,9 +39,10 @@ from torch.autograd.graph import Node
 __all__ = ["PreparedWeightGradient", "WeightGradient", "prepare"]
 
 # A rule's formula: the gradients the intermediate received (one per forward output) and the tensors the
-# rule holds; returns ``(input_nr, gradient)`` for each weight-side ``next_functions`` entry it covers.
+# rule holds; returns one gradient (or None) per weight-side ``next_functions`` entry it was prepared
+# for, in the order of ``weight_input_nrs``.
 WeightGradient = Callable[
-    [Sequence[torch.Tensor | None], tuple[torch.Tensor, ...]], list[tuple[int, torch.Tensor | None]]
+    [Sequence[torch.Tensor | None], tuple[torch.Tensor, ...]], list[torch.Tensor | None]
 ]
 
 
@@ -71,26 +72,17 @@ def _column_major(node: Node, name: str) -> bool:
     return strides is not None and len(strides) == 2 and strides[0] == 1 and strides[1] == sizes[0]
 
 
-def _matrix_gradients(
-    grad: torch.Tensor,
-    wanted: tuple[int, ...],
-    first: torch.Tensor | None,
-    second: torch.Tensor | None,
-    column_major: tuple[bool, bool],
-    first_nr: int,
-    second_nr: int,
-) -> list[tuple[int, torch.Tensor | None]]:
-    """Gradients of ``first @ second`` for the wanted of ``first_nr``/``second_nr``, in their layouts."""
-    result = []
-    for input_nr in wanted:
-        if input_nr == second_nr:  # d/d(second) = first.T @ grad
-            product = grad.t().mm(first).t() if column_major[1] else first.t().mm(grad)
-        elif input_nr == first_nr:  # d/d(first) = grad @ second.T
-            product = second.mm(grad.t()).t() if column_major[0] else grad.mm(second.t())
-        else:
-            continue
-        result.append((input_nr, product))
-    return result
+def _matrix_gradient(
+    grad: torch.Tensor, other: torch.Tensor, of_second: bool, column_major: bool
+) -> torch.Tensor:
+    """Gradient of ``first @ second`` for one operand, in the layout PyTorch's backward gives it.
+
+    ``of_second``: ``first.T @ grad`` (``other`` is ``first``); else ``grad @ second.T`` (``other`` is
+    ``second``). ``column_major``: the operand's saved strides are column-major (see above).
+    """
+    if of_second:
+        return grad.t().mm(other).t() if column_major else other.t().mm(grad)
+    return other.mm(grad.t()).t() if column_major else grad.mm(other.t())
 
 
 def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
@@ -98,20 +90,23 @@ def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[t
     alpha, beta = node._saved_alpha, node._saved_beta
     mat1 = _saved(node, "mat1") if 2 in wanted else None
     mat2 = _saved(node, "mat2") if 1 in wanted else None
-    column_major = (1 in wanted and _column_major(node, "mat1"), 2 in wanted and _column_major(node, "mat2"))
+    column_major_mat1 = 1 in wanted and _column_major(node, "mat1")
+    column_major_mat2 = 2 in wanted and _column_major(node, "mat2")
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[tuple[int, torch.Tensor | None]]:
+    ) -> list[torch.Tensor | None]:
         grad = grads[0]
-        products = dict(_matrix_gradients(grad, wanted, mat1, mat2, column_major, 1, 2))
         result = []
         for input_nr in wanted:
             if input_nr == 0:
-                result.append((0, grad if beta == 1 else grad * beta))
+                result.append(grad if beta == 1 else grad * beta)
+                continue
+            if input_nr == 2:
+                product = _matrix_gradient(grad, mat1, True, column_major_mat2)
             else:
-                product = products[input_nr]
-                result.append((input_nr, product if alpha == 1 else product * alpha))
+                product = _matrix_gradient(grad, mat2, False, column_major_mat1)
+            result.append(product if alpha == 1 else product * alpha)
         return result
 
     return gradients, tuple(tensor for tensor in (mat1, mat2) if tensor is not None)
@@ -121,12 +116,19 @@ def _mm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torc
     # next_functions: (self, mat2); d(self @ mat2)/d(mat2) takes self, and the other way round
     first = _saved(node, "self") if 1 in wanted else None
     second = _saved(node, "mat2") if 0 in wanted else None
-    column_major = (0 in wanted and _column_major(node, "self"), 1 in wanted and _column_major(node, "mat2"))
+    column_major_self = 0 in wanted and _column_major(node, "self")
+    column_major_mat2 = 1 in wanted and _column_major(node, "mat2")
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[tuple[int, torch.Tensor | None]]:
-        return _matrix_gradients(grads[0], wanted, first, second, column_major, 0, 1)
+    ) -> list[torch.Tensor | None]:
+        grad = grads[0]
+        return [
+            _matrix_gradient(grad, first, True, column_major_mat2)
+            if input_nr == 1
+            else _matrix_gradient(grad, second, False, column_major_self)
+            for input_nr in wanted
+        ]
 
     return gradients, tuple(tensor for tensor in (first, second) if tensor is not None)
 
@@ -138,10 +140,10 @@ def _bmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[tor
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[tuple[int, torch.Tensor | None]]:
+    ) -> list[torch.Tensor | None]:
         grad = grads[0]
         return [
-            (input_nr, first.transpose(1, 2).bmm(grad) if input_nr == 1 else grad.bmm(second.transpose(1, 2)))
+            first.transpose(1, 2).bmm(grad) if input_nr == 1 else grad.bmm(second.transpose(1, 2))
             for input_nr in wanted
         ]
 
@@ -150,9 +152,9 @@ def _bmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[tor
 
 def _weight_and_bias(
     wanted: tuple[int, ...], grad_weight: torch.Tensor | None, grad_bias: torch.Tensor | None
-) -> list[tuple[int, torch.Tensor | None]]:
+) -> list[torch.Tensor | None]:
     """The gradients of ``next_functions`` entries 1 (weight) and 2 (bias) that are weight-side."""
-    return [(input_nr, grad_weight if input_nr == 1 else grad_bias) for input_nr in wanted]
+    return [grad_weight if input_nr == 1 else grad_bias for input_nr in wanted]
 
 
 def _convolution(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
@@ -173,7 +175,7 @@ def _convolution(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, t
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[tuple[int, torch.Tensor | None]]:
+    ) -> list[torch.Tensor | None]:
         _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
             grads[0], tensors[0], tensors[1], *arguments, mask
         )
@@ -193,7 +195,7 @@ def _layer_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tu
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[tuple[int, torch.Tensor | None]]:
+    ) -> list[torch.Tensor | None]:
         tensor_input, mean, rstd = tensors
         _, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
             grads[0].contiguous(), tensor_input, normalized_shape, mean, rstd, weight, bias, mask
@@ -209,9 +211,9 @@ def _mul(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[tor
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[tuple[int, torch.Tensor | None]]:
+    ) -> list[torch.Tensor | None]:
         grad = grads[0]
-        return [(input_nr, grad * factor) for input_nr, factor in zip(wanted, tensors, strict=True)]
+        return [grad * factor for factor in tensors]
 
     return gradients, factors
 
@@ -221,9 +223,9 @@ def _add(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[tor
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[tuple[int, torch.Tensor | None]]:
+    ) -> list[torch.Tensor | None]:
         grad = grads[0]
-        return [(input_nr, grad if input_nr == 0 or alpha == 1 else grad * alpha) for input_nr in wanted]
+        return [grad if input_nr == 0 or alpha == 1 else grad * alpha for input_nr in wanted]
 
     return gradients, ()
 
@@ -262,15 +264,18 @@ def prepare(node: Node, weight_input_nrs: Sequence[int]) -> PreparedWeightGradie
             results should come back.
 
     Returns:
-        ``rule(grads) -> [(input_nr, gradient), ...]``, where ``grads`` are the gradients ``node``
-        received (one per forward output); or None when graphkit has no rule for this op or these
+        ``rule(grads) -> [gradient, ...]``, one per entry of ``weight_input_nrs`` (None where no
+        gradient flows), where ``grads`` are the gradients ``node`` received (one per forward
+        output); or None when graphkit has no rule for this op or these
         tensors (complex, sparse, packed by saved-tensor hooks).
     """
     factory = _rule_for(type(node))
     if factory is None:
         return None
     try:
-        compute, tensors = factory(node, tuple(weight_input_nrs))
+        compute, tensors = factory(
+            node, weight_input_nrs if isinstance(weight_input_nrs, tuple) else tuple(weight_input_nrs)
+        )
     except (_Unsupported, AttributeError, RuntimeError):  # also: a renamed attribute, freed saved tensors
         return None
     return PreparedWeightGradient(compute, tensors)
@@ -293,7 +298,7 @@ class PreparedWeightGradient:
         self.tensors = tensors
         self._versions = tuple(tensor._version for tensor in tensors)
 
-    def __call__(self, grads: Sequence[torch.Tensor | None]) -> list[tuple[int, torch.Tensor | None]]:
+    def __call__(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
         for tensor, version in zip(self.tensors, self._versions, strict=True):
             if tensor._version != version:
                 raise RuntimeError(
