@@ -612,3 +612,48 @@ def test_a_custom_function_node_survives_the_outputs_being_dropped_between_b_and
     gc.collect()
     backward_weight(state)
     _assert_same(expected, {name: p.grad for name, p in module.named_parameters()})
+
+
+def test_a_hook_on_a_weight_only_tensor_sees_the_real_gradient_in_w():
+    # W.t() lies on the weight-only path: the W phase roots the engine there with the formula's
+    # gradient, so a hook on it sees (and may change) what the full backward gives it
+    seen: list[torch.Tensor] = []
+
+    class Transposed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
+
+        def forward(self, input):
+            transposed = self.weight.t()
+            transposed.register_hook(lambda grad: (seen.append(grad.clone()), grad * 2)[1])
+            return torch.tanh(input @ transposed)
+
+    def build():
+        torch.manual_seed(0)
+        return Transposed(), {"input": torch.randn(5, 4, dtype=torch.float64, requires_grad=True)}
+
+    expected, actual = _split_and_full(build)
+    assert len(seen) == 2 and seen[1].abs().sum() > 0
+    torch.testing.assert_close(seen[1], seen[0], rtol=1e-12, atol=0)
+    _assert_same(expected, actual)
+
+
+def test_one_parameter_fed_by_many_formulas_receives_their_sum_in_one_engine_call():
+    from graphkit.bench import count_engine_calls
+
+    def build():
+        torch.manual_seed(0)
+        shared = nn.Linear(6, 6).double()
+        model = nn.Sequential(shared, nn.Tanh(), shared, nn.Tanh(), shared)
+        return model, {"input": torch.randn(4, 6, dtype=torch.float64, requires_grad=True)}
+
+    expected, _ = _split_and_full(build)
+    module, inputs = build()
+    outputs = module(**inputs)
+    grad = torch.randn(outputs.shape, generator=torch.Generator().manual_seed(0), dtype=outputs.dtype)
+    state = backward_input(outputs, grad, inputs)
+    with count_engine_calls() as calls:
+        backward_weight(state)
+    assert calls == [1]
+    _assert_same(expected, {name: p.grad for name, p in module.named_parameters()})
