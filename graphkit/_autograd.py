@@ -215,9 +215,11 @@ def run_engine_backward(
 
     The same engine call as ``torch.autograd.backward(roots, grads, inputs=inputs)``, without its
     argument checks: ``torch.autograd._make_grads`` validates every root gradient in Python (about
-    0.1 ms per GradientEdge root, more than the W phase's own work on small stages). graphkit's root
-    gradients are built from each root's own metadata, so the checks cannot fail. Uses the private
-    ``torch.autograd.graph._engine_run_backward``; falls back to the public call where it is missing.
+    0.1 ms per GradientEdge root, more than the W phase's own work on small stages). The engine still
+    checks each root gradient against its edge in C++ (``validate_outputs``: it sums a broadcast
+    gradient down to the edge's shape, casts its dtype, and raises on a shape it cannot reduce), so a
+    wrong gradient fails loudly. Uses the private ``torch.autograd.graph._engine_run_backward``; falls
+    back to the public call where it is missing.
     """
     engine_call = getattr(torch.autograd.graph, "_engine_run_backward", None)
     if engine_call is None:

@@ -10,21 +10,26 @@ the parameter groups of the captured graph (:mod:`graphkit.groups`):
 path to a stage input, and a Node computes only the outputs whose ``next_functions`` entry is on such a
 path (``Node::task_should_compute_output`` in ``torch/csrc/autograd/function.h``): ``AddmmBackward0``
 computes ``grad_mat1`` and not ``grad_mat2``. A pre-hook on every intermediate captures the gradients it
-receives, one per forward output.
+receives, one per forward output. (Not the engine's own captures for ``inputs=GradientEdge(...)``:
+those are taken before the tensor hooks of the intermediate's outputs run, and W needs the gradient
+the Node itself receives, after them.)
 
 **W phase** (:func:`backward_weight`). One autograd-engine call, rooted at the *targets* of the
 weight-side edges (``GradientEdge(target, output_nr)``) and the parameter-only outputs, with
-``inputs=`` the weight leaves. Each target's gradient is made just in time, when the engine reaches the
-target (a pre-hook; for a leaf with tensor hooks of its own, a small injecting Node in front of it), as
-the sum of the weight-side gradients of the intermediates that feed it:
+``inputs=`` the weight leaves. The gradients along the weight-side edges come from:
 
 - for the ops that carry most weights (``mm``, ``addmm``, ``bmm``, convolution, layer norm, ``mul``,
-  ``add``) from a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`), so
+  ``add``), a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`), so
   the state holds those tensors and not the Node, and the input path's graph is freed once the caller
-  drops the outputs;
-- for any other Node by calling it directly with its captured gradients. The call happens inside the W
-  graph task, whose ``exec_info`` holds only the weight-only subgraph, so the Node computes only its
-  weight-side outputs: never its input-side ones, and nothing on the input path runs again.
+  drops the outputs. W evaluates the formulas first and hands each result to the engine as the root
+  gradient of its target: the engine sums several roots on one edge and reduces each to the edge's
+  shape and dtype (``validate_outputs`` in ``torch/csrc/autograd/engine.cpp``), and tensor hooks on
+  the targets (a parameter's hooks, a hook on ``W.t()``) see the summed gradient;
+- for any other Node, a direct call with its captured gradients, made just in time by a pre-hook on its
+  targets while the engine runs. The call happens inside the W graph task, whose ``exec_info`` holds
+  only the weight-only subgraph, so the Node computes only its weight-side outputs: never its
+  input-side ones, and nothing on the input path runs again. A leaf with tensor hooks of its own (or a
+  sparse one) gets such a gradient from a small injecting Node in front of it.
 
 The engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
 normally: ``.grad`` accumulates across microbatches and post-accumulate-grad hooks fire once per W.
@@ -582,6 +587,10 @@ def backward_weight(state: SplitState) -> None:
 
     Effects: every parameter receives exactly the gradient a full backward would give it, added to its
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
+
+    Memory: the formulas run before the engine call, so for a moment W holds one gradient per
+    weight-side edge (about the size of the parameters' gradients) while it frees each captured
+    gradient and saved tensor as soon as its formula has run.
 
     Raises:
         SplitError: ``state`` is not a SplitState, or was already used.
