@@ -480,12 +480,10 @@ def backward_input(
             handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
         if stage_inputs and closure_outputs:
             with _running(Phase.INPUT):
-                grads = torch.autograd.grad(
+                grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
+                    [grad for _, grad in closure_outputs],
                     stage_inputs,
-                    grad_outputs=[grad for _, grad in closure_outputs],
-                    retain_graph=True,
-                    allow_unused=True,
                 )
             input_grads_by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
     except RuntimeError as error:
