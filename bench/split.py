@@ -1,12 +1,16 @@
 """Benchmark graphkit's split backward (B + W) against a full backward and PyTorch's own split.
 
-    python bench/split.py [--repeat N] [--json] [--device cpu|cuda] [--only NAME ...]
+    python bench/split.py [--repeat N] [--json] [--device cpu|cuda] [--threads N] [--only NAME ...]
 
 For every model: median wall time of the full backward, B, W and B+W over repeated microbatches after
 warm-up, FLOPs per phase, autograd-engine calls in W, the bytes kept alive between B and W (and that
 figure over what W needs), and the saved bytes of the whole stage graph; then the same split through
 ``torch.distributed.pipelining._backward`` in the same run. Ratios are against the full backward
 measured in the same run.
+
+On a small shared CPU machine the multi-threaded figures move between runs (a full backward's
+parallel kernels wait for a busy second core, a Python-heavy split waits less), so ``--threads 1``
+gives the steadier ratio; both are worth reading.
 """
 
 from __future__ import annotations
@@ -71,7 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", nargs="*", help="model names to run (default: all)")
+    parser.add_argument("--threads", type=int, help="intra-op CPU threads (default: PyTorch's choice)")
     arguments = parser.parse_args(argv)
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
     results = {}
     if not arguments.json:
         print(HEADER)

@@ -322,10 +322,22 @@ HEADER = (
 )
 
 
-def bench_spec(spec: str, *, repeat: int = 10, as_json: bool = False, device: str | None = None) -> int:
-    """``graphkit bench SPEC``: print the benchmark of one model spec; returns the exit status."""
+def bench_spec(
+    spec: str,
+    *,
+    repeat: int = 10,
+    as_json: bool = False,
+    device: str | None = None,
+    threads: int | None = None,
+) -> int:
+    """``graphkit bench SPEC``: print the benchmark of one model spec; returns the exit status.
+
+    ``threads`` sets ``torch.set_num_threads`` first (None: PyTorch's default).
+    """
     from graphkit.spec import load_spec
 
+    if threads:
+        torch.set_num_threads(threads)
     module, inputs = load_spec(spec)
     result = benchmark_split(module, inputs, repeat=repeat, device=device)
     if as_json:

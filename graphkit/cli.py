@@ -7,7 +7,7 @@ Subcommands::
     graphkit verify  SPEC [--dtype float32|float64] [--device cpu|cuda] [--seed N] [--autocast bfloat16] [--json]
     graphkit render  SPEC -o OUT.{svg,png,pdf,dot} [--collapse DEPTH] [--max-nodes N]
     graphkit inspect [SPEC] [-o DIR] [--device ...] [--dtype ...] [--collapse DEPTH]
-    graphkit bench   SPEC [--repeat N] [--json]
+    graphkit bench   SPEC [--repeat N] [--threads N] [--json]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
 (see :mod:`graphkit.spec`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
@@ -175,7 +175,9 @@ def _inspect(arguments: argparse.Namespace) -> int:
 def _bench(arguments: argparse.Namespace) -> int:
     from graphkit.bench import bench_spec
 
-    return bench_spec(arguments.spec, repeat=arguments.repeat, as_json=arguments.json)
+    return bench_spec(
+        arguments.spec, repeat=arguments.repeat, as_json=arguments.json, threads=arguments.threads
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="time full backward against B and W")
     bench.add_argument("spec", metavar="SPEC")
     bench.add_argument("--repeat", type=int, default=10)
+    bench.add_argument(
+        "--threads", type=int, help="intra-op CPU threads (default: PyTorch's; 1 gives steadier ratios)"
+    )
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(run=_bench)
     return parser
