@@ -50,14 +50,35 @@ class _Unsupported(Exception):
     """This Node's tensors rule out a formula (packed by hooks, complex, sparse): call the Node instead."""
 
 
+_STRIDED = torch.strided
+
+
 def _saved(node: Node, name: str) -> torch.Tensor:
     """The saved tensor ``name`` of ``node``, refusing tensors a formula cannot read safely."""
-    if getattr(getattr(node, "_raw_saved_" + name, None), "unpack_hook", None) is not None:
+    raw_name, saved_name = _ATTRIBUTE_NAMES[name]
+    if getattr(getattr(node, raw_name, None), "unpack_hook", None) is not None:
         raise _Unsupported(name)  # reading it would run a saved-tensor unpack hook outside the engine
-    tensor = getattr(node, "_saved_" + name)
-    if tensor is None or tensor.layout != torch.strided or tensor.is_complex():
+    tensor = getattr(node, saved_name)
+    if tensor is None or tensor.layout is not _STRIDED or tensor.is_complex():
         raise _Unsupported(name)
     return tensor
+
+
+# (raw SavedTensor attribute, unpacked attribute, sizes attribute, strides attribute) per saved name
+_ATTRIBUTE_NAMES: dict[str, tuple[str, str]] = {
+    name: (f"_raw_saved_{name}", f"_saved_{name}")
+    for name in ("mat1", "mat2", "self", "other", "input", "weight", "result1", "result2")
+}
+_LAYOUT_NAMES: dict[str, tuple[str, str]] = {
+    name: (f"_saved_{name}_sym_sizes", f"_saved_{name}_sym_strides") for name in ("mat1", "mat2", "self")
+}
+
+
+def _present(first: torch.Tensor | None, second: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The operands a formula holds (those it read), without the Nones."""
+    if first is None:
+        return () if second is None else (second,)
+    return (first,) if second is None else (first, second)
 
 
 def _column_major(node: Node, name: str) -> bool:
@@ -67,9 +88,14 @@ def _column_major(node: Node, name: str) -> bool:
     then return the gradient column-major too, so that after the transpose it is contiguous in the
     parameter's own layout and AccumulateGrad adds it without a strided copy. The rules do the same.
     """
-    sizes = getattr(node, f"_saved_{name}_sym_sizes", None)
-    strides = getattr(node, f"_saved_{name}_sym_strides", None)
-    return strides is not None and len(strides) == 2 and strides[0] == 1 and strides[1] == sizes[0]
+    sizes_name, strides_name = _LAYOUT_NAMES[name]
+    strides = getattr(node, strides_name, None)
+    return (
+        strides is not None
+        and len(strides) == 2
+        and strides[0] == 1
+        and strides[1] == getattr(node, sizes_name)[0]
+    )
 
 
 def _matrix_gradient(
@@ -109,7 +135,7 @@ def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[t
             result.append(product if alpha == 1 else product * alpha)
         return result
 
-    return gradients, tuple(tensor for tensor in (mat1, mat2) if tensor is not None)
+    return gradients, _present(mat1, mat2)
 
 
 def _mm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
@@ -130,7 +156,7 @@ def _mm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torc
             for input_nr in wanted
         ]
 
-    return gradients, tuple(tensor for tensor in (first, second) if tensor is not None)
+    return gradients, _present(first, second)
 
 
 def _bmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
@@ -147,7 +173,7 @@ def _bmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[tor
             for input_nr in wanted
         ]
 
-    return gradients, tuple(tensor for tensor in (first, second) if tensor is not None)
+    return gradients, _present(first, second)
 
 
 def _weight_and_bias(
@@ -296,13 +322,17 @@ class PreparedWeightGradient:
     def __init__(self, compute: WeightGradient, tensors: tuple[torch.Tensor, ...]) -> None:
         self._compute = compute
         self.tensors = tensors
-        self._versions = tuple(tensor._version for tensor in tensors)
+        self._versions = tuple([tensor._version for tensor in tensors])
 
     def __call__(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        if tuple([tensor._version for tensor in self.tensors]) != self._versions:
+            self._refuse_changed()
+        return self._compute(grads, self.tensors)
+
+    def _refuse_changed(self) -> None:
         for tensor, version in zip(self.tensors, self._versions, strict=True):
             if tensor._version != version:
                 raise RuntimeError(
                     f"a tensor of shape {tuple(tensor.shape)} saved for the W phase was modified in place "
                     "between the B and the W phase; keep activations and parameters unchanged until W ran"
                 )
-        return self._compute(grads, self.tensors)
