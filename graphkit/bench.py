@@ -10,7 +10,8 @@ medians after warm-up):
 - ``retained_bytes``: bytes kept alive between B and W once the caller dropped the stage outputs -
   saved tensors reachable from what the state holds, plus the captured gradients;
 - ``w_needs_bytes``: what W cannot do without - the inputs of the weight-consuming ops (their saved
-  tensors), the weight-only subgraph's saved tensors and the captured gradients;
+  tensors), the weight-only subgraph's saved tensors and the captured gradients (parameters count in
+  neither figure: they stay alive in the module anyway);
 - ``graph_saved_bytes``: the saved tensors of the whole stage graph (what keeping the outputs costs).
 
 ``pytorch_*`` keys hold the same measurements for PyTorch's own
@@ -123,10 +124,19 @@ def _saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
 
 
 def memory_kept(state: SplitState) -> tuple[int, int]:
-    """``(retained_bytes, w_needs_bytes)`` of a state between B and W (see module docstring)."""
+    """``(retained_bytes, w_needs_bytes)`` of a state between B and W (see module docstring).
+
+    Parameters are counted in neither: they live in the module whatever the state holds, and a Node
+    that saved ``W.t()`` shares its storage.
+    """
     captured = state.captured_tensors()
     held = state.held_tensors()
-    retained = distinct_bytes([*captured, *held, *_saved_tensors_below(state.held_nodes())])
+    parameters = {tensor.untyped_storage().data_ptr() for tensor in state._weight_tensors}
+
+    def not_parameters(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [tensor for tensor in tensors if tensor.untyped_storage().data_ptr() not in parameters]
+
+    retained = distinct_bytes(not_parameters([*captured, *held, *_saved_tensors_below(state.held_nodes())]))
     own = []
     for work in state._work:
         if work is not None and work.node is not None:
@@ -135,7 +145,7 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     weight_side = _saved_tensors_below(
         list(state._targets.values()) + [e.node for e, _ in state._output_roots]
     )
-    needs = distinct_bytes([*captured, *held, *own, *weight_side])
+    needs = distinct_bytes(not_parameters([*captured, *held, *own, *weight_side]))
     return retained, needs
 
 
