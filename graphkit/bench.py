@@ -136,7 +136,10 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     def not_parameters(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [tensor for tensor in tensors if tensor.untyped_storage().data_ptr() not in parameters]
 
-    retained = distinct_bytes(not_parameters([*captured, *held, *_saved_tensors_below(state.held_nodes())]))
+    # a held tensor with a grad_fn would keep that graph alive too: count it
+    held_graphs = [tensor.grad_fn for tensor in held if tensor.grad_fn is not None]
+    below = _saved_tensors_below(state.held_nodes() + held_graphs)
+    retained = distinct_bytes(not_parameters([*captured, *held, *below]))
     own = []
     for work in state._work:
         if work is not None and work.node is not None:

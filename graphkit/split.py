@@ -375,7 +375,14 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
     for producer, consumer, output_nr, input_nr in walk.edges():
         if weight_only[producer] and in_closure[consumer]:
             edges_of.setdefault(consumer, []).append((input_nr, producer, output_nr))
-    intermediates = [(index, tuple(sorted(edges))) for index, edges in sorted(edges_of.items())]
+    # in the order a full backward runs them (latest created first, as the engine's ready queue), so
+    # that several contributions to one parameter are summed in the same order
+    intermediates = [
+        (index, tuple(sorted(edges)))
+        for index, edges in sorted(
+            edges_of.items(), key=lambda item: (-_autograd.sequence_number(walk.nodes[item[0]]), item[0])
+        )
+    ]
     feeding: dict[int, dict[int, list[tuple[int, int]]]] = {}
     for position, (_, edges) in enumerate(intermediates):
         for input_nr, target, target_output_nr in edges:
@@ -626,19 +633,22 @@ def _run_weight_phase(state: SplitState) -> None:
         for target in state._plan.leaf_targets
         if target in targets and _is_sparse_leaf(targets[target])
     }
-    for position, item in enumerate(work):
-        if item is None:
-            continue
-        edges = item.edges
-        if item.rule is None or (sparse_targets and any(target in sparse_targets for _, target, _ in edges)):
-            just_in_time.add(position)
-            continue
-        item.check_unchanged()
-        for (_, target, output_nr), grad in zip(edges, item.rule(item.grads), strict=True):
-            if grad is not None:
-                roots.append(GradientEdge(targets[target], output_nr))
-                root_grads.append(grad)
-        work[position] = None  # free the captured gradient and saved tensors as soon as they are used
+    with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
+        for position, item in enumerate(work):
+            if item is None:
+                continue
+            edges = item.edges
+            if item.rule is None or (
+                sparse_targets and any(target in sparse_targets for _, target, _ in edges)
+            ):
+                just_in_time.add(position)
+                continue
+            item.check_unchanged()
+            for (_, target, output_nr), grad in zip(edges, item.rule(item.grads), strict=True):
+                if grad is not None:
+                    roots.append(GradientEdge(targets[target], output_nr))
+                    root_grads.append(grad)
+            work[position] = None  # free the captured gradient and saved tensors as soon as they are used
     hooks = _just_in_time_hooks(state, just_in_time, roots, root_grads) if just_in_time else []
     for edge, grad in state._output_roots:
         roots.append(edge)

@@ -61,7 +61,17 @@ def _saved(node: Node, name: str) -> torch.Tensor:
     tensor = getattr(node, saved_name)
     if tensor is None or tensor.layout is not _STRIDED or tensor.is_complex():
         raise _Unsupported(name)
-    return tensor
+    # an activation's grad_fn would keep the whole input path's graph alive until W; the detached
+    # tensor shares storage and version counter, so in-place changes are still caught
+    return tensor.detach() if tensor.grad_fn is not None else tensor
+
+
+def _real_output(node: Node) -> None:
+    """Refuse a complex output: PyTorch then takes the real part for a real input and conjugates
+    ``alpha``/``beta`` (``handle_r_to_c`` in ``FunctionsManual.cpp``); the Node does it right."""
+    for metadata in node._input_metadata:
+        if metadata.dtype.is_complex:
+            raise _Unsupported("complex output")
 
 
 # (raw SavedTensor attribute, unpacked attribute, sizes attribute, strides attribute) per saved name
@@ -113,6 +123,7 @@ def _matrix_gradient(
 
 def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self = bias, mat1, mat2)
+    _real_output(node)
     alpha, beta = node._saved_alpha, node._saved_beta
     mat1 = _saved(node, "mat1") if 2 in wanted else None
     mat2 = _saved(node, "mat2") if 1 in wanted else None
@@ -233,6 +244,7 @@ def _layer_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tu
 
 def _mul(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self, other); d(self * other)/d(other) = self, and the other way round
+    _real_output(node)
     factors = tuple(_saved(node, "self" if input_nr == 1 else "other") for input_nr in wanted)
 
     def gradients(
@@ -245,6 +257,7 @@ def _mul(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[tor
 
 
 def _add(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
+    _real_output(node)
     alpha = node._saved_alpha
 
     def gradients(

@@ -657,3 +657,76 @@ def test_one_parameter_fed_by_many_formulas_receives_their_sum_in_one_engine_cal
         backward_weight(state)
     assert calls == [1]
     _assert_same(expected, {name: p.grad for name, p in module.named_parameters()})
+
+
+def test_hooks_in_w_get_gradients_that_require_no_grad():
+    # the formulas run outside the engine; like the engine, they must not record an autograd graph
+    for use_split in (False, True):
+        torch.manual_seed(0)
+        layer = nn.Linear(5, 3).double()
+        seen = []
+        layer.weight.register_hook(seen.append)
+        x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+        y = layer(x)
+        grad = torch.ones_like(y)
+        if use_split:
+            backward_weight(backward_input(y, grad, [x]))
+        else:
+            y.backward(grad)
+        assert len(seen) == 1 and not seen[0].requires_grad and seen[0].grad_fn is None
+
+
+def test_complex_output_with_a_real_parameter_gets_the_real_part():
+    # PyTorch's add/addmm backward take the real part for a real input and conjugate alpha/beta
+    def build(op):
+        def make():
+            torch.manual_seed(0)
+            module = nn.Module()
+            module.bias = nn.Parameter(torch.randn(3, dtype=torch.float64))
+            module.scale = nn.Parameter(torch.randn(3, dtype=torch.complex128))
+            module.forward = lambda input: op(input, module)
+            return module, {"input": torch.randn(4, 3, dtype=torch.complex128, requires_grad=True)}
+
+        return make
+
+    ops = [
+        lambda x, m: torch.fft.fft(x.real) + m.bias,
+        lambda x, m: torch.add(x, m.scale, alpha=1j),
+        lambda x, m: torch.addmm(m.scale, x, torch.ones(3, 3, dtype=torch.complex128), beta=1j),
+    ]
+    for op in ops:
+        expected, actual = _split_and_full(build(op))
+        _assert_same(expected, actual)
+
+
+def test_contributions_to_one_parameter_are_summed_in_the_order_of_a_full_backward():
+    # in bfloat16 the order of a sum shows: W must add the contributions as the full backward does
+    def build():
+        torch.manual_seed(0)
+        module = nn.Module()
+        module.scale = nn.Parameter(torch.randn(64, dtype=torch.bfloat16))
+        module.forward = lambda input: (
+            input * module.scale + input**2 * module.scale + input**3 * module.scale
+        )
+        return module, {"input": torch.randn(16, 64, requires_grad=True)}
+
+    expected, actual = _split_and_full(build)
+    assert torch.equal(actual["scale"], expected["scale"])
+
+
+def test_the_state_does_not_keep_input_path_tensors_alive():
+    import gc
+    import weakref
+
+    torch.manual_seed(0)
+    first, second = nn.Parameter(torch.randn(16, 16)), nn.Parameter(torch.randn(16, 16))
+    x = torch.randn(8, 16, requires_grad=True)
+    exponent = (x @ first).exp()  # saved by ExpBackward0 only: the input path, not W
+    output = exponent.sin() @ second  # MmBackward0 saves sin(...) for second's gradient
+    alive = weakref.ref(exponent)
+    state = backward_input(output, torch.randn_like(output), [x])
+    del exponent, output
+    gc.collect()
+    assert alive() is None, "a held activation's grad_fn kept the input path's graph alive"
+    assert all(tensor.grad_fn is None for tensor in state.held_tensors())
+    backward_weight(state)
