@@ -14,22 +14,23 @@ receives, one per forward output. (Not the engine's own captures for ``inputs=Gr
 those are taken before the tensor hooks of the intermediate's outputs run, and W needs the gradient
 the Node itself receives, after them.)
 
-**W phase** (:func:`backward_weight`). One autograd-engine call, rooted at the *targets* of the
-weight-side edges (``GradientEdge(target, output_nr)``) and the parameter-only outputs, with
-``inputs=`` the weight leaves. The gradients along the weight-side edges come from:
+**W phase** (:func:`backward_weight`). First the gradient along every weight-side edge is computed:
 
 - for the ops that carry most weights (``mm``, ``addmm``, ``bmm``, convolution, layer norm, ``mul``,
-  ``add``), a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`), so
-  the state holds those tensors and not the Node, and the input path's graph is freed once the caller
-  drops the outputs. W evaluates the formulas first and hands each result to the engine as the root
-  gradient of its target: the engine sums several roots on one edge and reduces each to the edge's
-  shape and dtype (``validate_outputs`` in ``torch/csrc/autograd/engine.cpp``), and tensor hooks on
-  the targets (a parameter's hooks, a hook on ``W.t()``) see the summed gradient;
-- for any other Node, a direct call with its captured gradients, made just in time by a pre-hook on its
-  targets while the engine runs. The call happens inside the W graph task, whose ``exec_info`` holds
-  only the weight-only subgraph, so the Node computes only its weight-side outputs: never its
-  input-side ones, and nothing on the input path runs again. A leaf with tensor hooks of its own (or a
-  sparse one) gets such a gradient from a small injecting Node in front of it.
+  ``add``), by a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`),
+  so the state holds those tensors and not the Node, and the input path's graph is freed once the
+  caller drops the outputs;
+- for any other Node, by calling it with its captured gradients inside a small engine call of its own
+  (:func:`_call_nodes`) whose ``inputs=`` are exactly the weight-side edges, so that the Node computes
+  only its weight-side outputs (``Node::task_should_compute_output``): never its input-side ones, and
+  nothing on the input path runs again.
+
+Then one autograd-engine call, with ``inputs=`` the weight leaves, takes each of these gradients as
+the root gradient of its edge's *target* (``GradientEdge(target, output_nr)``, in the order a full
+backward produces them), plus the parameter-only outputs. The engine sums several roots on one edge and
+reduces each to the edge's shape and dtype (``validate_outputs`` in ``torch/csrc/autograd/engine.cpp``),
+and tensor hooks on a target - a parameter's hooks, a hook or ``retain_grad`` on ``W.t()`` - see the
+summed gradient, as in a full backward.
 
 The engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
 normally: ``.grad`` accumulates across microbatches and post-accumulate-grad hooks fire once per W.
@@ -593,9 +594,9 @@ def backward_weight(state: SplitState) -> None:
     Effects: every parameter receives exactly the gradient a full backward would give it, added to its
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
 
-    Memory: the formulas run before the engine call, so for a moment W holds one gradient per
-    weight-side edge (about the size of the parameters' gradients) while it frees each captured
-    gradient and saved tensor as soon as its formula has run.
+    Memory: the weight-side gradients are computed before the engine call, so for a moment W holds
+    one gradient per weight-side edge (about the size of the parameters' gradients) while it frees each
+    captured gradient and saved tensor as soon as its gradient is computed.
 
     Raises:
         SplitError: ``state`` is not a SplitState, or was already used.
@@ -621,148 +622,90 @@ def _run_weight_phase(state: SplitState) -> None:
         return
     work = state._work
     targets = state._targets
-    roots: list[GradientEdge] = []
-    root_grads: list[torch.Tensor] = []
-    # Intermediates with a formula: compute their weight-side gradients now and root the engine at
-    # their targets; the engine sums several roots on one edge and reduces shapes and dtypes to the
-    # edge's (validate_outputs). Tensor hooks on the targets (a leaf's hooks, a hook on ``W.t()``)
-    # see the summed gradient, as in a full backward.
-    just_in_time: set[int] = set()
     sparse_targets = {
         target
         for target in state._plan.leaf_targets
         if target in targets and _is_sparse_leaf(targets[target])
     }
+    # intermediates without a formula (or feeding a sparse leaf, whose gradient layout is the Node's)
+    node_calls = [
+        position
+        for position, item in enumerate(work)
+        if item is not None
+        and (
+            item.rule is None
+            or (sparse_targets and any(target in sparse_targets for _, target, _ in item.edges))
+        )
+    ]
+    called = _call_nodes(state, node_calls) if node_calls else {}
+    # Every weight-side gradient becomes the root gradient of its target, in the order a full backward
+    # produces them: the engine sums several roots on one edge and reduces each to the edge's shape and
+    # dtype (validate_outputs), and tensor hooks on a target (a parameter's hook, a hook on ``W.t()``)
+    # see the summed gradient, as in a full backward.
+    roots: list[GradientEdge] = []
+    root_grads: list[torch.Tensor] = []
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
             if item is None:
                 continue
-            edges = item.edges
-            if item.rule is None or (
-                sparse_targets and any(target in sparse_targets for _, target, _ in edges)
-            ):
-                just_in_time.add(position)
-                continue
-            item.check_unchanged()
-            for (_, target, output_nr), grad in zip(edges, item.rule(item.grads), strict=True):
+            grads = called.get(position)
+            if grads is None:
+                item.check_unchanged()
+                grads = item.rule(item.grads)
+            for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is not None:
                     roots.append(GradientEdge(targets[target], output_nr))
                     root_grads.append(grad)
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
-    hooks = _just_in_time_hooks(state, just_in_time, roots, root_grads) if just_in_time else []
     for edge, grad in state._output_roots:
         roots.append(edge)
         root_grads.append(grad)
     if not roots:
         return
-    handles = []
     try:
-        for node, hook in hooks:
-            handles.append(_register_prehook(node, hook))
         with _running(Phase.WEIGHT):
             _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
     except RuntimeError as error:
         raise _freed_error(error) from error
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _just_in_time_hooks(
-    state: SplitState, positions: set[int], roots: list[GradientEdge], root_grads: list[torch.Tensor]
-) -> list[tuple[Node, Any]]:
-    """Pre-hooks that compute, inside the W graph task, the gradients of intermediates in ``positions``.
+def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch.Tensor | None]]:
+    """Call the Nodes of the intermediates at ``positions``; their weight-side gradients, by position.
 
-    These are the intermediates without a formula: their Node is called directly when the engine reaches
-    a target they feed, so a C++ Node computes only its weight-side outputs (the task's ``exec_info``
-    holds only the weight-only subgraph). A placeholder root (a zero that allocates one element) makes
-    the engine reach each such target; leaves with tensor hooks of their own, or sparse ones, get the
-    gradient from an injecting Node in front of them instead. Adds the roots to ``roots``/``root_grads``
-    and returns ``(node, hook)`` pairs to register.
+    A C++ Node computes the outputs its *current graph task* needs
+    (``Node::task_should_compute_output``): called outside any task it would compute its input-side
+    outputs too. So the calls run inside a small engine call of their own, from the backward of a host
+    Node (:class:`_HostNodeCalls`), whose ``inputs=`` are the weight-side edges of these
+    intermediates (as ``GradientEdge`` captures, never executed: the host reaches none of them). In
+    that task exactly those edges count as needed, so each Node computes only its weight-side outputs:
+    never its input-side ones, and nothing on the input path runs again.
     """
     work = state._work
-    results: dict[int, dict[int, torch.Tensor | None]] = {}
+    targets = state._targets
+    results: dict[int, list[torch.Tensor | None]] = {}
 
-    def weight_gradients(position: int) -> dict[int, torch.Tensor | None]:
-        found = results.get(position)
-        if found is None:
+    def call_all() -> None:
+        for position in positions:
             item = work[position]
             item.check_unchanged()
-            if item.rule is not None:
-                found = dict(zip((nr for nr, _, _ in item.edges), item.rule(item.grads), strict=True))
-            else:
-                outputs = _call_node(item.node, item.grads)
-                found = {input_nr: outputs[input_nr] for input_nr, _, _ in item.edges}
-            results[position] = found
-            work[position] = None  # free the captured gradient and saved tensors as soon as they are used
-        return found
+            outputs = _call_node(item.node, item.grads)
+            results[position] = [outputs[input_nr] for input_nr, _, _ in item.edges]
 
-    def total(
-        sources: tuple[tuple[int, int], ...], shape: tuple[int, ...], dtype: torch.dtype
-    ) -> torch.Tensor | None:
-        """The gradient a target output receives from the just-in-time intermediates in ``sources``."""
-        summed = None
-        for position, input_nr in sources:
-            if position not in positions:
-                continue  # computed eagerly, or received no gradient
-            grad = weight_gradients(position).get(input_nr)
-            if grad is None:
-                continue
-            if grad.shape != shape:
-                grad = grad.sum_to_size(shape)
-            if grad.dtype != dtype:
-                grad = grad.to(dtype)
-            summed = grad if summed is None else summed + grad
-        return summed
-
-    def target_hook(
-        entries: list[tuple[int, tuple[tuple[int, int], ...], tuple[int, ...], torch.dtype, torch.Tensor]],
-    ) -> Any:
-        def hook(grad_inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
-            updated = list(grad_inputs)
-            for output_nr, sources, shape, dtype, placeholder in entries:
-                received = total(sources, shape, dtype)
-                current = updated[output_nr]
-                if current is placeholder or (current is not None and _is_placeholder(current, placeholder)):
-                    current = None
-                if received is not None:
-                    current = received if current is None else current + received
-                updated[output_nr] = current
-            return tuple(updated)
-
-        return hook
-
-    plan = state._plan
-    hooks = []
+    edges = {
+        (target, output_nr): GradientEdge(targets[target], output_nr)
+        for position in positions
+        for _, target, output_nr in work[position].edges
+    }
+    device = next(grad.device for grad in work[positions[0]].grads if grad is not None)
+    host = torch.zeros((), device=device, requires_grad=True)
     with torch.enable_grad():
-        for target, node in state._targets.items():
-            fed = [
-                (output_nr, sources)
-                for output_nr, sources in plan.targets[target]
-                if any(position in positions for position, _ in sources)
-            ]
-            if not fed:
-                continue
-            metadata = _target_metadata(node)
-            if _needs_injection(node):
-                # The leaf's own tensor hooks run before any Node pre-hook: hand them the real gradient
-                ((output_nr, sources),) = fed
-                meta = metadata[output_nr]
-                proxy = _InjectGradient.apply(
-                    node.variable, lambda s=sources, m=meta: total(s, m.shape, m.dtype)
-                )
-                roots.append(get_gradient_edge(proxy))
-                root_grads.append(torch.zeros((), dtype=proxy.dtype, device=proxy.device))
-                continue
-            entries = []
-            for output_nr, sources in fed:
-                meta = metadata[output_nr]
-                placeholder = _placeholder(meta)
-                entries.append((output_nr, sources, meta.shape, meta.dtype, placeholder))
-                roots.append(GradientEdge(node, output_nr))
-                root_grads.append(placeholder)
-            hooks.append((node, target_hook(entries)))
-    return hooks
+        root = _HostNodeCalls.apply(host, call_all)
+    try:
+        with _running(Phase.WEIGHT):
+            _autograd.run_engine_grad([root], [torch.zeros_like(root)], [host, *edges.values()])
+    except RuntimeError as error:
+        raise _freed_error(error) from error
+    return results
 
 
 def _is_sparse_leaf(target: Node) -> bool:
@@ -770,57 +713,24 @@ def _is_sparse_leaf(target: Node) -> bool:
     return _autograd.is_accumulate_grad(target) and target.variable.layout != torch.strided
 
 
-def _needs_injection(target: Node) -> bool:
-    """Whether a target is a leaf whose gradient must come from an injecting Node (see below)."""
-    return _autograd.is_accumulate_grad(target) and _inject_before_leaf_hooks(target.variable)
+class _HostNodeCalls(torch.autograd.Function):
+    """A one-Node graph whose backward runs ``calls()``: an autograd graph task for direct Node calls.
 
-
-def _inject_before_leaf_hooks(leaf: torch.Tensor) -> bool:
-    """Whether a leaf target needs its gradient from an injecting Node rather than a pre-hook.
-
-    True when the leaf has tensor hooks of its own (``Tensor.register_hook``), which the engine runs
-    before Node pre-hooks, or a layout the dense placeholder gradient cannot stand in for (sparse).
-    """
-    return bool(getattr(leaf, "_backward_hooks", None)) or leaf.layout != torch.strided
-
-
-class _InjectGradient(torch.autograd.Function):
-    """A Node in front of a leaf's AccumulateGrad whose backward supplies the leaf's W-phase gradient.
-
-    Forward returns a scalar zero for the W phase to root the engine at; backward ignores the gradient it
-    receives and returns ``supplier()``, computed when the engine reaches it (just in time, like the
-    pre-hook path), so the leaf's own tensor hooks see, and may change, the real gradient.
+    Forward returns a scalar zero to root the engine at; backward runs ``calls()`` (inside the engine's
+    graph task, see :func:`_call_nodes`) and passes no gradient on.
     """
 
     @staticmethod
-    def forward(ctx: Any, leaf: torch.Tensor, supplier: Any) -> torch.Tensor:
-        ctx.supplier = supplier
-        return torch.zeros((), dtype=leaf.dtype, device=leaf.device)
+    def forward(ctx: Any, host: torch.Tensor, calls: Any) -> torch.Tensor:
+        ctx.calls = calls
+        return torch.zeros((), dtype=host.dtype, device=host.device)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
-        supplier, ctx.supplier = ctx.supplier, None
-        return supplier(), None
-
-
-def _placeholder(meta: _autograd.GradientMetadata) -> torch.Tensor:
-    """A zero gradient of the right shape that allocates one element (the target hook replaces it)."""
-    return torch.zeros((), dtype=meta.dtype, device=meta.device).expand(meta.shape)
-
-
-def _is_placeholder(grad: torch.Tensor, placeholder: torch.Tensor) -> bool:
-    return grad.data_ptr() == placeholder.data_ptr() and all(stride == 0 for stride in grad.stride())
-
-
-def _target_metadata(node: Node) -> tuple[_autograd.GradientMetadata, ...]:
-    metadata = _autograd.gradient_metadata(node)
-    if metadata is None:
-        raise SplitError(
-            f"cannot read the gradient metadata of {type(node).__name__} with this PyTorch version; "
-            "graphkit's W phase needs torch >= 2.4"
-        )
-    return metadata
+    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[None, None]:
+        calls, ctx.calls = ctx.calls, None
+        calls()
+        return None, None
 
 
 # --- full backward ----------------------------------------------------------------------------------------
