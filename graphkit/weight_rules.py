@@ -13,6 +13,8 @@ Node                            weight-side gradient (``g`` = gradient of the op
 ``BmmBackward0``                mat2: ``self.mT @ g``; self: ``g @ mat2.mT``
 ``ConvolutionBackward0``        ``aten.convolution_backward`` with an output mask of the weight-side edges
 ``NativeLayerNormBackward0``    ``aten.native_layer_norm_backward`` with an output mask
+``NativeBatchNormBackward0``    ``aten.native_batch_norm_backward`` with an output mask
+``NativeGroupNormBackward0``    ``aten.native_group_norm_backward`` with an output mask
 ``MulBackward0``                other: ``g * self``; self: ``g * other``
 ``AddBackward0``                other: ``alpha * g``; self: ``g``
 ==============================  ==================================================================
@@ -242,6 +244,50 @@ def _layer_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tu
     return gradients, tensors
 
 
+def _batch_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
+    # next_functions: (input, weight, bias)
+    if 0 in wanted:
+        raise _Unsupported("input")
+    tensors = (_saved(node, "input"), _saved(node, "result1"), _saved(node, "result2"))
+    # the running statistics are buffers a later forward updates in place; PyTorch's own Node does not
+    # version-check them either (in training mode its backward does not read them)
+    weight, running_mean, running_var = node._saved_weight, node._saved_running_mean, node._saved_running_var
+    training, eps = bool(node._saved_training), float(node._saved_eps)
+    mask = [False, 1 in wanted, 2 in wanted]
+
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[torch.Tensor | None]:
+        tensor_input, mean, inverse_std = tensors
+        _, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
+            grads[0], tensor_input, weight, running_mean, running_var, mean, inverse_std, training, eps, mask
+        )
+        return _weight_and_bias(wanted, grad_weight, grad_bias)
+
+    return gradients, tensors
+
+
+def _group_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
+    # next_functions: (input, weight, bias)
+    if 0 in wanted:
+        raise _Unsupported("input")
+    tensors = (_saved(node, "input"), _saved(node, "result1"), _saved(node, "result2"))
+    weight = node._saved_weight
+    sizes = (int(node._saved_N), int(node._saved_C), int(node._saved_HxW), int(node._saved_group))
+    mask = [False, 1 in wanted, 2 in wanted]
+
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[torch.Tensor | None]:
+        tensor_input, mean, rstd = tensors
+        _, grad_weight, grad_bias = torch.ops.aten.native_group_norm_backward(
+            grads[0].contiguous(), tensor_input, mean, rstd, weight, *sizes, mask
+        )
+        return _weight_and_bias(wanted, grad_weight, grad_bias)
+
+    return gradients, tensors
+
+
 def _mul(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self, other); d(self * other)/d(other) = self, and the other way round
     _real_output(node)
@@ -275,6 +321,8 @@ _RULES: dict[str, Callable[[Node, tuple[int, ...]], tuple[WeightGradient, tuple[
     "BmmBackward0": _bmm,
     "ConvolutionBackward0": _convolution,
     "NativeLayerNormBackward0": _layer_norm,
+    "NativeBatchNormBackward0": _batch_norm,
+    "NativeGroupNormBackward0": _group_norm,
     "MulBackward0": _mul,
     "AddBackward0": _add,
 }

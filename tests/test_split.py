@@ -774,3 +774,27 @@ def test_node_calls_compute_only_weight_side_outputs():
     assert counter.get_total_flops() == 2 * 3 * 4 * 16 * 8  # one batched product, not two
     expected = torch.tanh(x).detach().transpose(1, 2) @ torch.ones(3, 4, 8, dtype=torch.float64)
     torch.testing.assert_close(weight.grad, expected)
+
+
+def test_batch_norm_running_statistics_updated_by_the_next_forward_before_w():
+    # zero-bubble order: the next microbatch's forward runs between this one's B and W, updating the
+    # running statistics in place; PyTorch's Node ignores that, and so must the W phase's formula
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3)).double()
+    first = torch.randn(2, 3, 8, 8, dtype=torch.float64, requires_grad=True)
+    second = torch.randn(2, 3, 8, 8, dtype=torch.float64, requires_grad=True)
+    grads = {}
+    for use_split in (False, True):
+        module = copy.deepcopy(model)
+        output = module(first)
+        grad = torch.ones_like(output)
+        if use_split:
+            state = backward_input(output, grad, [first])
+            assert state.num_node_calls == 0, "batch norm has a formula"
+            module(second)
+            backward_weight(state)
+        else:
+            module(second)
+            output.backward(grad)
+        grads[use_split] = {name: p.grad for name, p in module.named_parameters()}
+    _assert_same(grads[False], grads[True])

@@ -58,6 +58,23 @@ def _layer_norm():
     return norm(torch.randn(4, 6, dtype=_DOUBLE, requires_grad=True) * 2)
 
 
+def _batch_norm_training():
+    norm = nn.BatchNorm2d(3).double()
+    return norm(torch.randn(4, 3, 5, 5, dtype=_DOUBLE, requires_grad=True) * 2)
+
+
+def _batch_norm_eval():
+    norm = nn.BatchNorm1d(6).double().eval()
+    norm.running_mean.uniform_(-1, 1)
+    norm.running_var.uniform_(0.5, 2)
+    return norm(torch.randn(4, 6, dtype=_DOUBLE, requires_grad=True) * 2)
+
+
+def _group_norm():
+    norm = nn.GroupNorm(2, 4).double()
+    return norm(torch.randn(3, 4, 5, dtype=_DOUBLE, requires_grad=True) * 2)
+
+
 def _mul():
     scale = nn.Parameter(torch.randn(6, dtype=_DOUBLE))
     return (torch.randn(4, 6, dtype=_DOUBLE, requires_grad=True) * 2) * scale
@@ -77,6 +94,9 @@ CASES = {
     "bmm": _bmm,
     "convolution": _convolution,
     "layer-norm": _layer_norm,
+    "batch-norm-training": _batch_norm_training,
+    "batch-norm-eval": _batch_norm_eval,
+    "group-norm": _group_norm,
     "mul": _mul,
     "add-scaled": _add_scaled,
 }
