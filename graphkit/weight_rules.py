@@ -34,6 +34,7 @@ its tensors in a plain tuple.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch.autograd.graph import Node
@@ -189,18 +190,32 @@ def _bmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[tor
     return gradients, _present(first, second)
 
 
-def _weight_and_bias(
-    wanted: tuple[int, ...], grad_weight: torch.Tensor | None, grad_bias: torch.Tensor | None
-) -> list[torch.Tensor | None]:
-    """The gradients of ``next_functions`` entries 1 (weight) and 2 (bias) that are weight-side."""
-    return [grad_weight if input_nr == 1 else grad_bias for input_nr in wanted]
+def _masked_rule(
+    wanted: tuple[int, ...],
+    backward: Callable[[torch.Tensor, tuple[torch.Tensor, ...], list[bool]], Sequence[torch.Tensor | None]],
+    tensors: tuple[torch.Tensor, ...],
+) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
+    """The rule of an op with ``next_functions`` (input, weight, bias) whose aten backward takes an
+    output mask: ``backward(grad, tensors, mask) -> (grad_input, grad_weight, grad_bias)``, called with
+    the input's entry masked off."""
+    mask = [False, 1 in wanted, 2 in wanted]
+
+    def gradients(
+        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
+    ) -> list[torch.Tensor | None]:
+        _, grad_weight, grad_bias = backward(grads[0], tensors, mask)
+        return [grad_weight if input_nr == 1 else grad_bias for input_nr in wanted]
+
+    return gradients, tensors
+
+
+def _no_input_side(wanted: tuple[int, ...]) -> None:
+    if 0 in wanted:
+        raise _Unsupported("input")  # the op's input itself on the weight side: rare, let the Node do it
 
 
 def _convolution(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
-    # next_functions: (input, weight, bias)
-    if 0 in wanted:
-        raise _Unsupported("input")  # the input itself on the weight side: rare, let the Node do it
-    tensor_input, weight = _saved(node, "input"), _saved(node, "weight")
+    _no_input_side(wanted)
     arguments = (
         node._saved_bias_sym_sizes_opt,
         list(node._saved_stride),
@@ -210,82 +225,60 @@ def _convolution(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, t
         list(node._saved_output_padding),
         int(node._saved_groups),
     )
-    mask = [False, 1 in wanted, 2 in wanted]
 
-    def gradients(
-        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[torch.Tensor | None]:
-        _, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
-            grads[0], tensors[0], tensors[1], *arguments, mask
-        )
-        return _weight_and_bias(wanted, grad_weight, grad_bias)
+    def backward(grad: torch.Tensor, tensors: tuple[torch.Tensor, ...], mask: list[bool]) -> Any:
+        return torch.ops.aten.convolution_backward(grad, *tensors, *arguments, mask)
 
-    return gradients, (tensor_input, weight)
+    return _masked_rule(wanted, backward, (_saved(node, "input"), _saved(node, "weight")))
 
 
 def _layer_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
-    # next_functions: (input, weight, bias)
-    if 0 in wanted:
-        raise _Unsupported("input")
-    tensors = (_saved(node, "input"), _saved(node, "result1"), _saved(node, "result2"))
+    _no_input_side(wanted)
     normalized_shape = list(node._saved_normalized_shape)
     weight, bias = node._saved_weight, node._saved_bias
-    mask = [False, 1 in wanted, 2 in wanted]
 
-    def gradients(
-        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[torch.Tensor | None]:
+    def backward(grad: torch.Tensor, tensors: tuple[torch.Tensor, ...], mask: list[bool]) -> Any:
         tensor_input, mean, rstd = tensors
-        _, grad_weight, grad_bias = torch.ops.aten.native_layer_norm_backward(
-            grads[0].contiguous(), tensor_input, normalized_shape, mean, rstd, weight, bias, mask
+        return torch.ops.aten.native_layer_norm_backward(
+            grad.contiguous(), tensor_input, normalized_shape, mean, rstd, weight, bias, mask
         )
-        return _weight_and_bias(wanted, grad_weight, grad_bias)
 
-    return gradients, tensors
+    return _masked_rule(wanted, backward, _saved_statistics(node))
 
 
 def _batch_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
-    # next_functions: (input, weight, bias)
-    if 0 in wanted:
-        raise _Unsupported("input")
-    tensors = (_saved(node, "input"), _saved(node, "result1"), _saved(node, "result2"))
+    _no_input_side(wanted)
     # the running statistics are buffers a later forward updates in place; PyTorch's own Node does not
     # version-check them either (in training mode its backward does not read them)
     weight, running_mean, running_var = node._saved_weight, node._saved_running_mean, node._saved_running_var
     training, eps = bool(node._saved_training), float(node._saved_eps)
-    mask = [False, 1 in wanted, 2 in wanted]
 
-    def gradients(
-        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[torch.Tensor | None]:
+    def backward(grad: torch.Tensor, tensors: tuple[torch.Tensor, ...], mask: list[bool]) -> Any:
         tensor_input, mean, inverse_std = tensors
-        _, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
-            grads[0], tensor_input, weight, running_mean, running_var, mean, inverse_std, training, eps, mask
+        return torch.ops.aten.native_batch_norm_backward(
+            grad, tensor_input, weight, running_mean, running_var, mean, inverse_std, training, eps, mask
         )
-        return _weight_and_bias(wanted, grad_weight, grad_bias)
 
-    return gradients, tensors
+    return _masked_rule(wanted, backward, _saved_statistics(node))
 
 
 def _group_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
-    # next_functions: (input, weight, bias)
-    if 0 in wanted:
-        raise _Unsupported("input")
-    tensors = (_saved(node, "input"), _saved(node, "result1"), _saved(node, "result2"))
+    _no_input_side(wanted)
     weight = node._saved_weight
     sizes = (int(node._saved_N), int(node._saved_C), int(node._saved_HxW), int(node._saved_group))
-    mask = [False, 1 in wanted, 2 in wanted]
 
-    def gradients(
-        grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
-    ) -> list[torch.Tensor | None]:
+    def backward(grad: torch.Tensor, tensors: tuple[torch.Tensor, ...], mask: list[bool]) -> Any:
         tensor_input, mean, rstd = tensors
-        _, grad_weight, grad_bias = torch.ops.aten.native_group_norm_backward(
-            grads[0].contiguous(), tensor_input, mean, rstd, weight, *sizes, mask
+        return torch.ops.aten.native_group_norm_backward(
+            grad.contiguous(), tensor_input, mean, rstd, weight, *sizes, mask
         )
-        return _weight_and_bias(wanted, grad_weight, grad_bias)
 
-    return gradients, tensors
+    return _masked_rule(wanted, backward, _saved_statistics(node))
+
+
+def _saved_statistics(node: Node) -> tuple[torch.Tensor, ...]:
+    """A normalization's saved input and the statistics its forward returned (mean, 1/std)."""
+    return (_saved(node, "input"), _saved(node, "result1"), _saved(node, "result2"))
 
 
 def _mul(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
