@@ -299,7 +299,8 @@ def _register_prehook(node: Node, hook: Any) -> Any:
 
 
 def _freed_error(error: RuntimeError) -> Exception:
-    if "second time" in str(error) or "freed" in str(error):
+    """A GraphFreedError for PyTorch's freed-graph error; any other error unchanged."""
+    if "backward through the graph a second time" in str(error):
         return GraphFreedError(
             "the autograd graph of these outputs was already freed by an earlier backward; run the "
             "forward again for this microbatch (or pass retain_graph=True to the earlier backward)"

@@ -269,8 +269,10 @@ def _group_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tu
 
     def backward(grad: torch.Tensor, tensors: tuple[torch.Tensor, ...], mask: list[bool]) -> Any:
         tensor_input, mean, rstd = tensors
+        # both in the standard layout: the CPU kernel crashes on a channels_last input when the input's
+        # own gradient is masked off (PyTorch's Node always asks for it, so it never meets this)
         return torch.ops.aten.native_group_norm_backward(
-            grad.contiguous(), tensor_input, mean, rstd, weight, *sizes, mask
+            grad.contiguous(), tensor_input.contiguous(), mean, rstd, weight, *sizes, mask
         )
 
     return _masked_rule(wanted, backward, _saved_statistics(node))

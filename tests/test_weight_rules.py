@@ -75,6 +75,12 @@ def _group_norm():
     return norm(torch.randn(3, 4, 5, dtype=_DOUBLE, requires_grad=True) * 2)
 
 
+def _group_norm_channels_last():
+    norm = nn.GroupNorm(2, 4).double()
+    image = torch.randn(2, 4, 5, 5, dtype=_DOUBLE).to(memory_format=torch.channels_last).requires_grad_()
+    return norm(image * 2)
+
+
 def _mul():
     scale = nn.Parameter(torch.randn(6, dtype=_DOUBLE))
     return (torch.randn(4, 6, dtype=_DOUBLE, requires_grad=True) * 2) * scale
@@ -97,6 +103,7 @@ CASES = {
     "batch-norm-training": _batch_norm_training,
     "batch-norm-eval": _batch_norm_eval,
     "group-norm": _group_norm,
+    "group-norm-channels-last": _group_norm_channels_last,
     "mul": _mul,
     "add-scaled": _add_scaled,
 }
