@@ -501,39 +501,7 @@ def backward_input(
         for handle in handles:
             handle.remove()
 
-    work: list[_WeightWork | None] = []
-    kept_grads: list[torch.Tensor] = []
-    cotangent_ranges = [_storage_range(grad) for _, grad in pairs]
-    targets: dict[int, Node] = {}
-    for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):
-        grads_received = captured.get(index)
-        if grads_received is None:
-            work.append(None)  # no gradient reached this intermediate: nothing flows to its weights either
-            continue
-        kept: list[torch.Tensor] = []
-        for grad in grads_received:
-            if grad is not None:
-                kept.append(grad)
-        if not kept:
-            work.append(None)
-            continue
-        for grad in kept:
-            if _inside(grad, cotangent_ranges):
-                # the caller owns its cotangents and may reuse their buffers before W: keep a copy
-                grads_received = tuple(
-                    copy.clone() if copy is not None and _inside(copy, cotangent_ranges) else copy
-                    for copy in grads_received
-                )
-                kept = [grad for grad in grads_received if grad is not None]
-                break
-        kept_grads += kept
-        node = nodes[index]
-        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it)
-        rule = prepare(node, weight_input_nrs)
-        versions = tuple([grad._version for grad in kept])
-        work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else node, versions))
-        for _, target, _ in edges:
-            targets[target] = nodes[target]
+    work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     input_grads = tuple(
         _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
@@ -555,6 +523,53 @@ def backward_input(
         )
         else (),
     )
+
+
+def _weight_work(
+    plan: _Plan,
+    nodes: list[Node],
+    captured: dict[int, tuple[torch.Tensor | None, ...]],
+    cotangents: list[torch.Tensor],
+) -> tuple[list[_WeightWork | None], dict[int, Node], list[torch.Tensor]]:
+    """What W will do for each intermediate of ``plan``, from the gradients B ``captured``.
+
+    Returns the work per intermediate (None where no gradient arrived), the targets it feeds by node
+    index, and every captured gradient kept. Gradients that share storage with a caller's cotangent are
+    copied (the caller may reuse that buffer before W); formulas read their saved tensors now.
+    """
+    work: list[_WeightWork | None] = []
+    kept_grads: list[torch.Tensor] = []
+    cotangent_ranges = [_storage_range(grad) for grad in cotangents]
+    targets: dict[int, Node] = {}
+    for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):
+        grads_received = captured.get(index)
+        if grads_received is None:
+            work.append(None)  # no gradient reached this intermediate: nothing flows to its weights either
+            continue
+        kept = [grad for grad in grads_received if grad is not None]
+        if not kept:
+            work.append(None)
+            continue
+        for grad in kept:
+            if _inside(grad, cotangent_ranges):
+                # the caller owns its cotangents and may reuse their buffers before W: keep a copy
+                grads_received = tuple(
+                    received.clone()
+                    if received is not None and _inside(received, cotangent_ranges)
+                    else received
+                    for received in grads_received
+                )
+                kept = [grad for grad in grads_received if grad is not None]
+                break
+        kept_grads += kept
+        node = nodes[index]
+        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it)
+        rule = prepare(node, weight_input_nrs)
+        versions = tuple([grad._version for grad in kept])
+        work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else node, versions))
+        for _, target, _ in edges:
+            targets[target] = nodes[target]
+    return work, targets, kept_grads
 
 
 # --- W phase ----------------------------------------------------------------------------------------------
