@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="model names to run (default: all)")
     parser.add_argument("--threads", type=int, help="intra-op CPU threads (default: PyTorch's choice)")
     arguments = parser.parse_args(argv)
-    if arguments.threads:
+    if arguments.threads is not None:
+        if arguments.threads < 1:
+            parser.error(f"--threads must be at least 1, got {arguments.threads}")
         torch.set_num_threads(arguments.threads)
     results = {}
     if not arguments.json:

@@ -1,14 +1,17 @@
 """Small, isolated accessors for the parts of PyTorch's autograd ``Node`` that have no public API.
 
 Everything that touches a private attribute of ``torch.autograd.graph.Node`` lives here, so that a change
-in PyTorch breaks one small file and nothing else:
+in PyTorch breaks one small file and nothing else - except the per-op weight-side formulas of
+:mod:`graphkit.weight_rules`, which read the ``_saved_<name>`` attributes (and the output dtype in
+``_input_metadata``) of the ops they know by name, and fall back to calling the Node when one is missing:
 
 - ``_input_metadata``: shape, dtype and device of each gradient a node receives (one per forward output);
 - ``_saved_<name>`` / ``saved_tensors``: the tensors a node saved for its backward;
 - ``_raw_saved_<name>``: the packed form of a saved tensor (``SavedTensor.unpack_hook`` tells whether
   ``torch.autograd.graph.saved_tensors_hooks`` packed it);
 - ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes;
-- ``torch.autograd.graph._engine_run_backward``: the engine call behind ``torch.autograd.backward``.
+- ``torch.autograd.graph._engine_run_backward``: the engine call behind ``torch.autograd.backward`` and
+  ``torch.autograd.grad``.
 
 Public API (``get_gradient_edge``, ``GradientEdge``, ``register_prehook``, ``next_functions``) is used
 everywhere else directly.

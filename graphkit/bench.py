@@ -34,7 +34,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from graphkit import _autograd
 from graphkit.graph import capture
 from graphkit.split import SplitState, backward_input, backward_weight
-from graphkit.tensors import distinct_bytes, flatten_tensors
+from graphkit.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
 from graphkit.verify import call_stage, fresh_inputs
 
 __all__ = ["SplitBenchmark", "bench_spec", "benchmark_split", "count_engine_calls"]
@@ -136,7 +136,8 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     def not_parameters(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [tensor for tensor in tensors if tensor.untyped_storage().data_ptr() not in parameters]
 
-    # a held tensor with a grad_fn would keep that graph alive too: count it
+    # a held tensor with a grad_fn would keep that graph alive too (defensive: the formulas hold
+    # detached tensors, so this is normally empty)
     held_graphs = [tensor.grad_fn for tensor in held if tensor.grad_fn is not None]
     below = _saved_tensors_below(state.held_nodes() + held_graphs)
     retained = distinct_bytes(not_parameters([*captured, *held, *below]))
@@ -349,7 +350,9 @@ def bench_spec(
     """
     from graphkit.spec import load_spec
 
-    if threads:
+    if threads is not None:
+        if threads < 1:
+            raise GraphkitInputError(f"threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
     module, inputs = load_spec(spec)
     result = benchmark_split(module, inputs, repeat=repeat, device=device)

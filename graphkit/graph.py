@@ -252,7 +252,7 @@ def _walk(roots: Iterable[Node], stop: set[Node]) -> _Walk:
     """Breadth-first walk over ``next_functions`` from ``roots``; nodes in ``stop`` are not expanded.
 
     The split backward walks every microbatch's graph, so this loop is kept lean: the node list is
-    its own queue, and edges are recorded as plain tuples.
+    its own queue, and edges go into one flat list of ints (four per edge).
     """
     nodes: list[Node] = []
     index: dict[Node, int] = {}

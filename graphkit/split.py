@@ -16,8 +16,8 @@ the Node itself receives, after them.)
 
 **W phase** (:func:`backward_weight`). First the gradient along every weight-side edge is computed:
 
-- for the ops that carry most weights (``mm``, ``addmm``, ``bmm``, convolution, layer norm, ``mul``,
-  ``add``), by a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`),
+- for the ops that carry most weights (``mm``, ``addmm``, ``bmm``, convolution, layer, batch and
+  group norm, ``mul``, ``add``), by a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`),
   so the state holds those tensors and not the Node, and the input path's graph is freed once the
   caller drops the outputs;
 - for any other Node, by calling it with its captured gradients inside a small engine call of its own
@@ -35,8 +35,8 @@ summed gradient, as in a full backward.
 The engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
 normally: ``.grad`` accumulates across microbatches and post-accumulate-grad hooks fire once per W.
 A parameter shared by many intermediates receives each contribution exactly once, whatever the order
-of parameters, and a chain of intermediates is never re-entered. Plans (closures, intermediates,
-targets) depend only on the graph's structure and are reused across microbatches.
+of parameters, and a chain of intermediates is never re-entered. Plans (closures, intermediates and
+their weight-side edges) depend only on the graph's structure and are reused across microbatches.
 
 Custom ``torch.autograd.Function`` backwards run in both phases with ``ctx.needs_input_grad`` fixed at
 forward time, so they cannot tell B from W by themselves; :func:`current_phase` tells them.
@@ -143,7 +143,9 @@ class SplitState:
     It holds only what the W phase needs: the gradients captured at intermediates, the saved tensors
     the weight-side formulas read (:mod:`graphkit.weight_rules`) or, for ops without a formula, the
     intermediate Node itself, and the weight-only Nodes the gradients enter. Once the caller drops the
-    stage outputs, the rest of the input path's graph is freed.
+    stage outputs, the rest of the input path's graph is freed - except what a kept Node reaches
+    through its ``next_functions``, and, when W must call a custom Function's Node, the whole graph (the
+    state then keeps the stage outputs: a Python Node refers to its C++ Node weakly).
 
     Attributes:
         input_grads: gradient of each tensor in ``flatten_tensors(inputs)`` (None where the input needs no
@@ -320,8 +322,6 @@ class _Plan:
     intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]]
     weight_leaves: list[int]
     weight_only: bytearray
-    # target index -> ((target output_nr, ((position in intermediates, input_nr), ...)), ...)
-    targets: dict[int, tuple[tuple[int, tuple[tuple[int, int], ...]], ...]]
     # per intermediate: the input_nr of each weight-side edge (what its formula computes)
     weight_input_nrs: list[tuple[int, ...]]
     # targets that are AccumulateGrad Nodes (leaves: a sparse one needs its Node's own gradient layout)
@@ -385,19 +385,11 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
             edges_of.items(), key=lambda item: (-_autograd.sequence_number(walk.nodes[item[0]]), item[0])
         )
     ]
-    feeding: dict[int, dict[int, list[tuple[int, int]]]] = {}
-    for position, (_, edges) in enumerate(intermediates):
-        for input_nr, target, target_output_nr in edges:
-            feeding.setdefault(target, {}).setdefault(target_output_nr, []).append((position, input_nr))
-    targets = {
-        target: tuple((output_nr, tuple(sources)) for output_nr, sources in by_output.items())
-        for target, by_output in feeding.items()
-    }
+    targets = {target for _, edges in intermediates for _, target, _ in edges}
     return _Plan(
         intermediates,
         leaves,
         weight_only,
-        targets,
         [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
         frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target])),
     )
@@ -563,8 +555,13 @@ def _weight_work(
                 break
         kept_grads += kept
         node = nodes[index]
-        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it)
-        rule = prepare(node, weight_input_nrs)
+        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it);
+        # a sparse parameter's gradient layout is its Node's to choose, so that Node is called instead
+        rule = (
+            None
+            if plan.leaf_targets and any(_is_sparse_leaf_at(plan, nodes, target) for _, target, _ in edges)
+            else prepare(node, weight_input_nrs)
+        )
         versions = tuple([grad._version for grad in kept])
         work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else node, versions))
         for _, target, _ in edges:
@@ -576,7 +573,8 @@ def _weight_work(
 def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
     """Call a Node's backward directly; one result per ``next_functions`` entry.
 
-    Called inside the W graph task, a C++ Node computes only the outputs whose next Node the task needs.
+    Called inside the graph task of :func:`_call_nodes` (whose ``inputs=`` are the weight-side edges), a
+    C++ Node computes only its weight-side outputs.
     A custom Function's backward returns one gradient per forward argument; the ones for arguments that
     require grad are matched, in order, with the valid ``next_functions`` entries.
     """
@@ -611,8 +609,9 @@ def backward_weight(state: SplitState) -> None:
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
 
     Memory: the weight-side gradients are computed before the engine call, so for a moment W holds
-    one gradient per weight-side edge (about the size of the parameters' gradients) while it frees each
-    captured gradient and saved tensor as soon as its gradient is computed.
+    one gradient per weight-side edge - about one copy of the parameters' gradients, or k copies for a
+    parameter used by k intermediates (tied or reused weights) - while it frees each captured gradient
+    and saved tensor as soon as its gradient is computed.
 
     Raises:
         SplitError: ``state`` is not a SplitState, or was already used.
@@ -638,21 +637,8 @@ def _run_weight_phase(state: SplitState) -> None:
         return
     work = state._work
     targets = state._targets
-    sparse_targets = {
-        target
-        for target in state._plan.leaf_targets
-        if target in targets and _is_sparse_leaf(targets[target])
-    }
-    # intermediates without a formula (or feeding a sparse leaf, whose gradient layout is the Node's)
-    node_calls = [
-        position
-        for position, item in enumerate(work)
-        if item is not None
-        and (
-            item.rule is None
-            or (sparse_targets and any(target in sparse_targets for _, target, _ in item.edges))
-        )
-    ]
+    # intermediates without a formula (B kept their Node): called first, inside a graph task of their own
+    node_calls = [position for position, item in enumerate(work) if item is not None and item.rule is None]
     called = _call_nodes(state, node_calls) if node_calls else {}
     # Every weight-side gradient becomes the root gradient of its target, in the order a full backward
     # produces them: the engine sums several roots on one edge and reduces each to the edge's shape and
@@ -724,9 +710,9 @@ def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch
     return results
 
 
-def _is_sparse_leaf(target: Node) -> bool:
-    """A leaf with a non-strided layout: its gradient's layout is the Node's to choose, not a formula's."""
-    return _autograd.is_accumulate_grad(target) and target.variable.layout != torch.strided
+def _is_sparse_leaf_at(plan: _Plan, nodes: list[Node], index: int) -> bool:
+    """Whether node ``index`` is a leaf with a non-strided layout (a sparse parameter)."""
+    return index in plan.leaf_targets and nodes[index].variable.layout != torch.strided
 
 
 class _HostNodeCalls(torch.autograd.Function):

@@ -42,8 +42,9 @@ from torch.autograd.graph import Node
 __all__ = ["PreparedWeightGradient", "WeightGradient", "prepare"]
 
 # A rule's formula: the gradients the intermediate received (one per forward output) and the tensors the
-# rule holds; returns one gradient (or None) per weight-side ``next_functions`` entry it was prepared
-# for, in the order of ``weight_input_nrs``.
+# rule holds (the version-checked ones; a rule may also read them from its closure); returns one
+# gradient (or None) per weight-side ``next_functions`` entry it was prepared for, in the order of
+# ``weight_input_nrs``.
 WeightGradient = Callable[
     [Sequence[torch.Tensor | None], tuple[torch.Tensor, ...]], list[torch.Tensor | None]
 ]
@@ -77,7 +78,7 @@ def _real_output(node: Node) -> None:
             raise _Unsupported("complex output")
 
 
-# (raw SavedTensor attribute, unpacked attribute, sizes attribute, strides attribute) per saved name
+# per saved name: (raw SavedTensor attribute, unpacked attribute); _LAYOUT_NAMES: (sizes, strides)
 _ATTRIBUTE_NAMES: dict[str, tuple[str, str]] = {
     name: (f"_raw_saved_{name}", f"_saved_{name}")
     for name in ("mat1", "mat2", "self", "other", "input", "weight", "result1", "result2")
@@ -322,11 +323,6 @@ _RULES: dict[str, Callable[[Node, tuple[int, ...]], tuple[WeightGradient, tuple[
     "AddBackward0": _add,
 }
 _rules_by_class: dict[type, Callable[..., tuple[WeightGradient, tuple[torch.Tensor, ...]]] | None] = {}
-
-
-def has_rule(node_class: type) -> bool:
-    """Whether graphkit has a weight-side formula for Nodes of this class (their tensors may still rule it out)."""
-    return _rule_for(node_class) is not None
 
 
 def _rule_for(node_class: type) -> Callable[..., tuple[WeightGradient, tuple[torch.Tensor, ...]]] | None:

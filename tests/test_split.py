@@ -798,3 +798,18 @@ def test_batch_norm_running_statistics_updated_by_the_next_forward_before_w():
             output.backward(grad)
         grads[use_split] = {name: p.grad for name, p in module.named_parameters()}
     _assert_same(grads[False], grads[True])
+
+
+def test_a_sparse_parameter_fed_by_an_op_with_a_formula_gets_its_nodes_gradient():
+    # add has a formula, but the sparse parameter's gradient layout is the Node's to choose: W calls it
+    def build():
+        torch.manual_seed(0)
+        module = nn.Module()
+        dense = torch.randn(4, 5, dtype=torch.float64) * (torch.rand(4, 5) > 0.5)
+        module.shift = nn.Parameter(dense.to_sparse())
+        module.forward = lambda input: torch.tanh(input) + module.shift
+        return module, {"input": torch.randn(4, 5, dtype=torch.float64, requires_grad=True)}
+
+    expected, actual = _split_and_full(build)
+    assert actual["shift"].layout == expected["shift"].layout
+    torch.testing.assert_close(actual["shift"].to_dense(), expected["shift"].to_dense())
