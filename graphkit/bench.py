@@ -14,6 +14,10 @@ medians after warm-up):
   neither figure: they stay alive in the module anyway);
 - ``graph_saved_bytes``: the saved tensors of the whole stage graph (what keeping the outputs costs).
 
+``b_engine_s``: the engine's own input-gradient call on the same graph
+(``torch.autograd.grad(outputs, stage_inputs)``, no graphkit): what B cannot go below; 0 for a stage
+without inputs that require grad.
+
 ``pytorch_*`` keys hold the same measurements for PyTorch's own
 ``torch.distributed.pipelining._backward`` split, when it runs on the model.
 """
@@ -212,11 +216,20 @@ def benchmark_split(
         flat = [("input", prepared)] if isinstance(prepared, torch.Tensor) else flatten_tensors(prepared)
         return [tensor for _, tensor in flat if tensor.requires_grad]
 
-    full, b, w = [], [], []
+    full, b, w, b_engine = [], [], [], []
     for _ in range(warmup + repeat):
         reset()
         _, (outputs, grads) = _split_pairs(forward())
         full.append(_timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device)[0])
+        prepared, (outputs, grads) = _split_pairs(forward())
+        wanted = stage_inputs(prepared)
+        if wanted:  # the engine's own input-gradient call, no graphkit: the floor for B
+            b_engine.append(
+                _timed(
+                    lambda o=outputs, g=grads, i=wanted: torch.autograd.grad(o, i, g, allow_unused=True),
+                    device,
+                )[0]
+            )
         reset()
         prepared, (outputs, grads) = _split_pairs(forward())
         b_seconds, state = _timed(lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device)
@@ -257,7 +270,11 @@ def benchmark_split(
         retained_bytes=retained,
         w_needs_bytes=needs,
         graph_saved_bytes=int(graph_saved),
-        extra={"device": str(device), "intermediates": state.num_intermediates},
+        extra={
+            "device": str(device),
+            "intermediates": state.num_intermediates,
+            "b_engine_s": statistics.median(b_engine[warmup:]) if len(b_engine) > warmup else 0.0,
+        },
     )
     if compare_pytorch:
         result.extra.update(
@@ -323,15 +340,16 @@ def format_row(name: str, result: SplitBenchmark) -> str:
     flops = result.flops
     flops_ratio = (flops["b"] + flops["w"]) / flops["full"] if flops["full"] else float("nan")
     kept = result.retained_bytes / result.w_needs_bytes if result.w_needs_bytes else float("nan")
+    floor = extra.get("b_engine_s", 0.0) / result.full_s if result.full_s else float("nan")
     return (
         f"{name:24s} {result.full_s * 1e3:8.2f} {result.b_s * 1e3:8.2f} {result.w_s * 1e3:8.2f} "
-        f"{result.ratio:6.2f}x {flops_ratio:6.3f} {result.w_engine_calls:3d} "
+        f"{result.ratio:6.2f}x {floor:5.2f} {flops_ratio:6.3f} {result.w_engine_calls:3d} "
         f"{result.retained_bytes / 2**20:8.2f} {kept:5.2f} {result.graph_saved_bytes / 2**20:8.2f}  {pytorch}"
     )
 
 
 HEADER = (
-    f"{'model':24s} {'full ms':>8s} {'B ms':>8s} {'W ms':>8s} {'B+W':>7s} {'FLOPs':>6s} {'Wc':>3s} "
+    f"{'model':24s} {'full ms':>8s} {'B ms':>8s} {'W ms':>8s} {'B+W':>7s} {'Beng':>5s} {'FLOPs':>6s} {'Wc':>3s} "
     f"{'kept MiB':>8s} {'/need':>5s} {'graph MiB':>8s}  pytorch (B+W)/full"
 )
 

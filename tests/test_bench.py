@@ -25,6 +25,7 @@ def test_split_benchmark_measures_flops_calls_and_memory():
     # every intermediate of gpt_stage has a weight-side formula: the state keeps exactly what W needs
     assert result.retained_bytes == result.w_needs_bytes > 0
     assert result.extra["pytorch_w_engine_calls"] == result.extra["intermediates"]
+    assert result.extra["b_engine_s"] > 0  # the engine's own input-gradient call, timed for comparison
     assert all(parameter.grad is None for parameter in module.parameters())
 
 
