@@ -12,6 +12,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 say() { printf '[browser] %s\n' "$*"; }
+# shellcheck source=scripts/apt_install.sh
+source scripts/apt_install.sh
 python=".venv/bin/python"
 if [[ ! -x "$python" ]]; then
     echo "browser_test.sh: $python is missing; run 'bash scripts/setup.sh --dev' first" >&2
@@ -22,21 +24,7 @@ fi
 if chromium="$(command -v chromium || command -v chromium-browser)"; then
     say "chromium: $chromium is present"
 else
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "browser_test.sh: please install Chromium with your system's package manager" >&2
-        exit 1
-    fi
-    sudo=()
-    if [[ $EUID -ne 0 ]]; then
-        command -v sudo >/dev/null 2>&1 || {
-            echo "browser_test.sh: installing chromium needs root; run as root or install sudo" >&2
-            exit 1
-        }
-        sudo=(sudo)
-    fi
-    say "apt-get update && apt-get install -y chromium"
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+    apt_install browser_test.sh chromium
 fi
 
 # 2. The test --------------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ for argument in "$@"; do
 done
 
 say() { printf '[setup] %s\n' "$*"; }
+# shellcheck source=scripts/apt_install.sh
+source scripts/apt_install.sh
 python_bin="${GRAPHKIT_PYTHON:-python3}"
 torch_spec="${GRAPHKIT_TORCH_SPEC:-torch==2.13.0}"
 venv=".venv"
@@ -53,22 +55,7 @@ elif [[ ! -x "$venv/bin/python" ]] && ! "$python_bin" -c 'import ensurepip, venv
     apt_packages+=(python3-venv)
 fi
 if ((${#apt_packages[@]})); then
-    if ! command -v apt-get >/dev/null 2>&1; then
-        echo "setup.sh: please install ${apt_packages[*]} with your system's package manager," \
-            "then run again" >&2
-        exit 1
-    fi
-    sudo=()
-    if [[ $EUID -ne 0 ]]; then
-        command -v sudo >/dev/null 2>&1 || {
-            echo "setup.sh: installing ${apt_packages[*]} needs root; run as root or install sudo" >&2
-            exit 1
-        }
-        sudo=(sudo)
-    fi
-    say "apt-get update && apt-get install -y ${apt_packages[*]}"
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q
-    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${apt_packages[@]}"
+    apt_install setup.sh "${apt_packages[@]}"
 fi
 
 # 2. Virtual environment ----------------------------------------------------------------------------------

@@ -211,6 +211,7 @@ class SetupSandbox:
         self.project = root / "project"
         (self.project / "scripts").mkdir(parents=True)
         shutil.copy(repo_root / "scripts" / "setup.sh", self.project / "scripts" / "setup.sh")
+        shutil.copy(repo_root / "scripts" / "apt_install.sh", self.project / "scripts" / "apt_install.sh")
         shutil.copy(repo_root / "pyproject.toml", self.project / "pyproject.toml")
         self.state = root / "state"
         self.state.mkdir()
