@@ -324,7 +324,7 @@ class _Plan:
     weight_only: bytearray
     # per intermediate: the input_nr of each weight-side edge (what its formula computes)
     weight_input_nrs: list[tuple[int, ...]]
-    # targets that are AccumulateGrad Nodes (leaves: a sparse one needs its Node's own gradient layout)
+    # targets that are AccumulateGrad Nodes (leaves: a sparse one gets its gradient from its Node)
     leaf_targets: frozenset[int]
 
 
@@ -532,6 +532,8 @@ def _weight_work(
     work: list[_WeightWork | None] = []
     kept_grads: list[torch.Tensor] = []
     cotangent_ranges = [_storage_range(grad) for grad in cotangents]
+    # sparse parameters: their gradient layout is their Node's to choose, so that Node is called instead
+    sparse_leaves = {index for index in plan.leaf_targets if nodes[index].variable.layout != torch.strided}
     targets: dict[int, Node] = {}
     for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):
         grads_received = captured.get(index)
@@ -555,11 +557,10 @@ def _weight_work(
                 break
         kept_grads += kept
         node = nodes[index]
-        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it);
-        # a sparse parameter's gradient layout is its Node's to choose, so that Node is called instead
+        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it)
         rule = (
             None
-            if plan.leaf_targets and any(_is_sparse_leaf_at(plan, nodes, target) for _, target, _ in edges)
+            if sparse_leaves and any(target in sparse_leaves for _, target, _ in edges)
             else prepare(node, weight_input_nrs)
         )
         versions = tuple([grad._version for grad in kept])
@@ -708,11 +709,6 @@ def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch
     except RuntimeError as error:
         raise _freed_error(error) from error
     return results
-
-
-def _is_sparse_leaf_at(plan: _Plan, nodes: list[Node], index: int) -> bool:
-    """Whether node ``index`` is a leaf with a non-strided layout (a sparse parameter)."""
-    return index in plan.leaf_targets and nodes[index].variable.layout != torch.strided
 
 
 class _HostNodeCalls(torch.autograd.Function):
