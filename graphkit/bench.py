@@ -20,6 +20,12 @@ without inputs that require grad.
 
 ``pytorch_*`` keys hold the same measurements for PyTorch's own
 ``torch.distributed.pipelining._backward`` split, when it runs on the model.
+
+:func:`account_split_time` says where the split's extra time goes: the kernels themselves (the
+operators' own time under ``torch.profiler``, which grows when W re-reads gradients and activations a
+full backward used while they were still in cache, and when an op with a fused backward, such as layer
+norm, runs once for the input side and once for the weights) against everything else (Python in B and
+W, hooks, the engine's scheduling).
 """
 
 from __future__ import annotations
@@ -41,7 +47,14 @@ from graphkit.split import SplitState, backward_input, backward_weight
 from graphkit.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
 from graphkit.verify import call_stage, fresh_inputs
 
-__all__ = ["SplitBenchmark", "bench_spec", "benchmark_split", "count_engine_calls"]
+__all__ = [
+    "SplitBenchmark",
+    "SplitTimeAccount",
+    "account_split_time",
+    "bench_spec",
+    "benchmark_split",
+    "count_engine_calls",
+]
 
 
 @dataclass(slots=True)
@@ -352,6 +365,146 @@ HEADER = (
     f"{'model':24s} {'full ms':>8s} {'B ms':>8s} {'W ms':>8s} {'B+W':>7s} {'Beng':>5s} {'FLOPs':>6s} {'Wc':>3s} "
     f"{'kept MiB':>8s} {'/need':>5s} {'graph MiB':>8s}  pytorch (B+W)/full"
 )
+
+
+@dataclass(slots=True)
+class SplitTimeAccount:
+    """Where the split's extra time goes on one CPU stage: :func:`account_split_time`'s result.
+
+    Times are seconds per microbatch (medians). ``full_s`` / ``split_s``: wall time of a full backward
+    and of B + W, without the profiler. ``full_kernel_s`` / ``split_kernel_s``: the summed self time of
+    every ``aten::`` operator under ``torch.profiler`` (the kernels, plus the small view ops Python
+    calls). ``operators``: per operator name, ``(full seconds, split seconds, full calls, split calls)``.
+    ``intermediates``: intermediates whose gradient B captured.
+    """
+
+    full_s: float
+    split_s: float
+    full_kernel_s: float
+    split_kernel_s: float
+    intermediates: int
+    operators: dict[str, tuple[float, float, int, int]]
+
+    @property
+    def added_kernel_s(self) -> float:
+        """Operator time the split adds over a full backward."""
+        return self.split_kernel_s - self.full_kernel_s
+
+    @property
+    def other_s(self) -> float:
+        """The rest of (B + W) - full: Python in B and W, hooks, the engine's scheduling."""
+        return self.split_s - self.full_s - self.added_kernel_s
+
+    def room_per_intermediate_s(self, target_ratio: float) -> float:
+        """Seconds of non-kernel work each intermediate may cost for B + W to stay within
+        ``target_ratio`` x full, given the kernel time the split adds (negative: out of reach)."""
+        room = (target_ratio - 1.0) * self.full_s - self.added_kernel_s
+        return room / self.intermediates if self.intermediates else float("nan")
+
+    def largest_added(self, count: int = 3) -> list[tuple[str, float]]:
+        """The ``count`` operators whose time grew most in the split, with the growth in seconds."""
+        growth = [(name, split - full) for name, (full, split, _, _) in self.operators.items()]
+        return sorted(growth, key=lambda item: -item[1])[:count]
+
+
+def account_split_time(
+    module: torch.nn.Module, inputs: Any, *, repeat: int = 10, warmup: int = 3
+) -> SplitTimeAccount:
+    """Split (B + W) - full backward into added kernel time and everything else, on CPU.
+
+    Runs microbatches of the stage alternately through a full backward and through B then W: first
+    timed by the wall clock, then under ``torch.profiler`` (CPU activity), reading each ``aten::``
+    operator's self time. The profiler slows Python down, so the wall times come from the unprofiled
+    runs and only operator times from the profiled ones.
+
+    Args:
+        module: the stage, on CPU (its ``.grad`` is reset between runs).
+        inputs: positional tuple or keyword dict, as a graphkit SPEC returns.
+        repeat: measured microbatches per kind; warmup: unmeasured ones first.
+
+    Returns:
+        A :class:`SplitTimeAccount` (seconds).
+
+    Raises:
+        GraphkitInputError: a parameter is not on the CPU (on CUDA the profiler's CPU time of an
+            operator is its launch, not its kernel), or ``repeat`` is below 1.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if repeat < 1:
+        raise GraphkitInputError(f"repeat must be at least 1, got {repeat}")
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    if any(p.device.type != "cpu" for p in parameters):
+        raise GraphkitInputError(
+            "account_split_time measures CPU operators; move the stage to the CPU first (on CUDA, use "
+            "benchmark_split for times and a CUDA profiler for kernels)"
+        )
+    cpu = torch.device("cpu")
+
+    def microbatch(split: bool) -> Callable[[], Any]:
+        for parameter in parameters:
+            parameter.grad = None
+        prepared = fresh_inputs(inputs, device=cpu)
+        pairs = _cotangents(call_stage(module, prepared), 0)
+        outputs, grads = [t for t, _ in pairs], [g for _, g in pairs]
+        if split:
+            return lambda: backward_weight(backward_input(outputs, grads, prepared))
+        return lambda: torch.autograd.backward(outputs, grads)
+
+    wall: dict[bool, list[float]] = {False: [], True: []}
+    for round_index in range(warmup + repeat):
+        for split in (False, True):
+            step = microbatch(split)
+            seconds, _ = _timed(step, cpu)
+            if round_index >= warmup:
+                wall[split].append(seconds)
+
+    per_operator: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
+    calls: dict[bool, dict[str, int]] = {False: {}, True: {}}
+    totals: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(repeat):
+        for split in (False, True):
+            step = microbatch(split)
+            with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                step()
+            total = 0.0
+            for event in profiler.key_averages():
+                if not event.key.startswith("aten::"):
+                    continue
+                seconds = event.self_cpu_time_total * 1e-6
+                total += seconds
+                per_operator[split].setdefault(event.key, []).append(seconds)
+                calls[split][event.key] = event.count
+            totals[split].append(total)
+
+    def median_of(split: bool, name: str) -> float:
+        values = per_operator[split].get(name, [])
+        return statistics.median(values + [0.0] * (repeat - len(values))) if values else 0.0
+
+    names = set(per_operator[False]) | set(per_operator[True])
+    # one more split microbatch, for the number of intermediates
+    prepared = fresh_inputs(inputs, device=cpu)
+    pairs = _cotangents(call_stage(module, prepared), 0)
+    state = backward_input([t for t, _ in pairs], [g for _, g in pairs], prepared)
+    backward_weight(state)
+    for parameter in parameters:
+        parameter.grad = None
+    return SplitTimeAccount(
+        full_s=statistics.median(wall[False]),
+        split_s=statistics.median(wall[True]),
+        full_kernel_s=statistics.median(totals[False]),
+        split_kernel_s=statistics.median(totals[True]),
+        intermediates=state.num_intermediates,
+        operators={
+            name: (
+                median_of(False, name),
+                median_of(True, name),
+                calls[False].get(name, 0),
+                calls[True].get(name, 0),
+            )
+            for name in sorted(names)
+        },
+    )
 
 
 def bench_spec(

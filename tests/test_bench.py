@@ -6,7 +6,10 @@ import torch
 from torch import nn
 
 from graphkit import zoo
-from graphkit.bench import benchmark_split, count_engine_calls
+import pytest
+
+from graphkit.bench import account_split_time, benchmark_split, count_engine_calls
+from graphkit.tensors import GraphkitInputError
 
 
 def test_engine_call_counter_counts_backward_and_grad():
@@ -50,3 +53,25 @@ def test_every_zoo_state_keeps_only_what_w_needs():
         module, inputs = zoo.build(name)
         result = benchmark_split(module, inputs, repeat=1, warmup=0, compare_pytorch=False)
         assert result.retained_bytes == result.w_needs_bytes, name
+
+
+def test_time_account_sees_the_same_matrix_products_in_both_backwards():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+    account = account_split_time(module, (torch.randn(8, 16, requires_grad=True),), repeat=2, warmup=0)
+    # the split does the same products as the full backward: input side in B, weight side in W
+    # (a Linear on a 2-D input is addmm; its backward runs mm for the input and for the weight)
+    full_seconds, split_seconds, full_calls, split_calls = account.operators["aten::mm"]
+    assert full_calls == split_calls == 6  # 3 weight gradients + 3 input gradients (the stage input's too)
+    assert full_seconds > 0 and split_seconds > 0
+    assert account.intermediates == 3
+    assert account.full_s > 0 and account.split_s > 0 and account.full_kernel_s > 0
+    assert account.added_kernel_s == pytest.approx(account.split_kernel_s - account.full_kernel_s)
+    assert account.other_s == pytest.approx(account.split_s - account.full_s - account.added_kernel_s)
+    assert len(account.largest_added(2)) == 2
+    assert all(parameter.grad is None for parameter in module.parameters())
+
+
+def test_time_account_refuses_no_repeats():
+    with pytest.raises(GraphkitInputError, match="repeat must be at least 1"):
+        account_split_time(nn.Linear(2, 2), (torch.randn(1, 2),), repeat=0)
