@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 from graphkit import zoo
-import pytest
-
 from graphkit.bench import account_split_time, benchmark_split, count_engine_calls
 from graphkit.tensors import GraphkitInputError
 
