@@ -30,7 +30,9 @@ the root gradient of its edge's *target* (``GradientEdge(target, output_nr)``, i
 backward produces them), plus the parameter-only outputs. The engine sums several roots on one edge and
 reduces each to the edge's shape and dtype (``validate_outputs`` in ``torch/csrc/autograd/engine.cpp``),
 and tensor hooks on a target - a parameter's hooks, a hook or ``retain_grad`` on ``W.t()`` - see the
-summed gradient, as in a full backward.
+summed gradient, as in a full backward. Gradients for parameters that only intermediates feed (biases,
+norm weights) enter that call through one host Node instead of as roots (:class:`_DeliverGradients`), so
+AccumulateGrad takes each over as ``.grad`` without a copy, as in a full backward.
 
 The engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
 normally: ``.grad`` accumulates across microbatches and post-accumulate-grad hooks fire once per W.
@@ -326,6 +328,8 @@ class _Plan:
     weight_input_nrs: list[tuple[int, ...]]
     # targets that are AccumulateGrad Nodes (leaves: a sparse one gets its gradient from its Node)
     leaf_targets: frozenset[int]
+    # leaf targets whose every consumer is an intermediate: nothing in the weight-only subgraph feeds them
+    direct_leaves: frozenset[int]
 
 
 _PLAN_CACHE: dict[Any, _Plan] = {}
@@ -386,12 +390,14 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
         )
     ]
     targets = {target for _, edges in intermediates for _, target, _ in edges}
+    leaf_targets = frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target]))
     return _Plan(
         intermediates,
         leaves,
         weight_only,
         [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
-        frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target])),
+        leaf_targets,
+        frozenset(leaf for leaf in leaf_targets if all(in_closure[consumer] for consumer in consumers[leaf])),
     )
 
 
@@ -647,6 +653,12 @@ def _run_weight_phase(state: SplitState) -> None:
     # see the summed gradient, as in a full backward.
     roots: list[GradientEdge] = []
     root_grads: list[torch.Tensor] = []
+    # Gradients for parameters that only intermediates feed go through one host Node instead (see
+    # _DeliverGradients): as a root gradient, the engine's GraphRoot would keep a reference to each,
+    # and AccumulateGrad would copy it into .grad instead of taking it over, as a full backward does.
+    direct = _deliverable(state)
+    delivered: list[torch.Tensor] = []
+    delivered_to: list[torch.Tensor] = []
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
             if item is None:
@@ -656,13 +668,26 @@ def _run_weight_phase(state: SplitState) -> None:
                 item.check_unchanged()
                 grads = item.rule(item.grads)
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
-                if grad is not None:
+                if grad is None:
+                    continue
+                if target in direct:
+                    delivered_to.append(direct[target])
+                    delivered.append(grad)
+                else:
                     roots.append(GradientEdge(targets[target], output_nr))
                     root_grads.append(grad)
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
+        grads = None  # no reference left to a delivered gradient
     for edge, grad in state._output_roots:
         roots.append(edge)
         root_grads.append(grad)
+    if delivered:
+        box = [delivered]
+        del delivered  # the host Node's backward hands the only references to the engine
+        with torch.enable_grad():
+            host = _DeliverGradients.apply(box, *delivered_to)
+        roots.append(get_gradient_edge(host))
+        root_grads.append(host.detach())
     if not roots:
         return
     try:
@@ -670,6 +695,49 @@ def _run_weight_phase(state: SplitState) -> None:
             _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
     except RuntimeError as error:
         raise _freed_error(error) from error
+
+
+def _deliverable(state: SplitState) -> dict[int, torch.Tensor]:
+    """The parameters, by target index, whose W gradients can go through :class:`_DeliverGradients`.
+
+    Those that only intermediates feed (nothing in the weight-only subgraph, no parameter-only
+    output), strided, and still requiring grad (a host Node gets no edge to a parameter that does not).
+    """
+    leaves = state._plan.direct_leaves
+    if not leaves:
+        return {}
+    excluded = {id(edge.node) for edge, _ in state._output_roots}
+    direct = {}
+    for index in leaves:
+        node = state._targets.get(index)
+        if node is None or id(node) in excluded:
+            continue
+        variable = node.variable
+        if variable.layout is torch.strided and variable.requires_grad:
+            direct[index] = variable
+    return direct
+
+
+class _DeliverGradients(torch.autograd.Function):
+    """A host Node whose ``next_functions`` are the AccumulateGrad Nodes of the parameters it is given.
+
+    ``apply(box, *parameters)`` with ``box = [gradients]`` (one per parameter, in order; a parameter
+    given twice receives both, summed by the engine in that order). Its backward hands the gradients
+    over and keeps no reference, so each reaches AccumulateGrad as the only owner and becomes ``.grad``
+    without a copy when ``.grad`` was None (``accumulate_grad.h``), like a gradient made inside a full
+    backward. The engine still checks and reduces each one against its edge (``validate_outputs``).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, box: list[list[torch.Tensor]], *parameters: torch.Tensor) -> torch.Tensor:
+        ctx.box = box
+        return torch.zeros((), device=parameters[0].device)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        box, ctx.box = ctx.box, None
+        return (None, *box.pop())
 
 
 def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch.Tensor | None]]:
