@@ -170,6 +170,7 @@ class SplitState:
     # object refers to its C++ Node weakly, and only the graph above it keeps that (and its ctx) alive.
     _keep_alive: tuple[torch.Tensor, ...] = field(default=(), repr=False)
     _used: bool = False
+    _failure: str | None = field(default=None, repr=False)  # why W failed, when it did
 
     @property
     def used(self) -> bool:
@@ -472,7 +473,8 @@ def backward_input(
     output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
     for edge, (tensor, grad) in zip(output_edges, pairs, strict=True):
         if plan.weight_only[walk.index[edge.node]]:
-            output_roots.append((edge, grad))
+            # the caller may reuse its cotangent buffer before W: keep a copy (as for captured gradients)
+            output_roots.append((edge, grad.clone()))
         else:
             closure_outputs.append((tensor, grad))
 
@@ -621,8 +623,11 @@ def backward_weight(state: SplitState) -> None:
     and saved tensor as soon as its gradient is computed.
 
     Raises:
-        SplitError: ``state`` is not a SplitState, or was already used.
+        SplitError: ``state`` is not a SplitState, or was already used (the message says if that W
+            failed part-way: ``.grad`` may then hold part of the microbatch's gradients); or a parameter
+            stopped requiring grad since B (the state stays usable once it requires grad again).
         GraphFreedError: the graph was freed between B and W.
+        Any error a hook raises during W, after which the state counts as used.
     """
     if not isinstance(state, SplitState):
         raise SplitError(
@@ -630,11 +635,26 @@ def backward_weight(state: SplitState) -> None:
             "run backward_input for this microbatch first"
         )
     if state.used:
+        if state._failure is not None:
+            raise SplitError(
+                f"this SplitState's W phase already ran and failed ({state._failure}); .grad may hold part "
+                "of this microbatch's gradients: restore or zero .grad and run the microbatch again from "
+                "its forward"
+            )
         raise SplitError(
             "this SplitState was already used by backward_weight; each B phase allows one W phase"
         )
+    for tensor in state._weight_tensors:
+        if not tensor.requires_grad:
+            raise SplitError(
+                f"a parameter of shape {tuple(tensor.shape)} stopped requiring grad between the B and the W "
+                "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
+            )
     try:
         _run_weight_phase(state)
+    except BaseException as error:
+        state._failure = f"{type(error).__name__}: {error}"[:200]
+        raise
     finally:
         state._release()
 
@@ -653,34 +673,54 @@ def _run_weight_phase(state: SplitState) -> None:
     # see the summed gradient, as in a full backward.
     roots: list[GradientEdge] = []
     root_grads: list[torch.Tensor] = []
-    # Gradients for parameters that only intermediates feed go through one host Node instead (see
-    # _DeliverGradients): as a root gradient, the engine's GraphRoot would keep a reference to each,
-    # and AccumulateGrad would copy it into .grad instead of taking it over, as a full backward does.
+    # Gradients for parameters that only intermediates feed may go through one host Node instead (see
+    # _DeliverGradients): as root gradients, the engine's GraphRoot would keep a reference to each, and
+    # AccumulateGrad would copy them into .grad where a full backward hands its own tensor over.
     direct = _deliverable(state)
-    delivered: list[torch.Tensor] = []
-    delivered_to: list[torch.Tensor] = []
+    # per such parameter (by target index): its contributions in order, and whether all may be handed over
+    contributions: dict[int, list[torch.Tensor]] = {}
+    handed_over: dict[int, bool] = {}
+    seen: dict[int, int] = {}  # id of each weight-side gradient -> how many edges it is given to
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
             if item is None:
                 continue
             grads = called.get(position)
+            from_node = grads is not None
             if grads is None:
                 item.check_unchanged()
                 grads = item.rule(item.grads)
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is None:
                     continue
-                if target in direct:
-                    delivered_to.append(direct[target])
-                    delivered.append(grad)
-                else:
+                seen[id(grad)] = seen.get(id(grad), 0) + 1
+                variable = direct.get(target)
+                if variable is None:
                     roots.append(GradientEdge(targets[target], output_nr))
                     root_grads.append(grad)
+                    continue
+                contributions.setdefault(target, []).append(grad)
+                if handed_over.setdefault(target, True) and not _owned_by_w(
+                    grad, variable, from_node, item.grads
+                ):
+                    handed_over[target] = False
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
-        grads = None  # no reference left to a delivered gradient
+        grads = grad = item = None  # W keeps no reference to a gradient it hands over
     for edge, grad in state._output_roots:
         roots.append(edge)
         root_grads.append(grad)
+    delivered: list[torch.Tensor] = []
+    delivered_to: list[torch.Tensor] = []
+    for target, grads in contributions.items():
+        variable = direct[target]
+        # a tensor W also gives another edge would become two gradients at once: copy it instead
+        if handed_over[target] and all(_reduced(grad, variable) or seen[id(grad)] == 1 for grad in grads):
+            delivered += grads
+            delivered_to += [variable] * len(grads)
+        else:  # as roots, in the same order: AccumulateGrad copies them, as a full backward would
+            roots += [GradientEdge(targets[target], 0)] * len(grads)
+            root_grads += grads
+    contributions = grads = variable = None
     if delivered:
         box = [delivered]
         del delivered  # the host Node's backward hands the only references to the engine
@@ -695,6 +735,30 @@ def _run_weight_phase(state: SplitState) -> None:
             _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
     except RuntimeError as error:
         raise _freed_error(error) from error
+
+
+def _reduced(grad: torch.Tensor, variable: torch.Tensor) -> bool:
+    """Whether the engine reduces or casts ``grad`` to ``variable``'s shape and dtype (``validate_outputs``),
+    which makes a new tensor nobody else holds."""
+    return grad.shape != variable.shape or grad.dtype != variable.dtype
+
+
+def _owned_by_w(
+    grad: torch.Tensor, variable: torch.Tensor, from_node: bool, received: tuple[torch.Tensor | None, ...]
+) -> bool:
+    """Whether ``grad``, a weight-side gradient for ``variable``, may become its ``.grad`` as it is.
+
+    True when the engine will make a new tensor of it anyway (:func:`_reduced`), or when a formula
+    allocated it: not a gradient B captured (``received``), not a view, not from a Node call (whose
+    outputs may alias each other). Otherwise a full backward would have copied it (another Node still
+    held it), and so must W: taken over, ``.grad`` would share memory with another gradient, keep a
+    larger buffer alive, or get the strides of a tensor made for another purpose.
+    """
+    if _reduced(grad, variable):
+        return True
+    if from_node or grad._base is not None:
+        return False
+    return all(grad is not other for other in received)
 
 
 def _deliverable(state: SplitState) -> dict[int, torch.Tensor]:

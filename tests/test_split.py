@@ -859,3 +859,102 @@ def test_a_parameter_fed_directly_and_through_the_weight_only_subgraph_sums_in_f
     expected, actual = _split_and_full(build)
     for name in ("weight", "shift"):
         assert torch.equal(actual[name], expected[name]), name
+
+
+def _shared_view_model(microbatches, use_split):
+    # AddBackward0 gives one gradient to two ViewBackward0 Nodes; the adds of b1 and b2 each receive a
+    # view of it. A full backward copies them into .grad (the input side still holds them); so must W.
+    torch.manual_seed(0)
+    scale = nn.Parameter(torch.randn(8, dtype=torch.float64))
+    b1 = nn.Parameter(torch.randn(4, 8, dtype=torch.float64))
+    b2 = nn.Parameter(torch.randn(4, 8, dtype=torch.float64))
+    for index in range(microbatches):
+        generator = torch.Generator().manual_seed(index)
+        x = torch.randn(4, 8, dtype=torch.float64, generator=generator, requires_grad=True)
+        a = x * scale
+        y = torch.tanh((torch.tanh(a) + b1).view(32) + (torch.sin(a) + b2).view(32))
+        grad = torch.randn(y.shape, dtype=torch.float64, generator=generator)
+        if use_split:
+            backward_weight(backward_input(y, grad, [x]))
+        else:
+            y.backward(grad)
+    return b1.grad, b2.grad
+
+
+def test_parameters_fed_views_of_one_gradient_get_gradients_of_their_own():
+    for microbatches in (1, 3):
+        full_b1, full_b2 = _shared_view_model(microbatches, use_split=False)
+        split_b1, split_b2 = _shared_view_model(microbatches, use_split=True)
+        assert split_b1.untyped_storage().data_ptr() != split_b2.untyped_storage().data_ptr()
+        _assert_same({"b1": full_b1, "b2": full_b2}, {"b1": split_b1, "b2": split_b2})
+
+
+def test_a_bias_fed_a_slice_of_a_large_gradient_does_not_keep_that_gradient_alive():
+    sizes = []
+    for use_split in (False, True):
+        torch.manual_seed(0)
+        scale = nn.Parameter(torch.randn(8))
+        bias = nn.Parameter(torch.randn(4, 8))
+        x = torch.randn(4, 8, requires_grad=True)
+        wide = torch.randn(1000, 8, requires_grad=True)
+        scaled = wide * scale  # created first, so W computes its gradient last
+        y = torch.tanh(torch.cat([torch.tanh(x) + bias, scaled], 0))
+        grad = torch.randn_like(y)
+        if use_split:
+            backward_weight(backward_input(y, grad, [x, wide]))
+        else:
+            y.backward(grad)
+        sizes.append(bias.grad.untyped_storage().nbytes())
+    assert sizes == [4 * 8 * 4, 4 * 8 * 4]
+
+
+def test_a_parameter_only_output_cotangent_reused_before_w_changes_nothing():
+    def run(use_split):
+        torch.manual_seed(0)
+        weight = nn.Parameter(torch.randn(4, 5, dtype=torch.float64))
+        bias = nn.Parameter(torch.randn(5, dtype=torch.float64))
+        x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        y = torch.tanh(x @ weight + bias)
+        penalty = (bias * 2).tanh()  # depends on a parameter alone
+        grads = [torch.randn_like(y), torch.randn_like(penalty)]
+        if use_split:
+            state = backward_input([y, penalty], grads, [x])
+            for grad in grads:
+                grad.fill_(1e3)  # receive buffers reused for the next microbatch
+            backward_weight(state)
+        else:
+            torch.autograd.backward([y, penalty], grads)
+        return {"weight": weight.grad, "bias": bias.grad}
+
+    _assert_same(run(False), run(True))
+
+
+def test_a_parameter_that_stops_requiring_grad_before_w_is_a_clear_error_and_the_state_survives():
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 5).double()
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.tanh(layer(x))
+    grad = torch.randn_like(y)
+    expected = torch.autograd.grad(y, [layer.weight, layer.bias], grad, retain_graph=True)
+    state = backward_input(y, grad, [x])
+    layer.bias.requires_grad_(False)
+    with pytest.raises(SplitError, match=r"shape \(5,\) stopped requiring grad"):
+        backward_weight(state)
+    assert layer.weight.grad is None and not state.used
+    layer.bias.requires_grad_(True)
+    backward_weight(state)
+    _assert_same({"w": expected[0], "b": expected[1]}, {"w": layer.weight.grad, "b": layer.bias.grad})
+
+
+def test_retrying_a_w_phase_that_a_hook_broke_says_what_happened():
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 5)
+    layer.bias.register_hook(lambda grad: (_ for _ in ()).throw(ValueError("hook failed")))
+    x = torch.randn(3, 4, requires_grad=True)
+    y = layer(x)
+    state = backward_input(y, torch.ones_like(y), [x])
+    with pytest.raises(ValueError, match="hook failed"):
+        backward_weight(state)
+    assert split.current_phase() is None
+    with pytest.raises(SplitError, match=r"already ran and failed \(ValueError: hook failed\)"):
+        backward_weight(state)
