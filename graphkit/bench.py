@@ -339,7 +339,11 @@ def _benchmark_pytorch(
             "pytorch_w_engine_calls": calls[0],
         }
     except Exception as error:  # PyTorch's split fails on some graphs: report it, do not hide it
-        return {"pytorch_error": f"{type(error).__name__}: {str(error).splitlines()[0][:120]}"}
+        cause: BaseException = error
+        while cause.__cause__ is not None:  # pipelining wraps the engine's error: report the engine's
+            cause = cause.__cause__
+        first_line = next((line.strip() for line in str(cause).splitlines() if line.strip()), "")
+        return {"pytorch_error": f"{type(cause).__name__}: {first_line[:120]}"}
 
 
 def format_row(name: str, result: SplitBenchmark) -> str:
@@ -351,12 +355,13 @@ def format_row(name: str, result: SplitBenchmark) -> str:
         else f"  failed: {extra.get('pytorch_error', '-')[:40]}"
     )
     flops = result.flops
-    flops_ratio = (flops["b"] + flops["w"]) / flops["full"] if flops["full"] else float("nan")
+    # FlopCounterMode counts no FLOPs for some ops (LSTM on CPU): nothing to compare then
+    flops_column = f"{(flops['b'] + flops['w']) / flops['full']:6.3f}" if flops["full"] else f"{'n/a':>6s}"
     kept = result.retained_bytes / result.w_needs_bytes if result.w_needs_bytes else float("nan")
     floor = extra.get("b_engine_s", 0.0) / result.full_s if result.full_s else float("nan")
     return (
         f"{name:24s} {result.full_s * 1e3:8.2f} {result.b_s * 1e3:8.2f} {result.w_s * 1e3:8.2f} "
-        f"{result.ratio:6.2f}x {floor:5.2f} {flops_ratio:6.3f} {result.w_engine_calls:3d} "
+        f"{result.ratio:6.2f}x {floor:5.2f} {flops_column} {result.w_engine_calls:3d} "
         f"{result.retained_bytes / 2**20:8.2f} {kept:5.2f} {result.graph_saved_bytes / 2**20:8.2f}  {pytorch}"
     )
 
