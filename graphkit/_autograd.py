@@ -127,6 +127,20 @@ def sequence_number(node: Node) -> int:
     return int(node._sequence_nr())
 
 
+def set_sequence_number(node: Node, number: int) -> bool:
+    """Give ``node`` the sequence number ``number``; False where PyTorch offers no way to.
+
+    The engine's ready queue runs the ready Node with the highest sequence number first
+    (``CompareNodeTaskTime`` in ``torch/csrc/autograd/engine.cpp``), so this places a Node made later
+    among the Nodes of an older forward. Uses the private ``Node._set_sequence_nr``.
+    """
+    setter = getattr(node, "_set_sequence_nr", None)
+    if setter is None:
+        return False
+    setter(number)
+    return True
+
+
 _saved_names_by_class: dict[type, tuple[str, ...]] = {}
 
 

@@ -123,6 +123,7 @@ class _WeightWork:
     rule: PreparedWeightGradient | None
     node: Node | None  # kept only when no rule applies
     versions: tuple[int, ...] = ()  # of ``grads`` when B captured them
+    sequence_nr: int = -1  # of the intermediate, read in B when it feeds a mixed leaf (see _Plan)
 
     def check_unchanged(self) -> None:
         """Raise if a captured gradient was modified in place between B and W."""
@@ -274,17 +275,29 @@ def _weight_filter(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> s
     return {id(parameter) for parameter in params}
 
 
-def _storage_range(tensor: torch.Tensor) -> tuple[int, int]:
-    """``[start, end)`` addresses of the storage behind ``tensor``: every view of it points inside."""
-    storage = tensor.untyped_storage()
-    start = storage.data_ptr()
+def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """``[start, end)`` addresses of the storage behind ``tensor``: every view of it points inside.
+
+    None for a tensor without a storage of its own to read (a wrapper subclass such as DTensor).
+    """
+    try:
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr()
+    except RuntimeError:
+        return None
     return start, start + storage.nbytes()
 
 
-def _inside(tensor: torch.Tensor, ranges: list[tuple[int, int]]) -> bool:
-    """Whether ``tensor`` views one of the storages ``ranges`` describe (a cheap test on its address)."""
-    address = tensor.data_ptr()
-    return any(start <= address < end for start, end in ranges)
+def _inside(tensor: torch.Tensor, ranges: list[tuple[int, int] | None]) -> bool:
+    """Whether ``tensor`` may view one of the storages ``ranges`` describe (a cheap test on its address).
+
+    True when an address cannot be read (wrapper subclasses): the caller then copies, to be safe.
+    """
+    try:
+        address = tensor.data_ptr()
+    except RuntimeError:
+        return True
+    return any(bounds is None or bounds[0] <= address < bounds[1] for bounds in ranges)
 
 
 def _unaliased(grad: torch.Tensor | None, captured: list[torch.Tensor]) -> torch.Tensor | None:
@@ -331,6 +344,8 @@ class _Plan:
     leaf_targets: frozenset[int]
     # leaf targets whose every consumer is an intermediate: nothing in the weight-only subgraph feeds them
     direct_leaves: frozenset[int]
+    # the other leaf targets: fed by intermediates and by the weight-only subgraph
+    mixed_leaves: frozenset[int]
 
 
 _PLAN_CACHE: dict[Any, _Plan] = {}
@@ -392,13 +407,17 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
     ]
     targets = {target for _, edges in intermediates for _, target, _ in edges}
     leaf_targets = frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target]))
+    direct_leaves = frozenset(
+        leaf for leaf in leaf_targets if all(in_closure[consumer] for consumer in consumers[leaf])
+    )
     return _Plan(
         intermediates,
         leaves,
         weight_only,
         [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
         leaf_targets,
-        frozenset(leaf for leaf in leaf_targets if all(in_closure[consumer] for consumer in consumers[leaf])),
+        direct_leaves,
+        leaf_targets - direct_leaves,
     )
 
 
@@ -542,6 +561,7 @@ def _weight_work(
     cotangent_ranges = [_storage_range(grad) for grad in cotangents]
     # sparse parameters: their gradient layout is their Node's to choose, so that Node is called instead
     sparse_leaves = {index for index in plan.leaf_targets if nodes[index].variable.layout != torch.strided}
+    mixed_leaves = plan.mixed_leaves
     targets: dict[int, Node] = {}
     for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):
         grads_received = captured.get(index)
@@ -549,7 +569,9 @@ def _weight_work(
             work.append(None)  # no gradient reached this intermediate: nothing flows to its weights either
             continue
         kept = [grad for grad in grads_received if grad is not None]
-        if not kept:
+        if not kept and not _autograd.is_custom_function(nodes[index]):
+            # a C++ Node passes nothing on then; a full backward still runs a custom Function's
+            # backward (on zeros), which may give its parameters a gradient: W calls it too
             work.append(None)
             continue
         for grad in kept:
@@ -572,7 +594,16 @@ def _weight_work(
             else prepare(node, weight_input_nrs)
         )
         versions = tuple([grad._version for grad in kept])
-        work.append(_WeightWork(grads_received, edges, rule, None if rule is not None else node, versions))
+        sequence_nr = (
+            _autograd.sequence_number(node)
+            if mixed_leaves and any(target in mixed_leaves for _, target, _ in edges)
+            else -1
+        )
+        work.append(
+            _WeightWork(
+                grads_received, edges, rule, None if rule is not None else node, versions, sequence_nr
+            )
+        )
         for _, target, _ in edges:
             targets[target] = nodes[target]
     return work, targets, kept_grads
@@ -676,7 +707,12 @@ def _run_weight_phase(state: SplitState) -> None:
     # Gradients for parameters that only intermediates feed may go through one host Node instead (see
     # _DeliverGradients): as root gradients, the engine's GraphRoot would keep a reference to each, and
     # AccumulateGrad would copy them into .grad where a full backward hands its own tensor over.
-    direct = _deliverable(state)
+    direct = _deliverable(state, state._plan.direct_leaves)
+    # A parameter also fed through the weight-only subgraph gets each direct contribution through a
+    # host Node of its own, carrying the intermediate's sequence number: the engine's ready queue then
+    # runs them among the weight-only Nodes in the order of a full backward, so the sum keeps its order.
+    mixed = _deliverable(state, state._plan.mixed_leaves)
+    ordered: list[tuple[int, torch.Tensor, torch.Tensor, bool]] = []
     # per such parameter (by target index): its contributions in order, and whether all may be handed over
     contributions: dict[int, list[torch.Tensor]] = {}
     handed_over: dict[int, bool] = {}
@@ -696,6 +732,11 @@ def _run_weight_phase(state: SplitState) -> None:
                 seen[id(grad)] = seen.get(id(grad), 0) + 1
                 variable = direct.get(target)
                 if variable is None:
+                    variable = mixed.get(target)
+                    if variable is not None:
+                        owned = _owned_by_w(grad, variable, from_node, item.grads)
+                        ordered.append((item.sequence_nr, variable, grad, owned))
+                        continue
                     roots.append(GradientEdge(targets[target], output_nr))
                     root_grads.append(grad)
                     continue
@@ -721,6 +762,17 @@ def _run_weight_phase(state: SplitState) -> None:
             roots += [GradientEdge(targets[target], 0)] * len(grads)
             root_grads += grads
     contributions = grads = variable = None
+    # a contribution W does not own stays referenced during the engine call, so nothing takes it over
+    not_owned = []
+    for sequence_nr, variable, grad, owned in ordered:
+        if not owned or (seen[id(grad)] > 1 and not _reduced(grad, variable)):
+            not_owned.append(grad)
+        with torch.enable_grad():
+            host = _DeliverGradients.apply([[grad]], variable)
+        _autograd.set_sequence_number(host.grad_fn, sequence_nr)
+        roots.append(get_gradient_edge(host))
+        root_grads.append(host.detach())
+    ordered = grad = variable = None
     if delivered:
         box = [delivered]
         del delivered  # the host Node's backward hands the only references to the engine
@@ -761,13 +813,11 @@ def _owned_by_w(
     return all(grad is not other for other in received)
 
 
-def _deliverable(state: SplitState) -> dict[int, torch.Tensor]:
-    """The parameters, by target index, whose W gradients can go through :class:`_DeliverGradients`.
-
-    Those that only intermediates feed (nothing in the weight-only subgraph, no parameter-only
-    output), strided, and still requiring grad (a host Node gets no edge to a parameter that does not).
+def _deliverable(state: SplitState, leaves: frozenset[int]) -> dict[int, torch.Tensor]:
+    """The parameters among ``leaves`` (by target index) whose W gradients can go through
+    :class:`_DeliverGradients`: strided, still requiring grad (a host Node gets no edge to a parameter
+    that does not), and not themselves the edge of a parameter-only output (a root of the engine call).
     """
-    leaves = state._plan.direct_leaves
     if not leaves:
         return {}
     excluded = {id(edge.node) for edge, _ in state._output_roots}
@@ -831,7 +881,12 @@ def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch
         for position in positions
         for _, target, output_nr in work[position].edges
     }
-    device = next(grad.device for grad in work[positions[0]].grads if grad is not None)
+    device = next(
+        (grad.device for position in positions for grad in work[position].grads if grad is not None), None
+    )
+    if device is None:  # only custom Functions that received no gradient: run where their outputs live
+        metadata = _autograd.gradient_metadata(work[positions[0]].node)
+        device = metadata[0].device if metadata else torch.device("cpu")
     host = torch.zeros((), device=device, requires_grad=True)
     with torch.enable_grad():
         root = _HostNodeCalls.apply(host, call_all)

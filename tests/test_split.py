@@ -958,3 +958,87 @@ def test_retrying_a_w_phase_that_a_hook_broke_says_what_happened():
     assert split.current_phase() is None
     with pytest.raises(SplitError, match=r"already ran and failed \(ValueError: hook failed\)"):
         backward_weight(state)
+
+
+def test_a_custom_function_that_receives_no_gradient_still_gives_its_parameter_one():
+    # a full backward runs the custom backward on zeros (materialized grads); its parameter gets zeros
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, p):
+            ctx.save_for_backward(x, p)
+            return x * p
+
+        @staticmethod
+        def backward(ctx, grad):
+            x, p = ctx.saved_tensors
+            return grad * p, (grad * x).sum(0) + 1.0  # + 1: a gradient even from a zero cotangent
+
+    class Stop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return None
+
+    def build():
+        torch.manual_seed(0)
+        module = nn.Module()
+        module.scale = nn.Parameter(torch.randn(5, dtype=torch.float64))
+        module.bias = nn.Parameter(torch.randn(5, dtype=torch.float64))
+        module.forward = lambda input: torch.tanh(Stop.apply(Scale.apply(input, module.scale)) + module.bias)
+        return module, {"input": torch.randn(3, 5, dtype=torch.float64, requires_grad=True)}
+
+    expected, actual = _split_and_full(build)
+    assert torch.equal(expected["scale"], torch.ones(5, dtype=torch.float64))
+    _assert_same(expected, actual)
+
+
+def test_wrapper_tensor_subclass_parameters_and_cotangents_are_split_like_plain_tensors():
+    two_tensor = pytest.importorskip("torch.testing._internal.two_tensor")
+
+    def run(use_split):
+        torch.manual_seed(0)
+        scale = nn.Parameter(two_tensor.TwoTensor(torch.randn(5), torch.randn(5)))
+        x = torch.randn(3, 5, requires_grad=True)
+        y = torch.tanh(x * scale)
+        grad = two_tensor.TwoTensor(torch.randn(3, 5), torch.randn(3, 5))
+        if use_split:
+            state = backward_input(y, grad, [x])
+            input_grad = state.input_grads[0]
+            backward_weight(state)
+        else:
+            y.backward(grad)
+            input_grad = x.grad
+        return scale.grad.a, scale.grad.b, input_grad.a, input_grad.b
+
+    for expected, actual in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_parameter_fed_directly_and_through_a_view_sums_in_full_backward_order():
+    # 'bias' is the bias of two addmm (fed directly) and, through view (a weight-only Node), an
+    # addend in between: three contributions whose bfloat16 sum shows any change of order
+    def build(seed):
+        def make():
+            generator = torch.Generator().manual_seed(seed)
+            module = nn.Module()
+            module.weight = nn.Parameter(torch.randn(64, 64, generator=generator).to(torch.bfloat16) * 0.1)
+            module.bias = nn.Parameter(torch.randn(64, generator=generator).to(torch.bfloat16))
+
+            def forward(input):
+                hidden = torch.tanh(nn.functional.linear(input, module.weight, module.bias))
+                hidden = torch.tanh(hidden + module.bias.view(1, 64))
+                return torch.tanh(nn.functional.linear(hidden, module.weight, module.bias))
+
+            module.forward = forward
+            input = torch.randn(32, 64, generator=generator).to(torch.bfloat16).requires_grad_()
+            return module, {"input": input}
+
+        return make
+
+    for seed in range(4):
+        expected, actual = _split_and_full(build(seed), grad_seed=seed)
+        for name in ("weight", "bias"):
+            assert torch.equal(actual[name], expected[name]), (seed, name)
