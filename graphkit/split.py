@@ -30,9 +30,9 @@ the root gradient of its edge's *target* (``GradientEdge(target, output_nr)``, i
 backward produces them), plus the parameter-only outputs. The engine sums several roots on one edge and
 reduces each to the edge's shape and dtype (``validate_outputs`` in ``torch/csrc/autograd/engine.cpp``),
 and tensor hooks on a target - a parameter's hooks, a hook or ``retain_grad`` on ``W.t()`` - see the
-summed gradient, as in a full backward. Gradients for parameters that only intermediates feed (biases,
-norm weights) enter that call through one host Node instead of as roots (:class:`_DeliverGradients`), so
-AccumulateGrad takes each over as ``.grad`` without a copy, as in a full backward.
+summed gradient, as in a full backward. A parameter fed both by intermediates and through the
+weight-only subgraph gets its direct contributions through small host Nodes placed in the engine's
+order (:class:`_OrderedGradient`), so its sum is added in a full backward's order.
 
 The engine then pushes the gradients through the weight-only subgraph once, so AccumulateGrad runs
 normally: ``.grad`` accumulates across microbatches and post-accumulate-grad hooks fire once per W.
@@ -675,12 +675,12 @@ def backward_weight(state: SplitState) -> None:
         raise SplitError(
             "this SplitState was already used by backward_weight; each B phase allows one W phase"
         )
-    for tensor in state._weight_tensors:
-        if not tensor.requires_grad:
-            raise SplitError(
-                f"a parameter of shape {tuple(tensor.shape)} stopped requiring grad between the B and the W "
-                "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
-            )
+    if not all([tensor.requires_grad for tensor in state._weight_tensors]):
+        tensor = next(tensor for tensor in state._weight_tensors if not tensor.requires_grad)
+        raise SplitError(
+            f"a parameter of shape {tuple(tensor.shape)} stopped requiring grad between the B and the W "
+            "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
+        )
     try:
         _run_weight_phase(state)
     except BaseException as error:
@@ -704,80 +704,37 @@ def _run_weight_phase(state: SplitState) -> None:
     # see the summed gradient, as in a full backward.
     roots: list[GradientEdge] = []
     root_grads: list[torch.Tensor] = []
-    # Gradients for parameters that only intermediates feed may go through one host Node instead (see
-    # _DeliverGradients): as root gradients, the engine's GraphRoot would keep a reference to each, and
-    # AccumulateGrad would copy them into .grad where a full backward hands its own tensor over.
-    direct = _deliverable(state, state._plan.direct_leaves)
-    # A parameter also fed through the weight-only subgraph gets each direct contribution through a
-    # host Node of its own, carrying the intermediate's sequence number: the engine's ready queue then
-    # runs them among the weight-only Nodes in the order of a full backward, so the sum keeps its order.
-    mixed = _deliverable(state, state._plan.mixed_leaves)
-    ordered: list[tuple[int, torch.Tensor, torch.Tensor, bool]] = []
-    # per such parameter (by target index): its contributions in order, and whether all may be handed over
-    contributions: dict[int, list[torch.Tensor]] = {}
-    handed_over: dict[int, bool] = {}
-    seen: dict[int, int] = {}  # id of each weight-side gradient -> how many edges it is given to
+    # A parameter also fed through the weight-only subgraph (a bias also used through view or .to())
+    # gets each direct contribution through a host Node of its own (_OrderedGradient) that carries the
+    # intermediate's sequence number: as roots they would all reach it before anything the weight-only
+    # Nodes produce, while the engine's ready queue runs the host Nodes among the weight-only Nodes in
+    # the order of a full backward, so the sum keeps that order (bit for bit in bfloat16).
+    mixed = _mixed_parameters(state)
+    ordered: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
             if item is None:
                 continue
             grads = called.get(position)
-            from_node = grads is not None
             if grads is None:
                 item.check_unchanged()
                 grads = item.rule(item.grads)
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is None:
                     continue
-                seen[id(grad)] = seen.get(id(grad), 0) + 1
-                variable = direct.get(target)
-                if variable is None:
-                    variable = mixed.get(target)
-                    if variable is not None:
-                        owned = _owned_by_w(grad, variable, from_node, item.grads)
-                        ordered.append((item.sequence_nr, variable, grad, owned))
-                        continue
-                    roots.append(GradientEdge(targets[target], output_nr))
-                    root_grads.append(grad)
+                if target in mixed:
+                    ordered.append((item.sequence_nr, mixed[target], grad))
                     continue
-                contributions.setdefault(target, []).append(grad)
-                if handed_over.setdefault(target, True) and not _owned_by_w(
-                    grad, variable, from_node, item.grads
-                ):
-                    handed_over[target] = False
+                roots.append(GradientEdge(targets[target], output_nr))
+                root_grads.append(grad)
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
-        grads = grad = item = None  # W keeps no reference to a gradient it hands over
     for edge, grad in state._output_roots:
         roots.append(edge)
         root_grads.append(grad)
-    delivered: list[torch.Tensor] = []
-    delivered_to: list[torch.Tensor] = []
-    for target, grads in contributions.items():
-        variable = direct[target]
-        # a tensor W also gives another edge would become two gradients at once: copy it instead
-        if handed_over[target] and all(_reduced(grad, variable) or seen[id(grad)] == 1 for grad in grads):
-            delivered += grads
-            delivered_to += [variable] * len(grads)
-        else:  # as roots, in the same order: AccumulateGrad copies them, as a full backward would
-            roots += [GradientEdge(targets[target], 0)] * len(grads)
-            root_grads += grads
-    contributions = grads = variable = None
-    # a contribution W does not own stays referenced during the engine call, so nothing takes it over
-    not_owned = []
-    for sequence_nr, variable, grad, owned in ordered:
-        if not owned or (seen[id(grad)] > 1 and not _reduced(grad, variable)):
-            not_owned.append(grad)
+    for sequence_nr, variable, grad in ordered:
         with torch.enable_grad():
-            host = _DeliverGradients.apply([[grad]], variable)
+            host = _OrderedGradient.apply(grad, variable)
         _autograd.set_sequence_number(host.grad_fn, sequence_nr)
-        roots.append(get_gradient_edge(host))
-        root_grads.append(host.detach())
-    ordered = grad = variable = None
-    if delivered:
-        box = [delivered]
-        del delivered  # the host Node's backward hands the only references to the engine
-        with torch.enable_grad():
-            host = _DeliverGradients.apply(box, *delivered_to)
         roots.append(get_gradient_edge(host))
         root_grads.append(host.detach())
     if not roots:
@@ -789,69 +746,42 @@ def _run_weight_phase(state: SplitState) -> None:
         raise _freed_error(error) from error
 
 
-def _reduced(grad: torch.Tensor, variable: torch.Tensor) -> bool:
-    """Whether the engine reduces or casts ``grad`` to ``variable``'s shape and dtype (``validate_outputs``),
-    which makes a new tensor nobody else holds."""
-    return grad.shape != variable.shape or grad.dtype != variable.dtype
-
-
-def _owned_by_w(
-    grad: torch.Tensor, variable: torch.Tensor, from_node: bool, received: tuple[torch.Tensor | None, ...]
-) -> bool:
-    """Whether ``grad``, a weight-side gradient for ``variable``, may become its ``.grad`` as it is.
-
-    True when the engine will make a new tensor of it anyway (:func:`_reduced`), or when a formula
-    allocated it: not a gradient B captured (``received``), not a view, not from a Node call (whose
-    outputs may alias each other). Otherwise a full backward would have copied it (another Node still
-    held it), and so must W: taken over, ``.grad`` would share memory with another gradient, keep a
-    larger buffer alive, or get the strides of a tensor made for another purpose.
-    """
-    if _reduced(grad, variable):
-        return True
-    if from_node or grad._base is not None:
-        return False
-    return all(grad is not other for other in received)
-
-
-def _deliverable(state: SplitState, leaves: frozenset[int]) -> dict[int, torch.Tensor]:
-    """The parameters among ``leaves`` (by target index) whose W gradients can go through
-    :class:`_DeliverGradients`: strided, still requiring grad (a host Node gets no edge to a parameter
-    that does not), and not themselves the edge of a parameter-only output (a root of the engine call).
-    """
+def _mixed_parameters(state: SplitState) -> dict[int, torch.Tensor]:
+    """The parameters, by target index, fed both by intermediates and by the weight-only subgraph:
+    the plan's mixed leaves, less those that are themselves the edge of a parameter-only output (a root
+    of the engine call, which reaches them first in a full backward too)."""
+    leaves = state._plan.mixed_leaves
     if not leaves:
         return {}
+    variables = dict(zip(state._plan.weight_leaves, state._weight_tensors, strict=True))
     excluded = {id(edge.node) for edge, _ in state._output_roots}
-    direct = {}
-    for index in leaves:
-        node = state._targets.get(index)
-        if node is None or id(node) in excluded:
-            continue
-        variable = node.variable
-        if variable.layout is torch.strided and variable.requires_grad:
-            direct[index] = variable
-    return direct
+    return {
+        index: variables[index]
+        for index in leaves
+        if index in state._targets and id(state._targets[index]) not in excluded
+    }
 
 
-class _DeliverGradients(torch.autograd.Function):
-    """A host Node whose ``next_functions`` are the AccumulateGrad Nodes of the parameters it is given.
+class _OrderedGradient(torch.autograd.Function):
+    """A host Node whose one ``next_functions`` entry is a parameter's AccumulateGrad Node.
 
-    ``apply(box, *parameters)`` with ``box = [gradients]`` (one per parameter, in order; a parameter
-    given twice receives both, summed by the engine in that order). Its backward hands the gradients
-    over and keeps no reference, so each reaches AccumulateGrad as the only owner and becomes ``.grad``
-    without a copy when ``.grad`` was None (``accumulate_grad.h``), like a gradient made inside a full
-    backward. The engine still checks and reduces each one against its edge (``validate_outputs``).
+    ``apply(gradient, parameter)`` returns a scalar to root the engine at; the backward passes
+    ``gradient`` on to the parameter. Given the sequence number of the intermediate that produced the
+    gradient, the engine runs it when a full backward would run that intermediate. The caller keeps its
+    own reference to ``gradient`` until the engine call ends, so AccumulateGrad copies it into ``.grad``
+    like any root gradient, never taking over a tensor another gradient may share.
     """
 
     @staticmethod
-    def forward(ctx: Any, box: list[list[torch.Tensor]], *parameters: torch.Tensor) -> torch.Tensor:
-        ctx.box = box
-        return torch.zeros((), device=parameters[0].device)
+    def forward(ctx: Any, gradient: torch.Tensor, parameter: torch.Tensor) -> torch.Tensor:
+        ctx.gradient = gradient
+        return torch.zeros((), device=parameter.device)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        box, ctx.box = ctx.box, None
-        return (None, *box.pop())
+    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        gradient, ctx.gradient = ctx.gradient, None
+        return None, gradient
 
 
 def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch.Tensor | None]]:

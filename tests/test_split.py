@@ -815,34 +815,6 @@ def test_a_sparse_parameter_fed_by_an_op_with_a_formula_gets_its_nodes_gradient(
     torch.testing.assert_close(actual["shift"].to_dense(), expected["shift"].to_dense())
 
 
-def test_w_hands_parameter_gradients_over_to_grad_without_a_copy():
-    # a full backward makes .grad the very tensor it computed when .grad was None; a root gradient of an
-    # engine call would be referenced by its GraphRoot and copied instead (one copy per bias and norm)
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class RecordOperators(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(func.__name__)
-            return func(*args, **(kwargs or {}))
-
-    torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(6, 6), nn.LayerNorm(6), nn.Tanh(), nn.Linear(6, 3))
-    x = torch.randn(5, 6, requires_grad=True)
-    y = module(x)
-    grad = torch.randn_like(y)
-    expected = torch.autograd.grad(y, list(module.parameters()), grad, retain_graph=True)
-    state = backward_input(y, grad, [x])
-    with RecordOperators() as recorded:
-        backward_weight(state)
-    assert not {"copy_.default", "clone.default", "new_empty_strided.default"} & set(recorded.names)
-    for parameter, value in zip(module.parameters(), expected, strict=True):
-        torch.testing.assert_close(parameter.grad, value, rtol=1e-6, atol=1e-6)
-
-
 def test_a_parameter_fed_directly_and_through_the_weight_only_subgraph_sums_in_full_backward_order():
     # 'shift' is the bias of an addmm (fed by the intermediate directly) and, through unsqueeze (a
     # weight-only Node), a factor of a product: its gradient must add both in the full backward's order
