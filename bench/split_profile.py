@@ -8,7 +8,8 @@ and from these the time the split adds in kernels and the rest (Python, hooks, e
 as fractions of the full backward. ``room/int`` is the non-kernel time each intermediate may cost for
 B + W to stay within ``--target`` times the full backward, given the added kernel time; a negative
 figure means the kernels alone already exceed it. The last column names the operators whose time
-grew most.
+grew most. The profiler's own cost inflates tiny operators a little: confirm small differences by
+wall time.
 """
 
 from __future__ import annotations

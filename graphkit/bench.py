@@ -420,7 +420,9 @@ def account_split_time(
     Runs microbatches of the stage alternately through a full backward and through B then W: first
     timed by the wall clock, then under ``torch.profiler`` (CPU activity), reading each ``aten::``
     operator's self time. The profiler slows Python down, so the wall times come from the unprofiled
-    runs and only operator times from the profiled ones.
+    runs and only operator times from the profiled ones. Each operator's self time also carries some
+    of the profiler's own cost, which weighs on tiny operators (views, small copies): before acting on
+    a small difference, confirm it by wall time, alternating the two variants in one process.
 
     Args:
         module: the stage, on CPU (its ``.grad`` is reset between runs).
