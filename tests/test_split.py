@@ -1014,3 +1014,30 @@ def test_a_parameter_fed_directly_and_through_a_view_sums_in_full_backward_order
         expected, actual = _split_and_full(build(seed), grad_seed=seed)
         for name in ("weight", "bias"):
             assert torch.equal(actual[name], expected[name]), (seed, name)
+
+
+def test_hooks_on_a_parameter_fed_directly_and_through_a_view_see_the_full_backward_gradient():
+    def run(use_split):
+        torch.manual_seed(0)
+        weight = nn.Parameter(torch.randn(6, 6, dtype=torch.float64))
+        bias = nn.Parameter(torch.randn(6, dtype=torch.float64))
+        seen, accumulated = [], []
+        bias.register_hook(lambda grad: seen.append(grad.clone()) or grad * 3)
+        bias.register_post_accumulate_grad_hook(lambda parameter: accumulated.append(parameter.grad.clone()))
+        for step in range(2):
+            x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+            hidden = torch.tanh(nn.functional.linear(x, weight, bias) + bias.view(1, 6))
+            y = torch.tanh(nn.functional.linear(hidden, weight, bias))
+            grad = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+            if use_split:
+                backward_weight(backward_input(y, grad, [x]))
+            else:
+                y.backward(grad)
+        return seen, accumulated, bias.grad
+
+    full, split_run = run(False), run(True)
+    assert len(split_run[0]) == len(full[0]) == 2 and len(split_run[1]) == len(full[1]) == 2
+    for expected, actual in zip(
+        full[0] + full[1] + [full[2]], split_run[0] + split_run[1] + [split_run[2]], strict=True
+    ):
+        torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
