@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,6 +68,28 @@ GPU_MODELS = {
 }
 
 
+def set_threads(parser: argparse.ArgumentParser, threads: int | None) -> None:
+    """Apply ``--threads`` (None: PyTorch's default); a value below 1 is a usage error."""
+    if threads is not None:
+        if threads < 1:
+            parser.error(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
+def built_models(models: dict, only: list[str] | None) -> Iterator[tuple[str, nn.Module, Any]]:
+    """``(name, module, inputs)`` for the models named in ``only`` (all when empty), in order; a model
+    whose optional dependency is missing is skipped with a line on stderr."""
+    for name, build in models.items():
+        if only and name not in only:
+            continue
+        try:
+            module, inputs = build()
+        except ImportError as error:
+            print(f"{name:24s} skipped: {error}", file=sys.stderr)
+            continue
+        yield name, module, inputs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -77,24 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="model names to run (default: all)")
     parser.add_argument("--threads", type=int, help="intra-op CPU threads (default: PyTorch's choice)")
     arguments = parser.parse_args(argv)
-    if arguments.threads is not None:
-        if arguments.threads < 1:
-            parser.error(f"--threads must be at least 1, got {arguments.threads}")
-        torch.set_num_threads(arguments.threads)
+    set_threads(parser, arguments.threads)
     results = {}
     if not arguments.json:
         print(HEADER)
     models = dict(MODELS)
     if arguments.device.startswith("cuda"):
         models.update(GPU_MODELS)
-    for name, build in models.items():
-        if arguments.only and name not in arguments.only:
-            continue
-        try:
-            module, inputs = build()
-        except ImportError as error:
-            print(f"{name:24s} skipped: {error}", file=sys.stderr)
-            continue
+    for name, module, inputs in built_models(models, arguments.only):
         result = benchmark_split(
             module, inputs, repeat=arguments.repeat, warmup=arguments.warmup, device=arguments.device
         )

@@ -18,10 +18,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from split import MODELS  # noqa: E402  (the model list of bench/split.py)
+from split import MODELS, built_models, set_threads  # noqa: E402  (bench/split.py)
 
 from graphkit.bench import account_split_time  # noqa: E402
 
@@ -41,19 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=1.10, help="(B+W)/full ratio for room/int")
     parser.add_argument("--only", nargs="*", help="model names to run (default: all)")
     arguments = parser.parse_args(argv)
-    if arguments.threads is not None:
-        if arguments.threads < 1:
-            parser.error(f"--threads must be at least 1, got {arguments.threads}")
-        torch.set_num_threads(arguments.threads)
+    set_threads(parser, arguments.threads)
     print(HEADER)
-    for name, build in MODELS.items():
-        if arguments.only and name not in arguments.only:
-            continue
-        try:
-            module, inputs = build()
-        except ImportError as error:
-            print(f"{name:24s} skipped: {error}", file=sys.stderr)
-            continue
+    for name, module, inputs in built_models(MODELS, arguments.only):
         account = account_split_time(module, inputs, repeat=arguments.repeat, warmup=arguments.warmup)
         full = account.full_s
         most = ", ".join(
