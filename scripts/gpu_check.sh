@@ -43,8 +43,8 @@ for spec in specs:
             continue
         errors = [c["max_rel_err"] or 0.0 for c in report["inputs"] + report["params"]]
         flops = report["flops"]
-        ratio = (flops["b"] + flops["w"]) / flops["full"] if flops["full"] else float("nan")
-        print(f"{spec:28s} {mode:10s} {str(report['ok']):5s} {report['groups']:6d} {max(errors, default=0):14.2e} {ratio:17.3f}")
+        ratio = f"{(flops['b'] + flops['w']) / flops['full']:17.3f}" if flops["full"] else f"{'n/a (not counted)':>17s}"
+        print(f"{spec:28s} {mode:10s} {str(report['ok']):5s} {report['groups']:6d} {max(errors, default=0):14.2e} {ratio}")
         bad += not report["ok"]
 sys.exit(1 if bad else 0)
 PY
