@@ -342,9 +342,7 @@ class _Plan:
     weight_input_nrs: list[tuple[int, ...]]
     # targets that are AccumulateGrad Nodes (leaves: a sparse one gets its gradient from its Node)
     leaf_targets: frozenset[int]
-    # leaf targets whose every consumer is an intermediate: nothing in the weight-only subgraph feeds them
-    direct_leaves: frozenset[int]
-    # the other leaf targets: fed by intermediates and by the weight-only subgraph
+    # leaf targets fed both by intermediates and by the weight-only subgraph
     mixed_leaves: frozenset[int]
 
 
@@ -407,17 +405,15 @@ def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozen
     ]
     targets = {target for _, edges in intermediates for _, target, _ in edges}
     leaf_targets = frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target]))
-    direct_leaves = frozenset(
-        leaf for leaf in leaf_targets if all(in_closure[consumer] for consumer in consumers[leaf])
-    )
     return _Plan(
         intermediates,
         leaves,
         weight_only,
         [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
         leaf_targets,
-        direct_leaves,
-        leaf_targets - direct_leaves,
+        frozenset(
+            leaf for leaf in leaf_targets if any(weight_only[consumer] for consumer in consumers[leaf])
+        ),
     )
 
 
