@@ -125,14 +125,25 @@ def _matrix_gradient(
     return other.mm(grad.t()).t() if column_major else grad.mm(other.t())
 
 
+def _matrix_operands(
+    node: Node, wanted: tuple[int, ...], first_name: str, second_name: str, first_nr: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None, bool, bool]:
+    """The saved operands of ``first @ second`` (``next_functions`` positions ``first_nr`` and
+    ``first_nr + 1``) that the wanted gradients read - each operand's gradient takes the other one -
+    and whether each wanted operand's saved strides are column-major (:func:`_column_major`)."""
+    second_nr = first_nr + 1
+    first = _saved(node, first_name) if second_nr in wanted else None
+    second = _saved(node, second_name) if first_nr in wanted else None
+    column_major_first = first_nr in wanted and _column_major(node, first_name)
+    column_major_second = second_nr in wanted and _column_major(node, second_name)
+    return first, second, column_major_first, column_major_second
+
+
 def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self = bias, mat1, mat2)
     _real_output(node)
     alpha, beta = node._saved_alpha, node._saved_beta
-    mat1 = _saved(node, "mat1") if 2 in wanted else None
-    mat2 = _saved(node, "mat2") if 1 in wanted else None
-    column_major_mat1 = 1 in wanted and _column_major(node, "mat1")
-    column_major_mat2 = 2 in wanted and _column_major(node, "mat2")
+    mat1, mat2, column_major_mat1, column_major_mat2 = _matrix_operands(node, wanted, "mat1", "mat2", 1)
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
@@ -155,10 +166,7 @@ def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[t
 
 def _mm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self, mat2); d(self @ mat2)/d(mat2) takes self, and the other way round
-    first = _saved(node, "self") if 1 in wanted else None
-    second = _saved(node, "mat2") if 0 in wanted else None
-    column_major_self = 0 in wanted and _column_major(node, "self")
-    column_major_mat2 = 1 in wanted and _column_major(node, "mat2")
+    first, second, column_major_self, column_major_mat2 = _matrix_operands(node, wanted, "self", "mat2", 0)
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
