@@ -32,8 +32,9 @@ import torch
 from torch import nn
 
 import graphkit
-from graphkit import zoo
-from graphkit.draw import RenderTimeoutError, choose_collapse_depth, draw, drawn_node_count, render
+from graphkit.drawing import RenderTimeoutError, draw, render
+from graphkit.drawing.collapsing import choose_collapse_depth, drawn_node_count
+from graphkit.models import zoo
 
 Model = tuple[nn.Module, tuple[Any, ...]]
 
@@ -212,7 +213,7 @@ def write_images(folder: Path) -> int:
 
 
 def _load_hf(spec: str) -> tuple[Any, Any]:
-    from graphkit.hf import load_hf_spec
+    from graphkit.models.huggingface import load_hf_spec
 
     return load_hf_spec(spec)
 

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit import zoo
-from graphkit.bench import HEADER, benchmark_split, format_row
+from graphkit.models import zoo
+from graphkit.split.benchmark import HEADER, benchmark_split, format_row
 
 
 def encoder(layers: int, width: int, batch: int = 4, sequence: int = 32):
@@ -46,7 +46,7 @@ def linear_gelu_mlp(layers: int = 48, width: int = 64, batch: int = 128):
 
 
 def hf(spec: str):
-    from graphkit.hf import load_hf_spec
+    from graphkit.models.huggingface import load_hf_spec
 
     return load_hf_spec(spec)
 

@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 import graphkit
-from graphkit import zoo
-from graphkit.draw import render
+from graphkit.drawing import render
+from graphkit.models import zoo
 
 
 def main() -> int:

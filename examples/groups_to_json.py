@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import graphkit
-from graphkit.spec import load_spec, spec_inputs_as_call
+from graphkit.models.specs import load_spec, spec_inputs_as_call
 
 
 def groups_json(spec: str) -> dict[str, Any]:

@@ -5,7 +5,7 @@
     python examples/two_stage_zero_bubble.py --skip-weight 1 0    # drop stage 1's W of microbatch 0:
                                                                   # the check fails, exit status 1
 
-A small model is cut in two stages, each driven by a :class:`graphkit.stage.StageCompute`. One process
+A small model is cut in two stages, each driven by a :class:`graphkit.split.stage_compute.StageCompute`. One process
 plays both stages, one time step at a time, following a zero-bubble schedule: each stage runs a B (input
 gradients: the previous stage waits for them) as soon as it can, else a forward, else a pending W (weight
 gradients) to fill what would be a bubble. Activations and gradients pass between the stages as they would
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from graphkit.stage import StageCompute
+from graphkit.split.stage_compute import StageCompute
 
 WIDTH = 16
 

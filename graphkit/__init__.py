@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphkit.closures import (
+from graphkit.analysis.closures import (
     Intermediate,
     WeightSideEdge,
     input_closure,
@@ -19,9 +19,11 @@ from graphkit.closures import (
     weight_only_nodes,
     weight_only_subgraph,
 )
-from graphkit.graph import AutogradGraph, GraphEndpoint, NodeKind, capture
-from graphkit.groups import GroupFlag, ParamGroup, ParamGroups, param_groups
-from graphkit.split import (
+from graphkit.analysis.parameter_groups import GroupFlag, ParamGroup, ParamGroups, param_groups
+from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind, capture
+from graphkit.graph.tensors import GraphkitInputError
+from graphkit.graph.tracing import trace
+from graphkit.split.backward import (
     Phase,
     SplitState,
     backward_full,
@@ -29,8 +31,6 @@ from graphkit.split import (
     backward_weight,
     current_phase,
 )
-from graphkit.tensors import GraphkitInputError
-from graphkit.trace import trace
 
 __version__ = "0.1.0"
 
@@ -67,11 +67,11 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Presentation and verification load lazily: importing graphkit stays light.
     if name == "draw":
-        from graphkit.draw import draw
+        from graphkit.drawing.diagram import draw
 
         return draw
     if name == "verify_split":
-        from graphkit.verify import verify_split
+        from graphkit.split.verification import verify_split
 
         return verify_split
     raise AttributeError(f"module 'graphkit' has no attribute {name!r}")

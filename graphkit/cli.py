@@ -10,7 +10,7 @@ Subcommands::
     graphkit bench   SPEC [--repeat N] [--threads N] [--json]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
-(see :mod:`graphkit.spec`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
+(see :mod:`graphkit.models.specs`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ DTYPES = {
 
 
 def _load(spec: str) -> tuple[torch.nn.Module, Any]:
-    from graphkit.spec import load_spec
+    from graphkit.models.specs import load_spec
 
     return load_spec(spec)
 
 
 def _trace(spec: str) -> tuple[torch.nn.Module, Any, Any]:
-    from graphkit.spec import spec_inputs_as_call
-    from graphkit.trace import trace
+    from graphkit.graph.tracing import trace
+    from graphkit.models.specs import spec_inputs_as_call
 
     module, inputs = _load(spec)
     args, kwargs = spec_inputs_as_call(inputs)
@@ -99,7 +99,7 @@ def _capture(arguments: argparse.Namespace) -> int:
 
 
 def _groups(arguments: argparse.Namespace) -> int:
-    from graphkit.groups import param_groups
+    from graphkit.analysis.parameter_groups import param_groups
 
     _, _, graph = _trace(arguments.spec)
     groups = param_groups(graph)
@@ -133,7 +133,7 @@ def _groups(arguments: argparse.Namespace) -> int:
 
 
 def _verify(arguments: argparse.Namespace) -> int:
-    from graphkit.verify import verify_split
+    from graphkit.split.verification import verify_split
 
     module, inputs = _load(arguments.spec)
     report = verify_split(
@@ -152,7 +152,7 @@ def _verify(arguments: argparse.Namespace) -> int:
 
 
 def _render(arguments: argparse.Namespace) -> int:
-    from graphkit.draw import render
+    from graphkit.drawing.rendering import render
 
     _, _, graph = _trace(arguments.spec)
     path = render(graph, arguments.output, collapse_depth=arguments.collapse, max_nodes=arguments.max_nodes)
@@ -161,7 +161,7 @@ def _render(arguments: argparse.Namespace) -> int:
 
 
 def _inspect(arguments: argparse.Namespace) -> int:
-    from graphkit.report import inspect
+    from graphkit.drawing.report import inspect
 
     return inspect(
         arguments.spec,
@@ -173,7 +173,7 @@ def _inspect(arguments: argparse.Namespace) -> int:
 
 
 def _bench(arguments: argparse.Namespace) -> int:
-    from graphkit.bench import bench_spec
+    from graphkit.split.benchmark import bench_spec
 
     return bench_spec(
         arguments.spec, repeat=arguments.repeat, as_json=arguments.json, threads=arguments.threads

@@ -22,7 +22,7 @@ import torch
 device = sys.argv[1]
 if device.startswith("cuda") and not torch.cuda.is_available():
     sys.exit(f"no CUDA device visible to torch {torch.__version__}")
-from graphkit import zoo
+from graphkit.models import zoo
 specs = [f"zoo:{name}" for name in zoo.MODELS] + [
     "hf:gpt2", "hf:gpt2?stage=middle", "hf:llama?stage=middle", "hf:bert", "hf:mixtral?stage=middle", "hf:t5",
 ]

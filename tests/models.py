@@ -14,7 +14,7 @@ parameters and submodules registered in another order, which changes ``named_par
 else.
 
 :func:`reference_param_groups` is a brute-force oracle for parameter groups, written straight from
-``next_functions`` (per-parameter closures and a union-find), independent of :mod:`graphkit.closures`;
+``next_functions`` (per-parameter closures and a union-find), independent of :mod:`graphkit.analysis.closures`;
 :func:`check_param_groups` asserts that :func:`graphkit.param_groups` agrees with it and with a full
 backward.
 """
@@ -32,8 +32,8 @@ from torch import Tensor, nn
 from torch.autograd.graph import Node, get_gradient_edge
 from torch.nn import functional
 
-from graphkit.graph import capture
-from graphkit.groups import GroupFlag, ParamGroup, ParamGroups, param_groups
+from graphkit.analysis.parameter_groups import GroupFlag, ParamGroup, ParamGroups, param_groups
+from graphkit.graph.autograd_graph import capture
 
 __all__ = [
     "KINDS",

@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from graphkit import zoo
-from graphkit.bench import account_split_time, benchmark_split, count_engine_calls
-from graphkit.tensors import GraphkitInputError
+from graphkit.graph.tensors import GraphkitInputError
+from graphkit.models import zoo
+from graphkit.split.benchmark import account_split_time, benchmark_split, count_engine_calls
 
 
 def test_engine_call_counter_counts_backward_and_grad():

@@ -10,10 +10,10 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
-from graphkit import zoo
+from graphkit.analysis.parameter_groups import param_groups
 from graphkit.cli import main
-from graphkit.groups import param_groups
-from graphkit.trace import trace
+from graphkit.graph.tracing import trace
+from graphkit.models import zoo
 
 BROKEN = f"{Path(__file__).parent / 'specs' / 'broken_split.py'}:build"
 

@@ -90,17 +90,17 @@ def test_cli_reference_lists_every_subcommand(built_docs: Path) -> None:
 def test_api_reference_documents_the_public_functions(built_docs: Path) -> None:
     text = (built_docs / "api.html").read_text()
     for anchor in [
-        "graphkit.graph.capture",
-        "graphkit.trace.trace",
-        "graphkit.groups.param_groups",
-        "graphkit.split.backward_input",
-        "graphkit.split.backward_weight",
-        "graphkit.split.current_phase",
-        "graphkit.stage.StageCompute",
-        "graphkit.verify.verify_split",
-        "graphkit.draw.draw",
-        "graphkit.widgets.explore",
-        "graphkit.spec.load_spec",
+        "graphkit.graph.autograd_graph.capture",
+        "graphkit.graph.tracing.trace",
+        "graphkit.analysis.parameter_groups.param_groups",
+        "graphkit.split.backward.backward_input",
+        "graphkit.split.backward.backward_weight",
+        "graphkit.split.backward.current_phase",
+        "graphkit.split.stage_compute.StageCompute",
+        "graphkit.split.verification.verify_split",
+        "graphkit.drawing.diagram.draw",
+        "graphkit.drawing.explorer.explore",
+        "graphkit.models.specs.load_spec",
     ]:
         assert f'id="{anchor}"' in text, anchor
 

@@ -17,20 +17,13 @@ import pytest
 import torch
 
 import graphkit
-from graphkit import draw as draw_module
-from graphkit import zoo
-from graphkit.draw import (
-    PALETTE,
-    PATTERNS,
-    GraphvizNotFoundError,
-    RenderTimeoutError,
-    draw,
-    group_style,
-    groups_diagram,
-    render,
-)
-from graphkit.graph import AutogradGraph
-from graphkit.groups import param_groups
+from graphkit.analysis.parameter_groups import param_groups
+from graphkit.drawing.diagram import draw, groups_diagram
+from graphkit.drawing.labels import format_bytes
+from graphkit.drawing.palette import PALETTE, PATTERNS, group_style
+from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError, render
+from graphkit.graph.autograd_graph import AutogradGraph
+from graphkit.models import zoo
 
 GOLDEN = Path(__file__).parent / "golden"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -366,6 +359,6 @@ def test_graph_and_groups_display_as_svg() -> None:
 
 
 def test_byte_sizes_read_as_a_person_would() -> None:
-    assert draw_module.format_bytes(512) == "512 B"
-    assert draw_module.format_bytes(2304) == "2.2 KiB"
-    assert draw_module.format_bytes(3 * 1024**3) == "3.0 GiB"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(2304) == "2.2 KiB"
+    assert format_bytes(3 * 1024**3) == "3.0 GiB"

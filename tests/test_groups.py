@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 import graphkit
-from graphkit import zoo
-from graphkit.closures import (
+from graphkit.analysis.closures import (
     WeightSideEdge,
     input_closure,
     intermediates,
@@ -23,8 +22,9 @@ from graphkit.closures import (
     weight_only_nodes,
     weight_only_subgraph,
 )
-from graphkit.graph import AutogradGraph, capture
-from graphkit.groups import GroupFlag, ParamGroups, param_groups
+from graphkit.analysis.parameter_groups import GroupFlag, ParamGroups, param_groups
+from graphkit.graph.autograd_graph import AutogradGraph, capture
+from graphkit.models import zoo
 
 SHARED = GroupFlag.SHARED_PARAMETER
 MULTI_OUTPUT = GroupFlag.MULTI_OUTPUT_INTERMEDIATE

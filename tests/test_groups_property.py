@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from graphkit.graph import capture
-from graphkit.groups import param_groups
+from graphkit.analysis.parameter_groups import param_groups
+from graphkit.graph.autograd_graph import capture
 
 
 @settings(max_examples=50, deadline=None)

@@ -14,7 +14,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from graphkit.hf import KNOWN_ARCHITECTURES, HFSpec, load_hf_spec, parse_hf_spec  # noqa: E402
+from graphkit.models.huggingface import KNOWN_ARCHITECTURES, HFSpec, load_hf_spec, parse_hf_spec  # noqa: E402
 
 ARCHITECTURES = ["gpt2", "llama", "bert", "t5", "mixtral"]
 

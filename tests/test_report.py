@@ -19,11 +19,11 @@ import networkx as nx
 import pytest
 import torch
 
-from graphkit import zoo
+from graphkit.analysis.parameter_groups import param_groups
 from graphkit.cli import main
-from graphkit.groups import param_groups
-from graphkit.report import DEFAULT_SPEC, FILES, inspect
-from graphkit.trace import trace
+from graphkit.drawing.report import DEFAULT_SPEC, FILES, inspect
+from graphkit.graph.tracing import trace
+from graphkit.models import zoo
 
 BROKEN = f"{Path(__file__).parent / 'specs' / 'broken_split.py'}:build"
 

@@ -49,7 +49,7 @@ def test_readme_main_command_comes_first_and_names_a_zoo_model(repo_root: Path) 
     main = readme_commands(text)["main"][0]
     spec = main.split()[-1]
     if spec.startswith("zoo:"):
-        from graphkit import zoo
+        from graphkit.models import zoo
 
         assert spec.removeprefix("zoo:") in zoo.MODELS
 

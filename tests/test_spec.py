@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from graphkit import zoo
-from graphkit.spec import SpecError, load_spec, spec_inputs_as_call
+from graphkit.models import zoo
+from graphkit.models.specs import SpecError, load_spec, spec_inputs_as_call
 
 GOOD_FILE = """
 import torch
@@ -154,7 +154,7 @@ def test_module_spec_imports_a_dotted_module(tmp_path: Path, monkeypatch: pytest
             sys.modules.pop(name, None)
     assert isinstance(module, nn.Linear) and inputs[0].shape == (5, 4)
 
-    module, inputs = load_spec("graphkit.zoo:mlp")
+    module, inputs = load_spec("graphkit.models.zoo:mlp")
     assert isinstance(module, nn.Sequential) and inputs[0].shape == (4, 16)
 
 
@@ -165,24 +165,24 @@ def test_hf_spec_is_delegated_to_graphkit_hf(monkeypatch: pytest.MonkeyPatch) ->
         received.append(spec)
         return nn.Linear(2, 2), {"input": torch.ones(1, 2)}
 
-    fake = types.ModuleType("graphkit.hf")
+    fake = types.ModuleType("graphkit.models.huggingface")
     fake.load_hf_spec = load_hf_spec  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "graphkit.hf", fake)
+    monkeypatch.setitem(sys.modules, "graphkit.models.huggingface", fake)
     module, inputs = load_spec("hf:gpt2?n_layer=2")
     assert received == ["hf:gpt2?n_layer=2"]
     assert isinstance(module, nn.Linear) and set(inputs) == {"input"}
 
 
 def test_hf_spec_without_graphkit_hf_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "graphkit.hf", None)
-    with pytest.raises(SpecError, match="needs graphkit.hf"):
+    monkeypatch.setitem(sys.modules, "graphkit.models.huggingface", None)
+    with pytest.raises(SpecError, match="needs graphkit.models.huggingface"):
         load_spec("hf:gpt2")
 
 
 def test_hf_spec_with_a_wrong_return_shape_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = types.ModuleType("graphkit.hf")
+    fake = types.ModuleType("graphkit.models.huggingface")
     fake.load_hf_spec = lambda spec: nn.Linear(2, 2)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "graphkit.hf", fake)
+    monkeypatch.setitem(sys.modules, "graphkit.models.huggingface", fake)
     with pytest.raises(SpecError, match=r"returned a Linear; return \(module, inputs\)"):
         load_spec("hf:gpt2")
 

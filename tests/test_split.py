@@ -15,9 +15,10 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import graphkit
-from graphkit import split, zoo
-from graphkit.split import GraphFreedError, Phase, SplitError, backward_input, backward_weight
-from graphkit.tensors import flatten_tensors, unflatten_like
+from graphkit.graph.tensors import flatten_tensors, unflatten_like
+from graphkit.models import zoo
+from graphkit.split import backward as split
+from graphkit.split.backward import GraphFreedError, Phase, SplitError, backward_input, backward_weight
 
 # scripts/gpu_check.sh runs these tests with GRAPHKIT_TEST_DEVICE=cuda; CI runs them on the CPU.
 DEVICE = torch.device(os.environ.get("GRAPHKIT_TEST_DEVICE", "cpu"))
@@ -425,13 +426,13 @@ def test_modifying_a_saved_activation_between_b_and_w_is_an_error():
 
 @pytest.mark.parametrize("name", sorted(zoo.MODELS))
 def test_split_plan_agrees_with_the_closures_of_the_captured_graph(name):
-    # backward_input computes the split on node indices; graphkit.closures on the networkx graph.
+    # backward_input computes the split on node indices; graphkit.analysis.closures on the networkx graph.
     # Both walk the same graph in the same order, so index i is node "n{i}".
     from torch.autograd.graph import get_gradient_edge
 
-    from graphkit.closures import intermediates
-    from graphkit.graph import _walk, capture
-    from graphkit.split import _plan
+    from graphkit.analysis.closures import intermediates
+    from graphkit.graph.autograd_graph import _walk, capture
+    from graphkit.split.backward import _plan
 
     module, inputs = zoo.build(name)
     outputs = _call(module, inputs)
@@ -640,7 +641,7 @@ def test_a_hook_on_a_weight_only_tensor_sees_the_real_gradient_in_w():
 
 
 def test_one_parameter_fed_by_many_formulas_receives_their_sum_in_one_engine_call():
-    from graphkit.bench import count_engine_calls
+    from graphkit.split.benchmark import count_engine_calls
 
     def build():
         torch.manual_seed(0)

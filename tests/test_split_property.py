@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphkit.split import backward_input, backward_weight
+from graphkit.split.backward import backward_input, backward_weight
 from tests.models import random_model
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphkit.stage import StageCompute, StageError
+from graphkit.split.stage_compute import StageCompute, StageError
 
 
 class First(nn.Module):

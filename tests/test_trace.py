@@ -11,8 +11,8 @@ from torch import nn
 from torch.nn import functional
 
 from graphkit import capture, trace
-from graphkit.graph import AutogradGraph, NodeKind
-from graphkit.tensors import GraphkitInputError
+from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
+from graphkit.graph.tensors import GraphkitInputError
 
 
 def paths_by_op(graph: AutogradGraph) -> list[tuple[str, str | None]]:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from graphkit import zoo
-from graphkit.spec import load_spec
-from graphkit.verify import verify_split
+from graphkit.models import zoo
+from graphkit.models.specs import load_spec
+from graphkit.split.verification import verify_split
 
 BROKEN = f"{Path(__file__).parent / 'specs' / 'broken_split.py'}:build"
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from graphkit.weight_rules import prepare
+from graphkit.split.weight_rules import prepare
 
 torch.manual_seed(0)
 _DOUBLE = torch.float64

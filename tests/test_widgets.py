@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import graphkit
-from graphkit import zoo
-from graphkit.widgets import FLAG_MEANINGS, ROLES, explore, group_html, node_html, node_role
+from graphkit.drawing.explorer import FLAG_MEANINGS, ROLES, explore, group_html, node_html, node_role
+from graphkit.models import zoo
 
 pytest.importorskip("ipywidgets")
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
-from graphkit import zoo
+from graphkit.models import zoo
 
 EXPECTED_MODELS = {
     "gpt",

@@ -68,8 +68,8 @@ class CliReference(SphinxDirective):
 def draw_pictures(app: Sphinx) -> None:
     """Draw the concepts page's diagrams of ``zoo.mlp`` into ``docs/_generated/``."""
     import graphkit
-    from graphkit import zoo
-    from graphkit.draw import render
+    from graphkit.drawing import render
+    from graphkit.models import zoo
 
     GENERATED.mkdir(exist_ok=True)
     model, (x,) = zoo.mlp()

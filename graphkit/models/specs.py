@@ -3,7 +3,7 @@
 A *spec* tells graphkit's commands and notebooks which model to look at. Four forms are understood:
 
 ``zoo:NAME``
-    A built-in model from :mod:`graphkit.zoo`, e.g. ``zoo:gpt``.
+    A built-in model from :mod:`graphkit.models.zoo`, e.g. ``zoo:gpt``.
 ``path/to/file.py:function``
     A function in a Python file. The file is imported as a fresh module (its folder is on ``sys.path``
     while it is imported and while the function runs, so it can import files next to it).
@@ -11,7 +11,7 @@ A *spec* tells graphkit's commands and notebooks which model to look at. Four fo
     A function in an importable module, e.g. ``my_project.models:make_stage``.
 ``hf:ARCH[?key=value&...]``
     A Hugging Face ``transformers`` model built from a small config with random weights, handled by
-    ``graphkit.hf.load_hf_spec`` (extra ``models``).
+    ``graphkit.models.huggingface.load_hf_spec`` (extra ``models``).
 
 The function takes no arguments and returns ``(module, inputs)``: an ``nn.Module`` and either a tuple of
 positional arguments or a dict of keyword arguments for ``module(...)``. Input tensors with
@@ -109,7 +109,7 @@ def spec_inputs_as_call(
 
 
 def _load_zoo(spec: str, name: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
-    from graphkit import zoo
+    from graphkit.models import zoo
 
     if name not in zoo.MODELS:
         known = ", ".join(zoo.MODELS)
@@ -119,16 +119,16 @@ def _load_zoo(spec: str, name: str) -> tuple[nn.Module, tuple[Any, ...] | dict[s
 
 def _load_hf(spec: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
     try:
-        hf = importlib.import_module("graphkit.hf")
+        hf = importlib.import_module("graphkit.models.huggingface")
     except ModuleNotFoundError as error:
-        if error.name != "graphkit.hf":
+        if error.name != "graphkit.models.huggingface":
             raise
         raise SpecError(
-            f"spec {spec!r} needs graphkit.hf, which this installation of graphkit does not have; "
+            f"spec {spec!r} needs graphkit.models.huggingface, which this installation of graphkit does not have; "
             "use a zoo: or file spec instead"
         ) from error
     result = hf.load_hf_spec(spec)
-    return _check_result(spec, "graphkit.hf.load_hf_spec", result)
+    return _check_result(spec, "graphkit.models.huggingface.load_hf_spec", result)
 
 
 def _looks_like_path(target: str) -> bool:

@@ -46,8 +46,8 @@ import networkx as nx
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
-from graphkit import _autograd
-from graphkit.tensors import GraphkitInputError, flatten_tensors
+from graphkit.graph import _autograd
+from graphkit.graph.tensors import GraphkitInputError, flatten_tensors
 
 __all__ = [
     "AutogradGraph",
@@ -196,7 +196,8 @@ class AutogradGraph(nx.MultiDiGraph):
         }
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from graphkit.draw import draw  # presentation depends on the graph, never the other way round
+        # Presentation depends on the graph, never the other way round: drawing loads here, lazily.
+        from graphkit.drawing.diagram import draw
 
         return draw(self)._repr_mimebundle_(include, exclude)
 

@@ -41,11 +41,11 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphkit import _autograd
-from graphkit.graph import capture
-from graphkit.split import SplitState, backward_input, backward_weight
-from graphkit.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
-from graphkit.verify import call_stage, fresh_inputs
+from graphkit.graph import _autograd
+from graphkit.graph.autograd_graph import capture
+from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.split.backward import SplitState, backward_input, backward_weight
+from graphkit.split.verification import call_stage, fresh_inputs
 
 __all__ = [
     "SplitBenchmark",
@@ -526,7 +526,7 @@ def bench_spec(
 
     ``threads`` sets ``torch.set_num_threads`` first (None: PyTorch's default).
     """
-    from graphkit.spec import load_spec
+    from graphkit.models.specs import load_spec
 
     if threads is not None:
         if threads < 1:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from graphkit.graph import AutogradGraph, NodeKind
+from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
 
 __all__ = [
     "Intermediate",

@@ -2,7 +2,7 @@
 
 Everything that touches a private attribute of ``torch.autograd.graph.Node`` lives here, so that a change
 in PyTorch breaks one small file and nothing else - except the per-op weight-side formulas of
-:mod:`graphkit.weight_rules`, which read the ``_saved_<name>`` attributes (and the output dtype in
+:mod:`graphkit.split.weight_rules`, which read the ``_saved_<name>`` attributes (and the output dtype in
 ``_input_metadata``) of the ops they know by name, and fall back to calling the Node when one is missing:
 
 - ``_input_metadata``: shape, dtype and device of each gradient a node receives (one per forward output);

@@ -1,7 +1,7 @@
 """Parameter groups: which weights a zero-bubble W phase serves from which intermediates.
 
 A **parameter group** is a connected component of the relation "weight leaf *p* reaches entry *e*
-through weight-only nodes", where an *entry* is an intermediate (see :mod:`graphkit.closures`) or a stage
+through weight-only nodes", where an *entry* is an intermediate (see :mod:`graphkit.analysis.closures`) or a stage
 output that lies in the weight-only subgraph (a parameter-only output such as ``logit_scale.exp()``).
 The relation is made transitive with a union-find over the edges of the weight-only subgraph and the
 weight-side edges, so the partition does not depend on parameter order (a shared parameter registered
@@ -33,14 +33,14 @@ from typing import Any
 
 import networkx as nx
 
-from graphkit.closures import (
+from graphkit.analysis.closures import (
     Intermediate,
     WeightSideEdge,
     input_closure,
     intermediates,
     weight_only_nodes,
 )
-from graphkit.graph import AutogradGraph, GraphEndpoint, NodeKind
+from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind
 
 __all__ = ["FLAG_MEANINGS", "GroupFlag", "ParamGroup", "ParamGroups", "param_groups"]
 
@@ -156,7 +156,7 @@ class ParamGroups(list):
         if self.graph is None:
             return bundle
         # The display hook is the one place analysis reaches for drawing, lazily: nothing else does.
-        from graphkit.draw import groups_diagram
+        from graphkit.drawing.diagram import groups_diagram
 
         try:
             svg = groups_diagram(self, self.graph).pipe(format="svg", encoding="utf-8")

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from graphkit.split import SplitState, backward_full, backward_input, backward_weight
+from graphkit.split.backward import SplitState, backward_full, backward_input, backward_weight
 
 __all__ = ["StageCompute", "StageError"]
 

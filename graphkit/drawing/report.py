@@ -1,9 +1,9 @@
 """``graphkit inspect``: from a model spec to a verified, drawn split backward in one call.
 
-:func:`inspect` loads a model spec (see :mod:`graphkit.spec`), captures its autograd graph with module paths
+:func:`inspect` loads a model spec (see :mod:`graphkit.models.specs`), captures its autograd graph with module paths
 (:func:`graphkit.trace`), computes the parameter groups (:func:`graphkit.param_groups`), checks the split
 backward against a full backward and counts the FLOPs of each phase (:func:`graphkit.verify_split`), draws the
-graph (:mod:`graphkit.draw`) and writes a report folder::
+graph (:mod:`graphkit.drawing.diagram`) and writes a report folder::
 
     DIR/index.html      one self-contained page: summary, group table, diagram, verification, FLOPs chart
     DIR/graph.svg       the diagram (needs the Graphviz ``dot`` program)
@@ -34,14 +34,14 @@ from typing import Any, TextIO
 
 import torch
 
-from graphkit.draw import format_bytes
-from graphkit.graph import AutogradGraph
-from graphkit.groups import FLAG_MEANINGS, GroupFlag, ParamGroups, param_groups
-from graphkit.spec import load_spec, spec_inputs_as_call
-from graphkit.tensors import flatten_tensors, unflatten_like
-from graphkit.trace import trace
-from graphkit.verify import VerifyReport, verify_split
-from graphkit.zoo import DEFAULT_MODEL
+from graphkit.analysis.parameter_groups import FLAG_MEANINGS, GroupFlag, ParamGroups, param_groups
+from graphkit.drawing.labels import format_bytes
+from graphkit.graph.autograd_graph import AutogradGraph
+from graphkit.graph.tensors import flatten_tensors, unflatten_like
+from graphkit.graph.tracing import trace
+from graphkit.models.specs import load_spec, spec_inputs_as_call
+from graphkit.models.zoo import DEFAULT_MODEL
+from graphkit.split.verification import VerifyReport, verify_split
 
 __all__ = [
     "DEFAULT_SPEC",
@@ -67,7 +67,7 @@ FILES: dict[str, str] = {
 """The files of a report folder, by kind."""
 
 MAX_NODES = 400
-"""Node budget of the diagram: larger graphs are collapsed by module (see :func:`graphkit.draw.draw`)."""
+"""Node budget of the diagram: larger graphs are collapsed by module (see :func:`graphkit.drawing.diagram.draw`)."""
 
 STEPS = ("load model", "capture graph", "parameter groups", "verify split", "draw diagram", "write files")
 
@@ -317,17 +317,13 @@ def collect(
         An :class:`Inspection`.
 
     Raises:
-        graphkit.spec.SpecError: the spec cannot be loaded.
+        graphkit.models.specs.SpecError: the spec cannot be loaded.
         ValueError: ``collapse_depth < 1``, or ``device`` is unknown or unavailable.
-        graphkit.tensors.GraphkitInputError: the model's outputs have no autograd graph.
+        graphkit.graph.tensors.GraphkitInputError: the model's outputs have no autograd graph.
     """
-    from graphkit.draw import (
-        GraphvizNotFoundError,
-        RenderTimeoutError,
-        choose_collapse_depth,
-        draw,
-        render,
-    )
+    from graphkit.drawing.collapsing import choose_collapse_depth
+    from graphkit.drawing.diagram import draw
+    from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError, render
 
     spec = spec or DEFAULT_SPEC
     if collapse_depth is not None and collapse_depth < 1:
@@ -392,7 +388,7 @@ def report_json(inspection: Inspection, files: Mapping[str, str | None] | None =
 
     Keys: ``spec``; ``summary`` (:meth:`Inspection.summary`); ``groups`` (one dict per group, as
     ``graphkit groups --json`` prints them); ``unused_params``; ``verify`` (exactly
-    :meth:`graphkit.verify.VerifyReport.to_dict`, as ``graphkit verify --json`` prints it); ``files`` (file
+    :meth:`graphkit.split.verification.VerifyReport.to_dict`, as ``graphkit verify --json`` prints it); ``files`` (file
     name of each kind, relative to the report folder; None for a file that was not written).
     """
     groups = inspection.groups.to_dict()
@@ -682,7 +678,7 @@ def _share(part: int, total: int) -> str:
 
 
 def _group_rows(inspection: Inspection) -> str:
-    from graphkit.draw import group_style
+    from graphkit.drawing.palette import group_style
 
     graph = inspection.graph
     sizes = inspection.parameter_sizes()
@@ -950,9 +946,9 @@ def inspect(
         without the diagram's SVG.
 
     Raises:
-        graphkit.spec.SpecError: the spec cannot be loaded.
+        graphkit.models.specs.SpecError: the spec cannot be loaded.
         ValueError: bad ``collapse_depth`` or ``device``; ``output`` is a file.
-        graphkit.tensors.GraphkitInputError: the model's outputs have no autograd graph.
+        graphkit.graph.tensors.GraphkitInputError: the model's outputs have no autograd graph.
     """
     spec = spec or DEFAULT_SPEC
     output = Path(output)

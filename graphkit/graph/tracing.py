@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from graphkit import _autograd
-from graphkit.graph import MODULE_PATH_KEY, AutogradGraph, capture
-from graphkit.tensors import flatten_tensors
+from graphkit.graph import _autograd
+from graphkit.graph.autograd_graph import MODULE_PATH_KEY, AutogradGraph, capture
+from graphkit.graph.tensors import flatten_tensors
 
 __all__ = ["trace"]
 
@@ -75,7 +75,7 @@ def trace(module: torch.nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Auto
         (``""`` for the top-level module, ``"layers.0.attn"`` for a submodule).
 
     Raises:
-        graphkit.tensors.GraphkitInputError: as :func:`graphkit.capture` (no tensor output, no grad_fn).
+        graphkit.graph.tensors.GraphkitInputError: as :func:`graphkit.capture` (no tensor output, no grad_fn).
     """
     path_stack = [""]
     stamp = _ModulePathStamp(path_stack, _current_sequence_number())

@@ -3,7 +3,7 @@
 Zero-bubble pipeline parallelism (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024) splits a
 stage's backward in two: **B** computes the gradients of the stage inputs (the previous stage waits for
 them), **W** computes the parameter gradients later, filling pipeline bubbles. graphkit drives both from
-the parameter groups of the captured graph (:mod:`graphkit.groups`):
+the parameter groups of the captured graph (:mod:`graphkit.analysis.parameter_groups`):
 
 **B phase** (:func:`backward_input`). One autograd-engine call,
 ``torch.autograd.grad(outputs, inputs=stage_inputs, retain_graph=True)``. The engine runs only Nodes on a
@@ -17,7 +17,7 @@ the Node itself receives, after them.)
 **W phase** (:func:`backward_weight`). First the gradient along every weight-side edge is computed:
 
 - for the ops that carry most weights (``mm``, ``addmm``, ``bmm``, convolution, layer, batch and
-  group norm, ``mul``, ``add``), by a formula over the tensors the Node saved, taken in B (:mod:`graphkit.weight_rules`),
+  group norm, ``mul``, ``add``), by a formula over the tensors the Node saved, taken in B (:mod:`graphkit.split.weight_rules`),
   so the state holds those tensors and not the Node, and the input path's graph is freed once the
   caller drops the outputs;
 - for any other Node, by calling it with its captured gradients inside a small engine call of its own
@@ -57,10 +57,10 @@ from typing import Any
 import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
-from graphkit import _autograd
-from graphkit.graph import _Walk, _walk
-from graphkit.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
-from graphkit.weight_rules import PreparedWeightGradient, prepare
+from graphkit.graph import _autograd
+from graphkit.graph.autograd_graph import _Walk, _walk
+from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
     "GraphFreedError",
@@ -144,7 +144,7 @@ class SplitState:
     """What the B phase leaves for the W phase of one microbatch. Single use.
 
     It holds only what the W phase needs: the gradients captured at intermediates, the saved tensors
-    the weight-side formulas read (:mod:`graphkit.weight_rules`) or, for ops without a formula, the
+    the weight-side formulas read (:mod:`graphkit.split.weight_rules`) or, for ops without a formula, the
     intermediate Node itself, and the weight-only Nodes the gradients enter. Once the caller drops the
     stage outputs, the rest of the input path's graph is freed - except what a kept Node reaches
     through its ``next_functions``, and, when W must call a custom Function's Node, the whole graph (the
@@ -329,7 +329,7 @@ def _freed_error(error: RuntimeError) -> Exception:
 # --- B phase ----------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Plan:
-    """The split of one walked graph, by node index (see :mod:`graphkit.closures` for the definitions).
+    """The split of one walked graph, by node index (see :mod:`graphkit.analysis.closures` for the definitions).
 
     It depends only on the graph's structure, so microbatches of the same stage share one plan.
     """
@@ -371,7 +371,7 @@ def _cached_plan(
 def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozenset()) -> _Plan:
     """Input closure, weight-only nodes and intermediates of ``walk`` in one pass over its edges.
 
-    The same definitions as :mod:`graphkit.closures`, on node indices instead of a networkx graph:
+    The same definitions as :mod:`graphkit.analysis.closures`, on node indices instead of a networkx graph:
     this runs for every new graph structure, so it avoids building attribute dictionaries. Leaves whose
     indices are in ``excluded`` (parameters left out by ``params=``) count as no weight at all, so the W
     phase computes nothing for them.
@@ -451,7 +451,7 @@ def backward_input(
         No ``.grad`` is touched.
 
     Raises:
-        graphkit.tensors.GraphkitInputError: outputs without a graph, mismatched ``grad_outputs``.
+        graphkit.graph.tensors.GraphkitInputError: outputs without a graph, mismatched ``grad_outputs``.
         GraphFreedError: the graph was already freed by an earlier backward.
     """
     pairs = _pair_outputs(outputs, grad_outputs)
@@ -858,7 +858,7 @@ def backward_full(
         accumulate into ``.grad`` as usual; the stage inputs' own ``.grad`` is left as it was.
 
     Raises:
-        graphkit.tensors.GraphkitInputError: as :func:`backward_input`.
+        graphkit.graph.tensors.GraphkitInputError: as :func:`backward_input`.
         GraphFreedError: the graph was already freed by an earlier backward.
     """
     pairs = _pair_outputs(outputs, grad_outputs)

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphkit.graph import capture
-from graphkit.groups import param_groups
-from graphkit.split import backward_full, backward_input, backward_weight
-from graphkit.tensors import flatten_tensors, unflatten_like
+from graphkit.analysis.parameter_groups import param_groups
+from graphkit.graph.autograd_graph import capture
+from graphkit.graph.tensors import flatten_tensors, unflatten_like
+from graphkit.split.backward import backward_full, backward_input, backward_weight
 
 __all__ = ["GradientCheck", "VerifyReport", "call_stage", "fresh_inputs", "tolerance_for", "verify_split"]
 
@@ -239,7 +239,7 @@ def verify_split(
         of the gradients' dtype (see module docstring).
 
     Raises:
-        graphkit.tensors.GraphkitInputError: the module's outputs have no autograd graph.
+        graphkit.graph.tensors.GraphkitInputError: the module's outputs have no autograd graph.
     """
     device = torch.device(device) if device is not None else None
     stage = copy.deepcopy(module)

@@ -12,7 +12,7 @@ forward calls on the same build give identical outputs (no dropout, no random op
 
 Each model exercises one kind of autograd graph that graph capture and parameter grouping must get right;
 its docstring says which. The registry :data:`MODELS` maps a name to a :class:`ZooModel`; a model spec
-``zoo:NAME`` (see :mod:`graphkit.spec`) loads one by name.
+``zoo:NAME`` (see :mod:`graphkit.models.specs`) loads one by name.
 """
 
 from __future__ import annotations

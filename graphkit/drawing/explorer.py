@@ -1,6 +1,6 @@
 """Explore an autograd graph and its parameter groups in a notebook: an ipywidgets app.
 
-:func:`explore` shows the diagram of :func:`graphkit.draw.draw` with controls around it:
+:func:`explore` shows the diagram of :func:`graphkit.drawing.diagram.draw` with controls around it:
 
 - **group picker**: paints one parameter group in colour and fades the others (``highlight_group``), and
   lists the group's parameters, intermediates and flags;
@@ -33,10 +33,12 @@ from typing import Any
 
 import torch
 
-from graphkit.closures import input_closure
-from graphkit.draw import choose_collapse_depth, collapse_key, drawn_node_count, format_bytes, render
-from graphkit.graph import AutogradGraph, NodeKind
-from graphkit.groups import FLAG_MEANINGS, ParamGroup, param_groups
+from graphkit.analysis.closures import input_closure
+from graphkit.analysis.parameter_groups import FLAG_MEANINGS, ParamGroup, param_groups
+from graphkit.drawing.collapsing import choose_collapse_depth, collapse_key, drawn_node_count
+from graphkit.drawing.labels import format_bytes
+from graphkit.drawing.rendering import render
+from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
 
 __all__ = [
     "ROLES",
@@ -318,7 +320,7 @@ def _import_ipywidgets() -> Any:
         import ipywidgets
     except ImportError as error:
         raise ImportError(
-            f"graphkit.widgets.explore needs ipywidgets, which is not installed: {INSTALL_HINT}"
+            f"graphkit.drawing.explorer.explore needs ipywidgets, which is not installed: {INSTALL_HINT}"
         ) from error
     return ipywidgets
 
@@ -352,8 +354,8 @@ def _resolve(
     graph_or_spec: Any, module: torch.nn.Module | None, inputs: Any
 ) -> tuple[AutogradGraph, torch.nn.Module | None, Any, str | None]:
     """``(graph, module, inputs, spec)`` from what :func:`explore` was given."""
-    from graphkit.spec import load_spec, spec_inputs_as_call
-    from graphkit.trace import trace
+    from graphkit.graph.tracing import trace
+    from graphkit.models.specs import load_spec, spec_inputs_as_call
 
     spec = None
     if isinstance(graph_or_spec, AutogradGraph):
@@ -394,7 +396,7 @@ class Explorer:
         verify_button: ``Button``; disabled without a module and inputs.
         diagram: ``HTML`` holding the SVG.
         info_panel, node_panel, verify_panel: ``HTML`` panels beside the diagram.
-        report: the last :class:`graphkit.verify.VerifyReport`, or None.
+        report: the last :class:`graphkit.split.verification.VerifyReport`, or None.
         render_timeout_s: seconds Graphviz may take for one layout.
     """
 
@@ -540,7 +542,7 @@ class Explorer:
 
     # --- public -------------------------------------------------------------------------------------
     def draw_options(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`graphkit.draw.draw` for the current state of the controls."""
+        """The keyword arguments of :func:`graphkit.drawing.diagram.draw` for the current state of the controls."""
         return {
             "rankdir": self.rankdir,
             "collapse_depth": self.collapse_slider.value or None,
@@ -564,7 +566,7 @@ class Explorer:
         """Run :func:`graphkit.verify_split` on the module and inputs and show its table.
 
         Returns:
-            The :class:`graphkit.verify.VerifyReport`.
+            The :class:`graphkit.split.verification.VerifyReport`.
 
         Raises:
             ValueError: the explorer has no module and inputs.
@@ -574,7 +576,7 @@ class Explorer:
                 "verify needs the module and its inputs: call explore('zoo:NAME'), explore((module, inputs)) "
                 "or explore(graph, module=..., inputs=...)"
             )
-        from graphkit.verify import verify_split
+        from graphkit.split.verification import verify_split
 
         self.verify_button.disabled = True
         self.verify_button.description = "verifying\u2026"
@@ -715,7 +717,7 @@ def explore(
     Args:
         graph_or_spec: an :class:`~graphkit.graph.AutogradGraph` (from :func:`graphkit.capture` or
             :func:`graphkit.trace`); a model spec string (``"zoo:gpt_stage"``, ``"path/to/file.py:function"``,
-            ``"hf:llama?stage=middle"``, see :mod:`graphkit.spec`); or a ``(module, inputs)`` pair with
+            ``"hf:llama?stage=middle"``, see :mod:`graphkit.models.specs`); or a ``(module, inputs)`` pair with
             ``inputs`` a tuple of positional arguments, a dict of keyword arguments or one tensor. Specs
             and pairs are run once with :func:`graphkit.trace`, so nodes carry module paths.
         groups: the parameter groups to show (default: :func:`graphkit.param_groups` of the graph).
@@ -735,7 +737,7 @@ def explore(
     Raises:
         ImportError: ipywidgets is not installed (``pip install 'graphkit[notebook]'``).
         TypeError: ``graph_or_spec`` is none of the accepted forms.
-        graphkit.spec.SpecError: the spec cannot be loaded.
+        graphkit.models.specs.SpecError: the spec cannot be loaded.
         ValueError: ``collapse_depth < 1``.
     """
     _import_ipywidgets()

@@ -1,0 +1,15 @@
+"""Models to look at: the built-in zoo, small Hugging Face models and model specs.
+
+- :mod:`graphkit.models.zoo`: small built-in models, each one graph pattern (``zoo:NAME``);
+- :mod:`graphkit.models.huggingface`: ``transformers`` models from small configs, random weights
+  (``hf:ARCH?key=value``, extra ``models``);
+- :mod:`graphkit.models.specs`: :func:`load_spec`, which turns a spec string into ``(module, inputs)``.
+
+Models sit beside the graph layer at the bottom: they import nothing else of graphkit.
+"""
+
+from __future__ import annotations
+
+from graphkit.models.specs import SpecError, load_spec, spec_inputs_as_call
+
+__all__ = ["SpecError", "load_spec", "spec_inputs_as_call"]
