@@ -14,7 +14,10 @@ import pytest
 import torch
 
 import graphkit
-from graphkit.drawing.explorer import FLAG_MEANINGS, ROLES, explore, group_html, node_html, node_role
+from graphkit.analysis.node_roles import ROLES, node_role
+from graphkit.analysis.parameter_groups import FLAG_MEANINGS
+from graphkit.drawing.explorer import explore
+from graphkit.drawing.panels import group_html, node_html
 from graphkit.models import zoo
 
 pytest.importorskip("ipywidgets")

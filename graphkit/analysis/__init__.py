@@ -3,7 +3,8 @@
 - :mod:`graphkit.analysis.closures`: reverse adjacency, the input and parameter closures, the weight-only
   subgraph and the intermediates where weight gradients leave the input path;
 - :mod:`graphkit.analysis.parameter_groups`: :func:`param_groups`, the parameters with the intermediates
-  that feed them.
+  that feed them;
+- :mod:`graphkit.analysis.node_roles`: :func:`node_role`, where one node stands in the split and why.
 
 Analysis imports the graph layer only; the display hooks of :class:`ParamGroups` reach for drawing lazily.
 """
@@ -21,17 +22,21 @@ from graphkit.analysis.closures import (
     weight_only_nodes,
     weight_only_subgraph,
 )
+from graphkit.analysis.node_roles import ROLES, NodeRole, node_role
 from graphkit.analysis.parameter_groups import FLAG_MEANINGS, GroupFlag, ParamGroup, ParamGroups, param_groups
 
 __all__ = [
     "FLAG_MEANINGS",
     "GroupFlag",
     "Intermediate",
+    "NodeRole",
+    "ROLES",
     "ParamGroup",
     "ParamGroups",
     "WeightSideEdge",
     "input_closure",
     "intermediates",
+    "node_role",
     "param_groups",
     "parameter_closure",
     "reverse_adjacency",

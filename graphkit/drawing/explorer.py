@@ -15,8 +15,8 @@
   when ``explore`` was given a model spec, a ``(module, inputs)`` pair, or ``module=`` and ``inputs=``.
 
 Only plain ipywidgets are used (no custom JavaScript), so the app works in JupyterLab, classic Notebook
-(7 and later), VS Code and voila. The pieces that are not widgets - :func:`node_role` and the HTML panels -
-are plain functions and work without ipywidgets.
+(7 and later), VS Code and voila. The pieces that are not widgets - :func:`~graphkit.analysis.node_roles.node_role`
+and the HTML panels of :mod:`graphkit.drawing.panels` - are plain functions and work without ipywidgets.
 
 ipywidgets is an optional dependency: ``pip install 'graphkit[notebook]'``.
 """
@@ -27,291 +27,22 @@ import html
 import re
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from graphkit.analysis.closures import input_closure
-from graphkit.analysis.parameter_groups import FLAG_MEANINGS, ParamGroup, param_groups
+from graphkit.analysis.node_roles import node_role
+from graphkit.analysis.parameter_groups import ParamGroup, param_groups
+from graphkit.drawing import panels
 from graphkit.drawing.collapsing import choose_collapse_depth, collapse_key, drawn_node_count
-from graphkit.drawing.labels import format_bytes
 from graphkit.drawing.rendering import render
 from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
 
-__all__ = [
-    "ROLES",
-    "Explorer",
-    "NodeRole",
-    "explore",
-    "group_html",
-    "node_html",
-    "node_role",
-]
+__all__ = ["Explorer", "explore"]
 
 INSTALL_HINT = "pip install 'graphkit[notebook]'"
-
-ROLES: tuple[str, ...] = (
-    "parameter leaf",
-    "weight-only",
-    "intermediate",
-    "stage input",
-    "input path",
-    "outside every group",
-)
-"""What a node can be, as :func:`node_role` reports it."""
-
-
-_PANEL_STYLE = "font-size: 12px; line-height: 1.45;"
-_TABLE_STYLE = "border-collapse: collapse; font-size: 12px;"
-_CELL_STYLE = "padding: 1px 8px 1px 0; vertical-align: top; text-align: left;"
-
-
-# --- what a node is ----------------------------------------------------------------------------------------
-@dataclass(slots=True, frozen=True)
-class NodeRole:
-    """Where a node stands in the split backward.
-
-    Attributes:
-        role: one of :data:`ROLES`.
-        group: index of the parameter group the node belongs to, or None.
-        reason: one or two sentences saying why, in terms of the input and parameter closures.
-    """
-
-    role: str
-    group: int | None
-    reason: str
-
-
-def _group_of(groups: Sequence[ParamGroup], node: str) -> tuple[ParamGroup | None, str | None]:
-    for group in groups:
-        if node in group.param_nodes:
-            return group, "parameter leaf"
-        if node in group.intermediates:
-            return group, "intermediate"
-        if node in group.weight_only_nodes:
-            return group, "weight-only"
-    return None, None
-
-
-def node_role(
-    graph: AutogradGraph,
-    groups: Sequence[ParamGroup],
-    node: str,
-    closure_of_inputs: set[str] | None = None,
-) -> NodeRole:
-    """Say which group ``node`` belongs to and why.
-
-    Args:
-        graph: the captured graph.
-        groups: its parameter groups (:func:`graphkit.param_groups`).
-        node: a node id of ``graph``.
-        closure_of_inputs: :func:`graphkit.input_closure` of ``graph``, if already computed.
-
-    Returns:
-        A :class:`NodeRole`: a parameter leaf, weight-only node or intermediate of a group; a stage input;
-        a node on the input path (its backward runs in the B phase only); or outside every group.
-
-    Raises:
-        KeyError: ``node`` is not a node of ``graph``.
-    """
-    data = graph.nodes[node]
-    group, role = _group_of(groups, node)
-    if group is not None and role == "parameter leaf":
-        names = ", ".join(data.get("param_names") or []) or "an unnamed leaf"
-        return NodeRole(
-            role,
-            group.index,
-            f"AccumulateGrad of {names}: the W phase of group {group.index} adds this gradient to .grad. "
-            f"The group's gradient leaves the input path at {_entries(graph, group)}.",
-        )
-    if group is not None and role == "weight-only":
-        return NodeRole(
-            role,
-            group.index,
-            f"depends on parameters of group {group.index} and on no stage input (parameter closure minus "
-            "input closure): its backward runs in the W phase only.",
-        )
-    if group is not None and role == "intermediate":
-        edges = group.weight_side_edges.get(node, ())
-        listed = ", ".join(
-            f"next_functions[{edge.input_nr}] \u2192 {_describe(graph, edge.target)}" for edge in edges
-        )
-        return NodeRole(
-            role,
-            group.index,
-            "depends on a stage input, and its gradient also feeds weights of group "
-            f"{group.index} through {listed}. The B phase captures the gradient it receives; the W phase "
-            "pushes it along these weight-side edges only.",
-        )
-    if str(data["kind"]) == NodeKind.STAGE_INPUT.value:
-        names = ", ".join(data.get("input_names") or []) or node
-        return NodeRole(
-            "stage input",
-            None,
-            f"stands for the stage input {names}: the B phase computes its gradient first, so the "
-            "previous stage can go on.",
-        )
-    closure_of_inputs = input_closure(graph) if closure_of_inputs is None else closure_of_inputs
-    if node in closure_of_inputs:
-        return NodeRole(
-            "input path",
-            None,
-            "depends on a stage input and feeds no weight directly: its backward runs in the B phase only.",
-        )
-    return NodeRole(
-        "outside every group",
-        None,
-        "depends on no stage input and belongs to no parameter group (a leaf whose gradient reaches no "
-        "parameter group, or a graph without groups).",
-    )
-
-
-def _describe(graph: AutogradGraph, node: str) -> str:
-    data = graph.nodes[node]
-    names = data.get("param_names") or []
-    what = names[0] if names else data.get("op") or data.get("name") or node
-    return f"{what} ({node})"
-
-
-def _entries(graph: AutogradGraph, group: ParamGroup) -> str:
-    entries = [_describe(graph, node) for node in group.intermediates]
-    entries += [f"stage output {entry.name}" for entry in group.output_entries]
-    return ", ".join(entries) or "no entry"
-
-
-# --- HTML panels -------------------------------------------------------------------------------------------
-def _escape(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(str(size) for size in shape) + ")"
-
-
-def _bytes(count: int | None) -> str:
-    if count is None:
-        return "-"
-    return f"{count:,} B" if count < 1024 else f"{format_bytes(count)} ({count:,} B)"
-
-
-def _rows(rows: Sequence[tuple[str, str]]) -> str:
-    cells = "".join(
-        f"<tr><th style='{_CELL_STYLE}'>{_escape(key)}</th><td style='{_CELL_STYLE}'>{value}</td></tr>"
-        for key, value in rows
-    )
-    return f"<table style='{_TABLE_STYLE}'>{cells}</table>"
-
-
-def node_html(
-    graph: AutogradGraph,
-    groups: Sequence[ParamGroup],
-    node: str,
-    closure_of_inputs: set[str] | None = None,
-) -> str:
-    """An HTML panel describing ``node``: what it computes, what it saved, and its group and why.
-
-    Raises:
-        KeyError: ``node`` is not a node of ``graph``.
-    """
-    data = graph.nodes[node]
-    role = node_role(graph, groups, node, closure_of_inputs)
-    shapes = data.get("shapes") or []
-    dtypes = data.get("dtypes") or []
-    outputs = "<br>".join(
-        f"{position}: {_escape(_shape(shape))} {_escape(dtype)}"
-        for position, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=False))
-    )
-    rows = [
-        ("node", f"<code>{_escape(node)}</code>"),
-        (
-            "op",
-            f"<b>{_escape(data.get('op'))}</b> <span style='color:#5A5A5A'>{_escape(data.get('name'))}</span>",
-        ),
-        ("kind", _escape(data["kind"])),
-        ("outputs", outputs or "-"),
-        (
-            "module",
-            _escape(data["module_path"] or "(top-level module)")
-            if data.get("module_path") is not None
-            else "-",
-        ),
-        ("parameters", "<br>".join(_escape(name) for name in data.get("param_names") or []) or "-"),
-    ]
-    if data.get("is_custom_function"):
-        rows.append(("custom Function", "yes: read graphkit.current_phase() in its backward"))
-    if data.get("input_names"):
-        rows.append(("stage input", _escape(", ".join(data["input_names"]))))
-    if data.get("output_names"):
-        rows.append(("stage output", _escape(", ".join(data["output_names"]))))
-    saved = data.get("saved_tensors")
-    if saved is None and "saved_tensors" in data:
-        rows.append(("saved tensors", _escape(data.get("saved_reason") or "not available")))
-    elif saved:
-        saved_rows = "".join(
-            f"<tr><td style='{_CELL_STYLE}'>{_escape(entry['name'])}</td>"
-            f"<td style='{_CELL_STYLE}'>{_escape(_shape(entry['shape']))}</td>"
-            f"<td style='{_CELL_STYLE}'>{_escape(entry['dtype'])}</td>"
-            f"<td style='{_CELL_STYLE}'>{entry['bytes']:,} B</td></tr>"
-            for entry in saved
-        )
-        rows.append(
-            (
-                "saved tensors",
-                f"<table style='{_TABLE_STYLE}'>{saved_rows}</table>total {_escape(_bytes(data.get('saved_bytes')))}",
-            )
-        )
-    elif "saved_tensors" in data:
-        rows.append(("saved tensors", "none"))
-    where = f"group {role.group}: {role.role}" if role.group is not None else role.role
-    rows.append(("group", f"<b>{_escape(where)}</b><br>{_escape(role.reason)}"))
-    return f"<div class='graphkit-node-panel' style='{_PANEL_STYLE}'>{_rows(rows)}</div>"
-
-
-def group_html(graph: AutogradGraph, group: ParamGroup) -> str:
-    """An HTML panel describing one parameter group: parameters, intermediates, weight-only ops and flags."""
-    intermediates = "<br>".join(_escape(_describe(graph, node)) for node in group.intermediates) or "-"
-    outputs = ", ".join(_escape(entry.name) for entry in group.output_entries)
-    flags = "<br>".join(
-        f"<b>{_escape(flag)}</b>: {_escape(FLAG_MEANINGS.get(str(flag), ''))}" for flag in group.flags
-    )
-    ops: dict[str, int] = {}
-    for node in group.weight_only_nodes:
-        op = graph.nodes[node].get("op") or node
-        ops[op] = ops.get(op, 0) + 1
-    rows = [
-        ("parameters", "<br>".join(_escape(name) for name in group.params)),
-        ("intermediates", intermediates),
-        ("weight-only ops", _escape(", ".join(f"{op} \u00d7{count}" for op, count in ops.items()) or "-")),
-    ]
-    if outputs:
-        rows.append(("parameter-only outputs", outputs))
-    if group.shared_params:
-        rows.append(("shared", "<br>".join(_escape(name) for name in group.shared_params)))
-    rows.append(("flags", flags or "-"))
-    return (
-        f"<div class='graphkit-group-panel' style='{_PANEL_STYLE}'><b>group {group.index}</b>"
-        f"{_rows(rows)}</div>"
-    )
-
-
-def _overview_html(graph: AutogradGraph, groups: Sequence[ParamGroup], unused: Sequence[str]) -> str:
-    summary = graph.summary()
-    flagged = sum(1 for group in groups if group.flags)
-    lines = [
-        f"<b>{summary['nodes']}</b> nodes, <b>{summary['edges']}</b> edges, "
-        f"<b>{summary['parameters']}</b> parameters in <b>{len(groups)}</b> groups"
-        + (f" ({flagged} flagged)" if flagged else ""),
-        "stage inputs: " + _escape(", ".join(summary["inputs"]) or "none require grad (a first stage)"),
-        "stage outputs: " + _escape(", ".join(summary["outputs"])),
-    ]
-    if summary.get("saved_bytes_total") is not None:
-        lines.append("saved tensors: " + _escape(_bytes(summary["saved_bytes_total"])))
-    if unused:
-        lines.append("unused parameters: " + _escape(", ".join(unused)))
-    lines.append("<i>Pick a group to highlight it, or a node to see what it is.</i>")
-    return f"<div class='graphkit-group-panel' style='{_PANEL_STYLE}'>" + "<br>".join(lines) + "</div>"
 
 
 # --- the app -----------------------------------------------------------------------------------------------
@@ -536,7 +267,7 @@ class Explorer:
             control.observe(self._on_redraw, names="value")
         self.verify_button.on_click(lambda _button: self.verify())
 
-        self.info_panel.value = _overview_html(graph, self.groups, self.unused_params)
+        self.info_panel.value = panels.overview_html(graph, self.groups, self.unused_params)
         self.node_panel.value = ""
         self._redraw()
 
@@ -584,10 +315,7 @@ class Explorer:
         try:
             report = verify_split(self.module, self.inputs)
         except Exception as error:
-            self.verify_panel.value = (
-                f"<div style='color:#b2182b'><b>verify failed</b>: {_escape(type(error).__name__)}: "
-                f"{_escape(error)}</div>"
-            )
+            self.verify_panel.value = panels.error_html("verify failed", error)
             raise
         finally:
             self.verify_button.disabled = False
@@ -595,10 +323,7 @@ class Explorer:
         self.report = report
         flops = report.flops
         ratio = (flops["b"] + flops["w"]) / flops["full"] if flops["full"] else float("nan")
-        self.verify_panel.value = (
-            f"<div class='graphkit-verify-report' style='{_PANEL_STYLE}'>{report._repr_html_()}"
-            f"<p>(B + W) / full FLOPs: {ratio:.3f}</p></div>"
-        )
+        self.verify_panel.value = panels.verify_html(report._repr_html_(), ratio)
         return report
 
     @property
@@ -613,15 +338,15 @@ class Explorer:
     def _on_group(self, change: Mapping[str, Any]) -> None:
         index = change["new"]
         if index is None:
-            self.info_panel.value = _overview_html(self.graph, self.groups, self.unused_params)
+            self.info_panel.value = panels.overview_html(self.graph, self.groups, self.unused_params)
         else:
-            self.info_panel.value = group_html(self.graph, self.groups[index])
+            self.info_panel.value = panels.group_html(self.graph, self.groups[index])
         self._redraw()
 
     def _on_node(self, change: Mapping[str, Any]) -> None:
         node = change["new"]
         self.node_panel.value = (
-            "" if node is None else node_html(self.graph, self.groups, node, self._closure)
+            "" if node is None else panels.node_html(self.graph, self.groups, node, self._closure)
         )
         self._redraw()
 
@@ -667,10 +392,7 @@ class Explorer:
                 svg = self._render_svg(options)
             except Exception as error:  # no Graphviz, a layout too slow or failing: say so in its place
                 self._current_svg = ""
-                self.diagram.value = (
-                    f"<div style='color:#b2182b'>cannot draw: {_escape(type(error).__name__)}: "
-                    f"{_escape(error)}</div>"
-                )
+                self.diagram.value = panels.error_html("cannot draw", error)
                 return
             svg = svg[svg.find("<svg") :]  # drop the XML prologue and DOCTYPE
             self._svg_cache[key] = svg
@@ -678,18 +400,10 @@ class Explorer:
         if node is not None:
             svg = _mark_selected(svg, {self._drawn_id(node, options["collapse_depth"])})
         self._current_svg = svg
-        style = (
-            "<style>.graphkit-diagram .graphkit-selected > path, .graphkit-diagram .graphkit-selected > polygon,"
-            " .graphkit-diagram .graphkit-selected > ellipse {stroke: #000000; stroke-width: 4px;}</style>"
-        )
-        self.diagram.value = style + svg
+        self.diagram.value = panels.selection_style_html() + svg
         drawn = drawn_node_count(self.graph, options["collapse_depth"])
         highlight = options["highlight_group"]
-        self.status.value = (
-            f"<span style='font-size:12px;color:#5A5A5A'>{drawn} nodes drawn"
-            + (f", group {highlight} highlighted" if highlight is not None else "")
-            + "</span>"
-        )
+        self.status.value = panels.status_html(drawn, highlight)
 
 
 def _short_names(names: Sequence[str], limit: int = 3) -> str:

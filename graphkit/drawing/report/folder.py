@@ -1,0 +1,131 @@
+"""The report folder of ``graphkit inspect``: ``report.json``, ``index.html``, the diagram and the graph.
+
+:func:`inspect` is the whole command: collect (:func:`~graphkit.drawing.report.inspection.collect`), write
+the folder (:func:`write_report`), print the summary and return the exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphkit.drawing.report.inspection import DEFAULT_SPEC, FILES, STEPS, Inspection, collect
+from graphkit.drawing.report.page import report_html
+from graphkit.drawing.report.terminal import Progress, print_summary
+
+__all__ = ["inspect", "report_json", "write_report"]
+
+
+def report_json(inspection: Inspection, files: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """The content of ``report.json``.
+
+    Keys: ``spec``; ``summary`` (:meth:`Inspection.summary`); ``groups`` (one dict per group, as
+    ``graphkit groups --json`` prints them); ``unused_params``; ``verify`` (exactly
+    :meth:`graphkit.split.verification.VerifyReport.to_dict`, as ``graphkit verify --json`` prints it); ``files`` (file
+    name of each kind, relative to the report folder; None for a file that was not written).
+    """
+    groups = inspection.groups.to_dict()
+    return {
+        "spec": inspection.spec,
+        "summary": inspection.summary(),
+        "groups": groups["groups"],
+        "unused_params": groups["unused_params"],
+        "verify": inspection.verify.to_dict(),
+        "files": dict(files) if files is not None else dict(FILES),
+    }
+
+
+def write_report(inspection: Inspection, output: Path) -> dict[str, str | None]:
+    """Write the report folder: every file of :data:`FILES` (``graph.svg`` only when there is a diagram).
+
+    Returns:
+        The ``files`` map of ``report.json``: file name by kind, None for ``svg`` when there is no diagram.
+    """
+    output.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str | None] = dict(FILES)
+    if inspection.svg is None:
+        files["svg"] = None
+    (output / FILES["dot"]).write_text(inspection.dot_source, encoding="utf-8")
+    svg_path = output / FILES["svg"]
+    if inspection.svg is not None:
+        svg_path.write_text(inspection.svg, encoding="utf-8")
+    else:
+        svg_path.unlink(missing_ok=True)  # a diagram from an earlier run would not match this report
+    inspection.graph.to_graphml(output / FILES["graphml"])
+    document = report_json(inspection, files)
+    (output / FILES["json"]).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    (output / FILES["html"]).write_text(report_html(inspection, files), encoding="utf-8")
+    return files
+
+
+def inspect(
+    spec: str | None = None,
+    *,
+    output: Path | str,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    collapse_depth: int | None = None,
+) -> int:
+    """Capture, group, verify, measure and draw the model ``spec`` names; write a report folder.
+
+    Args:
+        spec: a model spec (``zoo:NAME``, ``file.py:function``, ``package.module:function``,
+            ``hf:ARCH?key=value``); None: :data:`DEFAULT_SPEC`.
+        output: the report folder (created; existing report files in it are replaced).
+        device: where to run (``"cpu"``, ``"cuda"``, ...; default: where the model is).
+        dtype: cast parameters and floating inputs (``torch.float32``, ``torch.float64``).
+        collapse_depth: draw modules at this depth of the module tree as one node each; None collapses only
+            graphs of more than :data:`MAX_NODES` nodes.
+
+    Returns:
+        The exit status: 0 when the split backward matches the full backward, 1 when a gradient differs
+        (the wrong ones are printed). A missing Graphviz is a warning, not a failure: the report is written
+        without the diagram's SVG.
+
+    Raises:
+        graphkit.models.specs.SpecError: the spec cannot be loaded.
+        ValueError: bad ``collapse_depth`` or ``device``; ``output`` is a file.
+        graphkit.graph.tensors.GraphkitInputError: the model's outputs have no autograd graph.
+    """
+    spec = spec or DEFAULT_SPEC
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise ValueError(
+            f"-o {str(output)!r} is a file; the report needs a folder (it is created if missing)"
+        )
+    with Progress(STEPS, sys.stderr) as progress:
+        inspection = collect(
+            spec,
+            device=device,
+            dtype=dtype,
+            collapse_depth=collapse_depth,
+            step=progress.step,
+        )
+        with progress.step(STEPS[5]):
+            start = time.perf_counter()
+            write_report(inspection, output)
+            inspection.timings[STEPS[5]] = time.perf_counter() - start
+    if inspection.diagram_note is not None:
+        print(
+            f"graphkit inspect: warning: no diagram in the report: {inspection.diagram_note}",
+            file=sys.stderr,
+        )
+    print_summary(inspection, output, sys.stdout)
+    verify = inspection.verify
+    if verify.ok:
+        print(f"OK: split backward (B then W) matches the full backward. Open {output / FILES['html']}")
+        return 0
+    wrong = ", ".join(
+        f"{check.name} ({check.status}"
+        + (f", rel error {check.max_rel_err:.2e}" if check.max_rel_err is not None else "")
+        + ")"
+        for check in verify.failures
+    )
+    print(f"FAILED: split backward differs from the full backward for: {wrong}")
+    return 1

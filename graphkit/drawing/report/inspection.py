@@ -1,0 +1,292 @@
+"""What ``graphkit inspect`` finds out about a model spec, before anything is written.
+
+:func:`collect` loads a model spec (see :mod:`graphkit.models.specs`), captures its autograd graph with
+module paths (:func:`graphkit.trace`), computes the parameter groups (:func:`graphkit.param_groups`), checks
+the split backward against a full backward and counts the FLOPs of each phase (:func:`graphkit.verify_split`),
+and draws the graph (:mod:`graphkit.drawing.diagram`); the result is one :class:`Inspection`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from inspect import signature
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphkit.analysis.parameter_groups import ParamGroups, param_groups
+from graphkit.graph.autograd_graph import AutogradGraph
+from graphkit.graph.tensors import flatten_tensors, unflatten_like
+from graphkit.graph.tracing import trace
+from graphkit.models.specs import load_spec, spec_inputs_as_call
+from graphkit.models.zoo import DEFAULT_MODEL
+from graphkit.split.verification import VerifyReport, verify_split
+
+__all__ = ["DEFAULT_SPEC", "FILES", "MAX_NODES", "STEPS", "Inspection", "collect"]
+
+DEFAULT_SPEC = f"zoo:{DEFAULT_MODEL}"
+"""The model :func:`inspect` looks at when no spec is given."""
+
+FILES: dict[str, str] = {
+    "html": "index.html",
+    "svg": "graph.svg",
+    "dot": "graph.dot",
+    "graphml": "graph.graphml",
+    "json": "report.json",
+}
+"""The files of a report folder, by kind."""
+
+MAX_NODES = 400
+"""Node budget of the diagram: larger graphs are collapsed by module (see :func:`graphkit.drawing.diagram.draw`)."""
+
+STEPS = ("load model", "capture graph", "parameter groups", "verify split", "draw diagram", "write files")
+
+_DOT_TIMEOUT_S = 120.0
+
+
+@dataclass(slots=True)
+class Inspection:
+    """Everything :func:`collect` found out about one model spec.
+
+    Attributes:
+        spec: the model spec.
+        module_class: class name of the module the spec built.
+        inputs: one dict per input tensor: ``name`` (as the graph and the verification name it: ``"0"`` for
+            the first positional argument), ``argument`` (the ``forward`` parameter it is passed to),
+            ``shape`` (list of ints), ``dtype`` (str), ``requires_grad`` (stage inputs require grad).
+        graph: the captured graph (:func:`graphkit.trace`).
+        groups: its parameter groups.
+        verify: the split-versus-full check, with FLOPs per phase.
+        device, dtype: where and in which dtype the check ran (``"cpu"``, ``"float32"``).
+        dot_source: DOT source of the diagram.
+        svg: the laid-out diagram, or None when Graphviz is missing, too slow or failed.
+        diagram_note: why ``svg`` is None (install instructions), else None.
+        collapse_depth: module depth the diagram is collapsed at (None: every node drawn).
+        timings: seconds spent in each step, by step name.
+    """
+
+    spec: str
+    module_class: str
+    inputs: list[dict[str, Any]]
+    graph: AutogradGraph
+    groups: ParamGroups
+    verify: VerifyReport
+    device: str
+    dtype: str
+    dot_source: str = ""
+    svg: str | None = None
+    diagram_note: str | None = None
+    collapse_depth: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    # --- derived facts ------------------------------------------------------------------------------
+    def parameter_sizes(self) -> dict[str, int]:
+        """Number of values of each parameter tensor, keyed by its node id (a tied parameter counts once)."""
+        sizes: dict[str, int] = {}
+        for node in set(self.graph.parameter_nodes().values()):
+            shapes = self.graph.nodes[node].get("shapes") or [()]
+            sizes[node] = math.prod(shapes[0])
+        return sizes
+
+    def tied_parameters(self) -> list[list[str]]:
+        """Names of each parameter reachable under several names (``[["wte.weight", "lm_head.weight"]]``)."""
+        return [list(names) for _, names in self.graph.nodes(data="param_names") if names and len(names) > 1]
+
+    def summary(self) -> dict[str, Any]:
+        """The counts a person asks first (the ``summary`` of ``report.json``)."""
+        graph_summary = self.graph.summary()
+        sizes = self.parameter_sizes()
+        outputs = []
+        for endpoint in self.graph.outputs:
+            data = self.graph.nodes[endpoint.node]
+            shapes, dtypes = data.get("shapes") or [], data.get("dtypes") or []
+            outputs.append(
+                {
+                    "name": endpoint.name,
+                    "shape": list(shapes[endpoint.output_nr]) if endpoint.output_nr < len(shapes) else None,
+                    "dtype": dtypes[endpoint.output_nr] if endpoint.output_nr < len(dtypes) else None,
+                }
+            )
+        return {
+            "model": self.module_class,
+            "nodes": graph_summary["nodes"],
+            "edges": graph_summary["edges"],
+            "node_kinds": graph_summary["kinds"],
+            "parameters": len(sizes),
+            "parameter_values": sum(sizes.values()),
+            "tied_parameters": self.tied_parameters(),
+            "groups": len(self.groups),
+            "inputs": self.inputs,
+            "stage_inputs": graph_summary["inputs"],
+            "outputs": outputs,
+            "saved_bytes_total": graph_summary["saved_bytes_total"],
+            "device": self.device,
+            "dtype": self.dtype,
+            "ok": self.verify.ok,
+            "verdict": "OK" if self.verify.ok else "FAILED",
+            "wrong": [check.name for check in self.verify.failures],
+            "diagram": {
+                "svg": self.svg is not None,
+                "collapse_depth": self.collapse_depth,
+                "note": self.diagram_note,
+            },
+        }
+
+
+def _check_device(device: str | None) -> None:
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(
+            f"--device {device!r} is not a device name (cpu, cuda, cuda:1, ...): {error}"
+        ) from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {device}: no CUDA device is available to this torch ({torch.__version__}); "
+            "leave --device out to run on the CPU"
+        )
+
+
+def _cast(value: Any, device: str | None, dtype: torch.dtype | None) -> Any:
+    """Copies of the input tensors in ``value`` on ``device``, floating ones cast to ``dtype``."""
+    moved = []
+    for _, tensor in flatten_tensors(value):
+        copy_ = tensor.detach().to(device=device) if device is not None else tensor.detach()
+        if dtype is not None and copy_.is_floating_point():
+            copy_ = copy_.to(dtype)
+        moved.append(copy_.requires_grad_(tensor.requires_grad))
+    return unflatten_like(value, moved)
+
+
+def _forward_argument_names(module: torch.nn.Module) -> list[str]:
+    """Names of the positional parameters of ``module.forward`` (empty when they cannot be read)."""
+    try:
+        parameters = signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [
+        parameter.name
+        for parameter in parameters
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+    ]
+
+
+def _describe_inputs(
+    module: torch.nn.Module, inputs: tuple[Any, ...] | dict[str, Any]
+) -> list[dict[str, Any]]:
+    """One dict per input tensor: ``name`` (as in the graph and the verification), ``argument`` (the
+    parameter of ``forward`` it is passed to), ``shape``, ``dtype``, ``requires_grad``."""
+    args, kwargs = spec_inputs_as_call(inputs)
+    argument_names = _forward_argument_names(module)
+    described = []
+    for position, value in [*enumerate(args), *kwargs.items()]:
+        argument = str(position)
+        if isinstance(position, int):
+            argument = argument_names[position] if position < len(argument_names) else f"args[{position}]"
+        for name, tensor in flatten_tensors({str(position): value}):
+            described.append(
+                {
+                    "name": name,
+                    "argument": argument,
+                    "shape": list(tensor.shape),
+                    "dtype": str(tensor.dtype).removeprefix("torch."),
+                    "requires_grad": tensor.requires_grad,
+                }
+            )
+    return described
+
+
+def collect(
+    spec: str | None = None,
+    *,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    collapse_depth: int | None = None,
+    step: Callable[[str], Any] | None = None,
+) -> Inspection:
+    """Run every step of :func:`inspect` except writing the report.
+
+    Args:
+        spec: a model spec (default :data:`DEFAULT_SPEC`).
+        device: run the trace and the check there (``"cpu"``, ``"cuda"``, ...; default: where the model is).
+        dtype: cast the parameters and floating inputs (``torch.float32`` or ``torch.float64``).
+        collapse_depth: draw modules at this depth of the module tree as one node each (>= 1); None
+            collapses only past :data:`MAX_NODES` nodes.
+        step: a context-manager factory called with each step name (progress reporting); None: silent.
+
+    Returns:
+        An :class:`Inspection`.
+
+    Raises:
+        graphkit.models.specs.SpecError: the spec cannot be loaded.
+        ValueError: ``collapse_depth < 1``, or ``device`` is unknown or unavailable.
+        graphkit.graph.tensors.GraphkitInputError: the model's outputs have no autograd graph.
+    """
+    from graphkit.drawing.collapsing import choose_collapse_depth
+    from graphkit.drawing.diagram import draw
+    from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError, render
+
+    spec = spec or DEFAULT_SPEC
+    if collapse_depth is not None and collapse_depth < 1:
+        raise ValueError(f"--collapse must be a module depth >= 1, got {collapse_depth}")
+    _check_device(device)
+    step = step or (lambda _name: contextmanager(lambda: (yield))())
+    timings: dict[str, float] = {}
+
+    @contextmanager
+    def timed(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with step(name):
+            yield
+        timings[name] = time.perf_counter() - start
+
+    with timed(STEPS[0]):
+        module, inputs = load_spec(spec)
+    with timed(STEPS[1]):
+        traced_module, traced_inputs = module, inputs
+        if device is not None or dtype is not None:
+            traced_module = copy.deepcopy(module).to(device=device, dtype=dtype)
+            traced_inputs = _cast(inputs, device, dtype)
+        args, kwargs = spec_inputs_as_call(traced_inputs)
+        _, graph = trace(traced_module, *args, **kwargs)
+    with timed(STEPS[2]):
+        groups = param_groups(graph)
+    with timed(STEPS[3]):
+        report = verify_split(module, inputs, dtype=dtype, device=device)
+    inspection = Inspection(
+        spec=spec,
+        module_class=type(module).__name__,
+        inputs=_describe_inputs(module, inputs),
+        graph=graph,
+        groups=groups,
+        verify=report,
+        device=report.device,
+        dtype=report.dtype,
+        timings=timings,
+    )
+    with timed(STEPS[4]):
+        inspection.collapse_depth = (
+            collapse_depth if collapse_depth is not None else choose_collapse_depth(graph, MAX_NODES)[0]
+        )
+        options = {"collapse_depth": collapse_depth, "max_nodes": MAX_NODES, "title": spec}
+        inspection.dot_source = draw(graph, list(groups), **options).source
+        try:
+            with tempfile.TemporaryDirectory(prefix="graphkit-") as scratch:
+                path = render(
+                    graph, Path(scratch) / FILES["svg"], list(groups), timeout_s=_DOT_TIMEOUT_S, **options
+                )
+                inspection.svg = path.read_text(encoding="utf-8")
+        except (GraphvizNotFoundError, RenderTimeoutError) as error:
+            inspection.diagram_note = str(error)
+        except RuntimeError as error:  # dot itself failed: keep the rest of the report
+            inspection.diagram_note = f"{error}. The DOT source is still written."
+    return inspection

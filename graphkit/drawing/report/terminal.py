@@ -1,0 +1,144 @@
+"""What ``graphkit inspect`` prints: a progress line per step, then a short summary table.
+
+``rich`` draws both when it is installed (extra ``cli``) and the stream is a terminal; plain text otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from graphkit.drawing.report.formatting import flop_text, shape_text, tolerance_text
+from graphkit.drawing.report.inspection import FILES, Inspection
+
+__all__ = ["Progress", "print_summary", "terminal_rows"]
+
+
+class Progress:
+    """One line per step on ``stream``; a ``rich`` progress bar instead when rich is installed and
+    ``stream`` is a terminal."""
+
+    def __init__(self, steps: tuple[str, ...], stream: TextIO) -> None:
+        self.steps = steps
+        self.stream = stream
+        self.done = 0
+        self._rich: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.stream.isatty():
+            try:
+                from rich.console import Console
+                from rich.progress import (
+                    BarColumn,
+                    MofNCompleteColumn,
+                    Progress,
+                    SpinnerColumn,
+                    TextColumn,
+                    TimeElapsedColumn,
+                )
+            except ImportError:
+                return self
+            self._rich = Progress(
+                SpinnerColumn(),
+                TextColumn("[bold]graphkit inspect[/bold] {task.description:<18}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(file=self.stream),
+                transient=True,
+            )
+            self._rich.__enter__()
+            self._task = self._rich.add_task(self.steps[0], total=len(self.steps))
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._rich is not None:
+            self._rich.__exit__(*exc_info)
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """Time one step and report it."""
+        position = self.done + 1
+        if self._rich is not None:
+            self._rich.update(self._task, description=name)
+        else:
+            print(f"[{position}/{len(self.steps)}] {name} ...", end="", file=self.stream, flush=True)
+        start = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            if self._rich is None:
+                print(" failed", file=self.stream, flush=True)
+            raise
+        seconds = time.perf_counter() - start
+        self.done += 1
+        if self._rich is not None:
+            self._rich.update(self._task, advance=1)
+        else:
+            print(f" {seconds:.2f} s", file=self.stream, flush=True)
+
+
+def _plain_input(item: Mapping[str, Any]) -> str:
+    name = item["name"] if item["name"] == item["argument"] else f"{item['name']} ({item['argument']})"
+    grad = "requires grad" if item["requires_grad"] else "no grad"
+    return f"{name} {item['dtype']} {shape_text(item['shape'])} {grad}"
+
+
+def terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]]:
+    summary = inspection.summary()
+    verify = inspection.verify
+    flops = verify.flops
+    share = (lambda value: f" ({100 * value / flops['full']:.0f}%)") if flops["full"] else (lambda value: "")
+    checked = len(verify.inputs) + len(verify.params)
+    tied = "; tied: " + "; ".join(" = ".join(names) for names in summary["tied_parameters"])
+    rows = [
+        ("model", f"{inspection.spec} ({inspection.module_class})"),
+        ("inputs", "; ".join(_plain_input(item) for item in inspection.inputs) or "none"),
+        ("graph", f"{summary['nodes']} nodes, {summary['edges']} edges"),
+        (
+            "parameters",
+            f"{summary['parameters']} tensors, {summary['parameter_values']:,} values"
+            + (tied if summary["tied_parameters"] else ""),
+        ),
+        ("groups", str(summary["groups"])),
+        (
+            "FLOPs",
+            f"full backward {flop_text(flops['full'])}, B {flop_text(flops['b'])}{share(flops['b'])}, "
+            f"W {flop_text(flops['w'])}{share(flops['w'])}"
+            if flops["b"] >= 0
+            else f"full backward {flop_text(flops['full'])}; B and W not counted (activation checkpointing)",
+        ),
+        (
+            "verify",
+            f"{'OK' if verify.ok else 'FAILED'}: {checked - len(verify.failures)} of {checked} gradients match "
+            f"({verify.dtype}, {verify.device}, rel tol {tolerance_text(verify.tolerance)})",
+        ),
+        ("diagram", "graph.svg" if inspection.svg is not None else "none (Graphviz missing): graph.dot only"),
+        ("report", str(output / FILES["html"])),
+    ]
+    if inspection.groups.unused_params:
+        rows.insert(3, ("unused", ", ".join(inspection.groups.unused_params)))
+    return rows
+
+
+def print_summary(inspection: Inspection, output: Path, stream: TextIO) -> None:
+    rows = terminal_rows(inspection, output)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        width = max(len(label) for label, _ in rows)
+        for label, value in rows:
+            print(f"{label.ljust(width)}  {value}", file=stream)
+        return
+    console = Console(file=stream, highlight=False, soft_wrap=False)
+    table = Table(title=f"graphkit inspect {inspection.spec}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for label, value in rows:
+        table.add_row(label, value)
+    console.print(table)

@@ -1,0 +1,1 @@
+(function(){var button=document.getElementById('zoom'),box=document.getElementById('diagram-box');button.addEventListener('click',function(){var fit=box.classList.toggle('fit');button.textContent=fit?'Show at actual size':'Fit to the page width';});})();

@@ -1,0 +1,222 @@
+"""The package's layout: folders by layer, imports one way, no module shadowing an exported function.
+
+Layers, lowest first: ``graph`` and ``models`` (side by side, independent of each other), ``analysis``,
+``split``, ``drawing``, then the command line (``cli``, ``__main__``) and the package's public API
+(``graphkit/__init__.py``). A module-level import never points from a lower layer to a higher one; inside a
+function, only the display hooks (``_repr_*`` methods of graphs and groups) may reach for drawing.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import graphviz
+import pytest
+import torch
+
+import graphkit
+
+PACKAGE = Path(graphkit.__file__).parent
+LAYERS = {"graph": 0, "models": 0, "analysis": 1, "split": 2, "drawing": 3, "cli": 4, "__main__": 5}
+TOP = 5  # graphkit/__init__.py: the public API may import from every layer
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(name: str) -> tuple[str, int] | None:
+    """``("split", 2)`` for ``graphkit.split.backward``; None for modules outside graphkit."""
+    parts = name.split(".")
+    if parts[0] != "graphkit":
+        return None
+    if len(parts) == 1:
+        return "graphkit", TOP
+    return parts[1], LAYERS[parts[1]]
+
+
+def imported_names(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level:  # a relative import: resolve it against the importing module's package
+        package = module.split(".")
+        if not (PACKAGE / Path(*package[1:]) / "__init__.py").exists() or len(package) == 1:
+            package = package[:-1]
+        base = ".".join(package[: len(package) - node.level + 1])
+        return [f"{base}.{node.module}" if node.module else base]
+    names = [node.module or ""]
+    # ``from graphkit import zoo`` imports a module, not a name: check the module it names
+    names += [f"{node.module}.{alias.name}" for alias in node.names if node.module == "graphkit"]
+    return names
+
+
+def imports(path: Path) -> list[tuple[str, int, str | None]]:
+    """Every ``graphkit`` import of a file: (imported module, line, enclosing function or None)."""
+    module = module_name(path)
+    found = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    stack: list[tuple[ast.AST, str | None]] = [(tree, None)]
+    while stack:
+        node, function = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                for name in imported_names(child, module):
+                    if (
+                        name.split(".")[0] == "graphkit"
+                        and name != "graphkit"
+                        or name.startswith("graphkit.")
+                    ):
+                        found.append((name, child.lineno, function))
+            stack.append((child, inner))
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_lives_in_a_layer_folder():
+    loose = {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py", "cli.py"}
+    assert loose == set(), f"modules outside the layer folders: {sorted(loose)}"
+    for folder in ("graph", "analysis", "split", "drawing", "models"):
+        assert (PACKAGE / folder / "__init__.py").is_file(), folder
+
+
+def wrong_imports(path: Path) -> list[str]:
+    """The imports of ``path`` that point to a higher layer, or sideways between graph and models."""
+    importer = module_name(path)
+    importer_layer, importer_rank = layer_of(importer)
+    wrong = []
+    for imported, line, function in imports(path):
+        imported_layer, imported_rank = layer_of(imported)
+        if imported_layer == importer_layer or importer_rank == TOP:
+            continue
+        upward = imported_rank > importer_rank
+        sideways = imported_rank == importer_rank  # graph and models stay independent of each other
+        display_hook = function is not None and function.startswith("_repr_") and imported_layer == "drawing"
+        if (upward or sideways) and not display_hook:
+            where = f"inside {function}()" if function else "at module level"
+            wrong.append(
+                f"line {line}: {importer} ({importer_layer}) imports {imported} ({imported_layer}) {where}"
+            )
+    return sorted(wrong)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_imports_point_from_higher_layers_to_lower_ones(path: Path):
+    assert wrong_imports(path) == []
+
+
+def test_the_checker_reports_upward_imports_but_not_display_hooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    fake_package = tmp_path / "graphkit"
+    (fake_package / "graph").mkdir(parents=True)
+    (fake_package / "__init__.py").write_text("")
+    (fake_package / "graph" / "__init__.py").write_text("")
+    module = fake_package / "graph" / "bad.py"
+    module.write_text(
+        "import torch\n"
+        "from graphkit.drawing.diagram import draw\n"
+        "from graphkit.graph import tensors\n"
+        "class G:\n"
+        "    def _repr_svg_(self):\n"
+        "        from graphkit.drawing import draw\n"
+        "    def export(self):\n"
+        "        from graphkit.split import backward\n"
+        "        from graphkit.models import zoo\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake_package)
+    assert wrong_imports(module) == [
+        "line 2: graphkit.graph.bad (graph) imports graphkit.drawing.diagram (drawing) at module level",
+        "line 8: graphkit.graph.bad (graph) imports graphkit.split (split) inside export()",
+        "line 9: graphkit.graph.bad (graph) imports graphkit.models (models) inside export()",
+    ]
+
+
+def all_modules() -> list[str]:
+    return [
+        info.name
+        for info in pkgutil.walk_packages([str(PACKAGE)], prefix="graphkit.")
+        if info.name != "graphkit.__main__"
+    ]
+
+
+def test_no_module_is_named_like_a_name_the_package_exports():
+    modules = set(all_modules())
+    for package in [
+        "graphkit",
+        *(name for name in modules if hasattr(importlib.import_module(name), "__path__")),
+    ]:
+        exported = getattr(importlib.import_module(package), "__all__", [])
+        clashes = [name for name in exported if f"{package}.{name}" in modules]
+        assert clashes == [], f"{package} exports names that are also its submodules: {clashes}"
+
+
+def small_graph() -> graphkit.AutogradGraph:
+    layer = torch.nn.Linear(3, 2)
+    hidden = torch.randn(4, 3, requires_grad=True)
+    return graphkit.capture(layer(hidden), inputs=[hidden], module=layer)
+
+
+def test_draw_works_every_time_whatever_was_imported_before():
+    graph = small_graph()
+    first = graphkit.draw(graph)
+    for name in all_modules():
+        importlib.import_module(name)
+    for _ in range(2):
+        assert callable(graphkit.draw)
+        again = graphkit.draw(graph)
+        assert isinstance(again, graphviz.Digraph) and again.source == first.source
+    assert callable(graphkit.trace) and callable(graphkit.capture) and callable(graphkit.param_groups)
+    assert callable(graphkit.verify_split)
+
+
+def test_draw_works_after_importing_the_explorer_in_a_fresh_process():
+    script = (
+        "import torch, graphkit\n"
+        "import graphkit.drawing.explorer, graphkit.drawing.diagram, graphkit.drawing.report\n"
+        "from graphkit.drawing import diagram\n"
+        "layer = torch.nn.Linear(3, 2)\n"
+        "x = torch.randn(4, 3, requires_grad=True)\n"
+        "graph = graphkit.capture(layer(x), inputs=[x], module=layer)\n"
+        "for _ in range(2):\n"
+        "    assert 'cluster_group_0' in graphkit.draw(graph).source\n"
+        "print('drawn twice')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "drawn twice"
+
+
+def test_import_graphkit_stays_light():
+    # the public API loads the lower layers only; drawing, verification and models load on first use
+    script = (
+        "import sys, graphkit\n"
+        "heavy = [name for name in sys.modules if name.startswith(('graphkit.drawing', 'graphkit.split.verification',"
+        " 'graphkit.models', 'transformers', 'ipywidgets', 'jinja2'))]\n"
+        "print(heavy)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
