@@ -121,7 +121,8 @@ def test_pyproject_declares_package_dependencies_extras_and_tools(repo_root: Pat
     assert project["name"] == "graphkit"
     assert project["requires-python"] == ">=3.11"
     names = {re.split(r"[<>=!~\[ ]", requirement)[0] for requirement in project["dependencies"]}
-    assert names == {"torch", "networkx", "graphviz", "jinja2"}  # jinja2: the report's and explorer's templates
+    # jinja2 renders the report's and the explorer's templates
+    assert names == {"torch", "networkx", "graphviz", "jinja2"}
     assert "drawing/templates/*" in data["tool"]["setuptools"]["package-data"]["graphkit"]
     assert "torch>=2.4" in project["dependencies"]
     assert project["scripts"] == {"graphkit": "graphkit.cli:main"}
