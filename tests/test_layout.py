@@ -178,6 +178,20 @@ def test_draw_works_every_time_whatever_was_imported_before():
     assert callable(graphkit.verify_split)
 
 
+def run_python(script: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh interpreter that imports this checkout's graphkit; it must succeed."""
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_draw_works_after_importing_the_explorer_in_a_fresh_process():
     script = (
         "import torch, graphkit\n"
@@ -190,15 +204,7 @@ def test_draw_works_after_importing_the_explorer_in_a_fresh_process():
         "    assert 'cluster_group_0' in graphkit.draw(graph).source\n"
         "print('drawn twice')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_python(script)
     assert result.stdout.strip() == "drawn twice"
 
 
@@ -210,13 +216,5 @@ def test_import_graphkit_stays_light():
         " 'graphkit.models', 'transformers', 'ipywidgets', 'jinja2'))]\n"
         "print(heavy)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(PACKAGE.parent), "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
+    result = run_python(script)
     assert result.stdout.strip() == "[]"
