@@ -95,7 +95,7 @@ def test_api_reference_documents_the_public_functions(built_docs: Path) -> None:
         "graphkit.analysis.parameter_groups.param_groups",
         "graphkit.split.backward.backward_input",
         "graphkit.split.backward.backward_weight",
-        "graphkit.split.backward.current_phase",
+        "graphkit.split.backward.backward_full",
         "graphkit.split.stage_compute.StageCompute",
         "graphkit.split.verification.verify_split",
         "graphkit.drawing.diagram.draw",

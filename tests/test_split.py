@@ -18,7 +18,7 @@ import graphkit
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.models import zoo
 from graphkit.split import backward as split
-from graphkit.split.backward import GraphFreedError, Phase, SplitError, backward_input, backward_weight
+from graphkit.split.backward import GraphFreedError, SplitError, backward_input, backward_weight
 
 # scripts/gpu_check.sh runs these tests with GRAPHKIT_TEST_DEVICE=cuda; CI runs them on the CPU.
 DEVICE = torch.device(os.environ.get("GRAPHKIT_TEST_DEVICE", "cpu"))
@@ -152,9 +152,9 @@ def _pairs(outputs):
 
 
 class PhaseAwareMatmul(torch.autograd.Function):
-    """x @ w whose backward computes only what the running phase needs, and records the phases it saw."""
+    """x @ w whose backward computes only what ``ctx.needs_input_grad`` asks for, and records it."""
 
-    phases: list[Phase | None] = []
+    phases: list[tuple[bool, ...]] = []
 
     @staticmethod
     def forward(ctx, x, w):
@@ -164,10 +164,9 @@ class PhaseAwareMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        phase = graphkit.current_phase()
-        PhaseAwareMatmul.phases.append(phase)
-        grad_x = grad @ w.t() if phase in (None, Phase.FULL, Phase.INPUT) else None
-        grad_w = x.t() @ grad if phase in (None, Phase.FULL, Phase.WEIGHT) else None
+        PhaseAwareMatmul.phases.append(tuple(ctx.needs_input_grad))
+        grad_x = grad @ w.t() if ctx.needs_input_grad[0] else None
+        grad_w = x.t() @ grad if ctx.needs_input_grad[1] else None
         return grad_x, grad_w
 
 
@@ -181,30 +180,37 @@ class PhaseAwareModel(nn.Module):
         return PhaseAwareMatmul.apply(torch.tanh(self.first(x)), self.weight)
 
 
-def test_custom_function_reads_the_phase_and_split_wastes_no_flops():
+def test_custom_function_sees_each_phase_in_needs_input_grad_and_split_wastes_no_flops():
     torch.manual_seed(0)
     module = PhaseAwareModel().double()
     inputs = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True),)
     PhaseAwareMatmul.phases.clear()
     expected_params, _ = _oracle(module, inputs)
-    assert PhaseAwareMatmul.phases == [None]
+    assert PhaseAwareMatmul.phases == [(True, True)]
     PhaseAwareMatmul.phases.clear()
     params, _, b_flops, w_flops = _split(module, inputs)
-    assert PhaseAwareMatmul.phases == [Phase.INPUT, Phase.WEIGHT]
+    assert PhaseAwareMatmul.phases == [(True, False), (False, True)]  # B: the input path; W: the weight
     _assert_same(expected_params, params)
     outputs = _call(copy.deepcopy(module), _fresh(inputs))
     with FlopCounterMode(display=False) as counter:
         torch.autograd.backward(outputs, _cotangents(outputs))
     assert b_flops + w_flops == counter.get_total_flops()
-    assert graphkit.current_phase() is None
 
 
-def test_backward_full_runs_in_the_full_phase():
+def test_backward_full_asks_a_custom_function_for_every_gradient():
     module = PhaseAwareModel().double()
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     PhaseAwareMatmul.phases.clear()
     graphkit.backward_full(module(x), torch.ones(3, 5, dtype=torch.float64), x)
-    assert PhaseAwareMatmul.phases == [Phase.FULL]
+    assert PhaseAwareMatmul.phases == [(True, True)]
+
+
+def test_current_phase_is_gone_with_a_message_that_says_what_replaces_it():
+    for name in ("current_phase", "Phase"):
+        with pytest.raises(AttributeError, match="needs_input_grad"):
+            getattr(graphkit, name)
+        with pytest.raises(AttributeError, match="needs_input_grad"):
+            getattr(graphkit.split, name)
 
 
 def test_gradients_accumulate_over_four_microbatches_like_a_full_backward():
@@ -358,7 +364,7 @@ class FailingInWeightPhase(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        if graphkit.current_phase() == Phase.WEIGHT:
+        if not ctx.needs_input_grad[0]:  # W: only the weight's gradient is asked for
             raise ValueError("boom in W")
         return grad @ w.t(), x.t() @ grad
 
@@ -383,11 +389,12 @@ def test_hooks_are_removed_when_a_custom_backward_raises(monkeypatch):
     x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     out = FailingInWeightPhase.apply(torch.tanh(x), weight)
     state = backward_input(out, torch.ones_like(out), x)
-    assert registered and len(removed) == len(registered)
+    # left after B: one hook per intermediate that notes another backward before W
+    assert registered and len(registered) - len(removed) == state.num_intermediates == 1
     with pytest.raises(ValueError, match="boom in W"):
         backward_weight(state)
-    assert len(removed) == len(registered) >= 1  # W itself registers no hook
-    assert graphkit.current_phase() is None
+    assert len(removed) == len(registered) >= 2  # W itself registers no hook
+    assert out.grad_fn.needs_input_grad == (True, True), "restored after the failed W"
     assert state.used
     # the graph still works after the failure: no stale hook changes a later full backward
     out.backward(torch.ones_like(out))
@@ -928,7 +935,6 @@ def test_retrying_a_w_phase_that_a_hook_broke_says_what_happened():
     state = backward_input(y, torch.ones_like(y), [x])
     with pytest.raises(ValueError, match="hook failed"):
         backward_weight(state)
-    assert split.current_phase() is None
     with pytest.raises(SplitError, match=r"already ran and failed \(ValueError: hook failed\)"):
         backward_weight(state)
 

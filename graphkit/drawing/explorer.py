@@ -240,7 +240,7 @@ def node_html(
         ("parameters", "<br>".join(_escape(name) for name in data.get("param_names") or []) or "-"),
     ]
     if data.get("is_custom_function"):
-        rows.append(("custom Function", "yes: read graphkit.current_phase() in its backward"))
+        rows.append(("custom Function", "yes: compute what ctx.needs_input_grad asks for in its backward"))
     if data.get("input_names"):
         rows.append(("stage input", _escape(", ".join(data["input_names"]))))
     if data.get("output_names"):

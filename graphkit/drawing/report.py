@@ -543,7 +543,7 @@ def _flops_note(inspection: Inspection) -> str:
     custom = any(GroupFlag.CUSTOM_FUNCTION in group.flags for group in inspection.groups)
     reason = (
         "A custom <code>torch.autograd.Function</code> (flag <b>custom-function</b>) computes all its "
-        "gradients in both phases unless its backward reads <code>graphkit.current_phase()</code>."
+        "gradients in both phases unless its backward computes only what <code>ctx.needs_input_grad</code> asks for."
         if custom
         else "Some ops compute more than the gradients their phase needs."
     )
@@ -787,7 +787,7 @@ def _verify_section(inspection: Inspection) -> str:
             + ", ".join(f"<code>{_e(check.name)}</code> ({_e(check.status)})" for check in verify.failures)
             + ". A wrong weight gradient with right input gradients usually means a custom "
             "<code>torch.autograd.Function</code> computes something different in the W phase "
-            "(see <code>graphkit.current_phase()</code>).</div>"
+            "(graphkit asks it, through <code>ctx.needs_input_grad</code>, for the weight side only).</div>"
         )
     return (
         '<section id="verification"><h2>Verification</h2>'
