@@ -34,8 +34,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from graphkit.analysis.parameter_groups import param_groups
-from graphkit.graph.autograd_graph import capture
 from graphkit.graph import _autograd
+from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, unflatten_like
 from graphkit.split.backward import backward_full, backward_input, backward_weight
 
