@@ -118,7 +118,7 @@ def test_concepts_page_shows_the_diagrams_and_the_schedule(built_docs: Path) -> 
 def test_notebook_pages_carry_their_executed_outputs(built_docs: Path) -> None:
     verify = (built_docs / "notebooks" / "03_verify_split.html").read_text()
     assert "accumulated over 2 microbatches: equal" in verify
-    assert "backward in phase weight" in verify
+    assert "computes grad_x=False grad_weight=True" in verify
     groups = (built_docs / "notebooks" / "01_param_groups.html").read_text()
     assert "application/vnd.jupyter.widget-state+json" in groups  # the explorer, as saved widget state
     assert "blocks.0.attn.proj.weight" in groups

@@ -82,7 +82,8 @@ class SplitError(RuntimeError):
 
 
 class GraphFreedError(SplitError):
-    """The autograd graph's saved tensors were already freed by an earlier backward."""
+    """The autograd graph's saved tensors were already freed by an earlier backward, or (in W) another
+    backward ran through the microbatch's graph since B and counted its weight gradients already."""
 
 
 @dataclass(slots=True)
@@ -602,18 +603,22 @@ def backward_input(
 
     Args:
         outputs: the stage outputs - a tensor, sequence, mapping or nested mix (as :func:`graphkit.capture`).
-        grad_outputs: the cotangents, in the same structure (None entries for outputs without gradient);
-            None means every output that requires grad is a scalar loss (cotangent 1).
-        inputs: the stage inputs (same forms); those that require grad get gradients.
+        grad_outputs: the cotangents, in the same structure (None entries for outputs without gradient),
+            matched to the outputs by key and index (a dict's order does not matter); None means every
+            output that requires grad is a scalar loss (cotangent 1).
+        inputs: the stage inputs (same forms, ``torch.Tensor`` subclasses too); those that require grad
+            get gradients.
         params: restrict the W phase to these parameters (a module or an iterable of tensors); by default
             every leaf that requires grad and is not a stage input, like a full backward.
 
     Returns:
         A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
-        No ``.grad`` is touched.
+        No ``.grad`` is touched. Until W, a pre-hook on each intermediate notes any other backward through
+        the graph (W then refuses to count the weight gradients twice).
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: outputs without a graph, mismatched ``grad_outputs``.
+        graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose
+            structure or keys differ from the outputs'.
         GraphFreedError: the graph was already freed by an earlier backward.
     """
     pairs = _pair_outputs(outputs, grad_outputs)
@@ -803,7 +808,11 @@ def backward_weight(state: SplitState) -> None:
         SplitError: ``state`` is not a SplitState, or was already used (the message says if that W
             failed part-way: ``.grad`` may then hold part of the microbatch's gradients); or a parameter
             stopped requiring grad since B (the state stays usable once it requires grad again).
-        GraphFreedError: the graph was freed between B and W.
+        GraphFreedError: the graph was freed between B and W, or another backward ran through it
+            (an ordinary backward, or :func:`backward_input` a second time for the same outputs), which
+            counted the weight gradients already.
+        RuntimeError: a saved tensor W reads was modified in place since B (as the autograd engine's
+            version-counter check).
         Any error a hook raises during W, after which the state counts as used.
     """
     if not isinstance(state, SplitState):

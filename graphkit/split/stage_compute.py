@@ -135,8 +135,9 @@ class StageCompute:
             StageError: no :meth:`backward_input` ran for this microbatch, or its W already ran; or it ran
                 and failed part-way (the message says so: ``.grad`` may then hold part of the
                 microbatch's gradients).
-            Any error of :func:`graphkit.split.backward_weight`; the state stays with the microbatch, so a
-            retry either runs (when W had not started) or says that the earlier W failed.
+
+        Any error of :func:`graphkit.split.backward_weight` passes through; the state stays with the
+        microbatch, so a retry either runs (when W had not started) or says that the earlier W failed.
         """
         record = self._backwards.get(microbatch)
         if record is None or record.split is None:
