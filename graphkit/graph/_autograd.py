@@ -33,6 +33,7 @@ __all__ = [
     "HOOKED_SAVED_TENSORS_REASON",
     "GradientMetadata",
     "SavedTensorInfo",
+    "any_custom_function",
     "forward_op_name",
     "gradient_edge",
     "gradient_metadata",
@@ -85,6 +86,11 @@ def is_accumulate_grad(node: Node) -> bool:
 def is_custom_function(node: Node) -> bool:
     """True for the backward Node of a Python ``torch.autograd.Function``."""
     return isinstance(node, BackwardCFunction)
+
+
+def any_custom_function(nodes: Sequence[Node]) -> bool:
+    """Whether any of ``nodes`` is a custom Function's Node (one class test per distinct Node class)."""
+    return any(issubclass(node_class, BackwardCFunction) for node_class in set(map(type, nodes)))
 
 
 _op_names_by_class: dict[type, str] = {}

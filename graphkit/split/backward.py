@@ -374,10 +374,10 @@ def _custom_functions_in_input_phase(
     ``ctx.set_materialize_grads(False)``), so that W passes the very same ones. The engine calls a custom
     Function through its ``apply`` attribute, so an instance attribute stands in for the class's one.
     """
-    custom = [index for index, node in enumerate(walk.nodes) if _autograd.is_custom_function(node)]
-    if not custom:
+    if not _autograd.any_custom_function(walk.nodes):
         yield
         return
+    custom = [index for index, node in enumerate(walk.nodes) if _autograd.is_custom_function(node)]
     in_closure = _input_closure_flags(walk, input_nodes)
     intermediates = {index for index, _ in plan.intermediates}
     changed: list[tuple[Node, tuple[bool, ...]]] = []
@@ -458,22 +458,18 @@ def _remove_handles(handles: list[Any]) -> None:
     handles.clear()
 
 
-def _watch_for_other_backwards(
-    state: SplitState,
-    nodes: list[Node],
-    plan: _Plan,
-    work: list[_WeightWork | None],
-    output_roots: list[tuple[GradientEdge, torch.Tensor]],
-) -> None:
-    """Pre-hooks, until W, on the Nodes through which this microbatch's weight gradients flow.
+def _watch_for_other_backwards(state: SplitState, output_edges: list[GradientEdge]) -> None:
+    """Pre-hooks, until W, on the Nodes of the stage outputs B ran from.
 
-    Any other backward through them before W (an ordinary ``.backward()``, or ``backward_input`` a second
-    time for the same outputs) has counted those gradients already, or freed the graph; W then refuses
-    to count them again (:class:`GraphFreedError`). The hooks hold only a flag, never the state; W
-    removes them before its own engine call, and so does the state's finalizer if W never runs.
+    Another backward from these outputs before W (an ordinary ``.backward()``, or ``backward_input`` a
+    second time for the same outputs) has counted this microbatch's weight gradients already, or freed
+    the graph; W then refuses to count them again (:class:`GraphFreedError`). A backward of some other
+    loss taken from an activation inside the stage is left alone: its gradients are its own. A
+    parameter returned as an output is not watched (its AccumulateGrad Node serves every microbatch).
+    The hooks hold only a flag, never the state; W removes them before its own engine call, and so does
+    the state's finalizer if W never runs.
     """
-    watched = [nodes[index] for (index, _), item in zip(plan.intermediates, work, strict=True) if item]
-    watched += [edge.node for edge, _ in output_roots if not _autograd.is_accumulate_grad(edge.node)]
+    watched = {edge.node for edge in output_edges if not _autograd.is_accumulate_grad(edge.node)}
     if not watched:
         return
     flag = state._other_backward
@@ -613,8 +609,8 @@ def backward_input(
 
     Returns:
         A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
-        No ``.grad`` is touched. Until W, a pre-hook on each intermediate notes any other backward through
-        the graph (W then refuses to count the weight gradients twice).
+        No ``.grad`` is touched. Until W, a pre-hook on each output's Node notes any other backward from
+        the outputs (W then refuses to count the weight gradients twice).
 
     Raises:
         graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose
@@ -709,7 +705,7 @@ def backward_input(
         else (),
     )
     _mark_materialized(plan, work, materialized)
-    _watch_for_other_backwards(state, nodes, plan, work, output_roots)
+    _watch_for_other_backwards(state, output_edges)
     return state
 
 
@@ -808,9 +804,9 @@ def backward_weight(state: SplitState) -> None:
         SplitError: ``state`` is not a SplitState, or was already used (the message says if that W
             failed part-way: ``.grad`` may then hold part of the microbatch's gradients); or a parameter
             stopped requiring grad since B (the state stays usable once it requires grad again).
-        GraphFreedError: the graph was freed between B and W, or another backward ran through it
-            (an ordinary backward, or :func:`backward_input` a second time for the same outputs), which
-            counted the weight gradients already.
+        GraphFreedError: the graph was freed between B and W, or another backward ran from the
+            outputs (an ordinary backward, or :func:`backward_input` a second time for the same
+            outputs), which counted the weight gradients already.
         RuntimeError: a saved tensor W reads was modified in place since B (as the autograd engine's
             version-counter check).
         Any error a hook raises during W, after which the state counts as used.
@@ -832,7 +828,7 @@ def backward_weight(state: SplitState) -> None:
         )
     if state._other_backward[0]:
         raise GraphFreedError(
-            "another backward ran through this microbatch's graph between its B and its W phase (an "
+            "another backward ran from this microbatch's outputs between its B and its W phase (an "
             "ordinary .backward() or torch.autograd.grad, or backward_input a second time for the same "
             "outputs): it counted these weight gradients already, or freed the graph, and W would count "
             "them twice; run the forward again for this microbatch and one B and one W on it"
