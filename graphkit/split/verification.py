@@ -264,8 +264,7 @@ def _borrowed(
     saved_buffers = [
         (owner, name, buffer, buffer.detach().clone())
         for owner in module.modules()
-        for name, buffer in owner._buffers.items()
-        if buffer is not None
+        for name, buffer in owner.named_buffers(recurse=False)
     ]
     try:
         with torch.no_grad():
@@ -275,8 +274,8 @@ def _borrowed(
                 parameter.grad = None
             for owner, name, buffer, _ in saved_buffers:
                 moved = buffer if device is None else buffer.to(device)
-                owner._buffers[name] = moved if dtype is None else _cast(moved, dtype)
-        yield [owner._buffers[name] for owner, name, _, _ in saved_buffers]
+                setattr(owner, name, moved if dtype is None else _cast(moved, dtype))
+        yield [getattr(owner, name) for owner, name, _, _ in saved_buffers]
     finally:
         with torch.no_grad():
             for parameter, data, grad in saved_parameters:
@@ -284,7 +283,7 @@ def _borrowed(
                 parameter.grad = grad
             for owner, name, buffer, values in saved_buffers:
                 buffer.copy_(values)
-                owner._buffers[name] = buffer
+                setattr(owner, name, buffer)
 
 
 def _snapshot(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
