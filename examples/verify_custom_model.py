@@ -4,9 +4,9 @@
     graphkit verify examples/verify_custom_model.py:make_stage     # the same model, from the command line
 
 The model below has the parts that make a split backward hard: one weight used by two layers (its gradient
-sums two contributions), a custom ``torch.autograd.Function`` whose backward reads
-``graphkit.current_phase()`` to compute only what the running phase needs, and a learned temperature that
-is an output of its own. Replace it with yours: ``make_stage`` returns ``(module, inputs)``, with the inputs
+sums two contributions), a custom ``torch.autograd.Function`` whose backward computes only what
+``ctx.needs_input_grad`` asks for (graphkit sets it per phase: the input path's gradient in B, the weight's
+in W), and a learned temperature that is an output of its own. Replace it with yours: ``make_stage`` returns ``(module, inputs)``, with the inputs
 that require grad being the stage inputs. Exit status 1 when a gradient differs.
 """
 
@@ -18,11 +18,10 @@ import torch
 from torch import nn
 
 import graphkit
-from graphkit import Phase
 
 
 class ScaledTanh(torch.autograd.Function):
-    """``tanh(x) * scale`` with a hand-written backward that skips the gradient the phase does not need."""
+    """``tanh(x) * scale`` with a hand-written backward that computes only the gradients asked for."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -33,9 +32,8 @@ class ScaledTanh(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         t, scale = ctx.saved_tensors
-        phase = graphkit.current_phase()
-        grad_x = grad * scale * (1 - t * t) if ctx.needs_input_grad[0] and phase != Phase.WEIGHT else None
-        grad_scale = (grad * t).sum(0) if ctx.needs_input_grad[1] and phase != Phase.INPUT else None
+        grad_x = grad * scale * (1 - t * t) if ctx.needs_input_grad[0] else None
+        grad_scale = (grad * t).sum(0) if ctx.needs_input_grad[1] else None
         return grad_x, grad_scale
 
 

@@ -24,12 +24,10 @@ from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind
 from graphkit.graph.tensors import GraphkitInputError
 from graphkit.graph.tracing import trace
 from graphkit.split.backward import (
-    Phase,
     SplitState,
     backward_full,
     backward_input,
     backward_weight,
-    current_phase,
 )
 
 __version__ = "0.1.0"
@@ -43,14 +41,12 @@ __all__ = [
     "NodeKind",
     "ParamGroup",
     "ParamGroups",
-    "Phase",
     "SplitState",
     "WeightSideEdge",
     "backward_full",
     "backward_input",
     "backward_weight",
     "capture",
-    "current_phase",
     "draw",
     "input_closure",
     "intermediates",
@@ -74,4 +70,8 @@ def __getattr__(name: str) -> Any:
         from graphkit.split.verification import verify_split
 
         return verify_split
+    if name in ("current_phase", "Phase"):
+        from graphkit.split import _REMOVED
+
+        raise AttributeError(f"graphkit.{name} was removed: {_REMOVED}")
     raise AttributeError(f"module 'graphkit' has no attribute {name!r}")

@@ -562,12 +562,14 @@ class RandomModelPlan:
         return len(self.input_requires_grad)
 
 
-def plan_random_model(source: Any, *, max_ops: int = 12) -> RandomModelPlan:
+def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool = False) -> RandomModelPlan:
     """Draw a random model plan.
 
     Args:
         source: a ``random.Random``, an int seed, or a hypothesis ``data`` object (``st.data()``).
         max_ops: most ops in the DAG.
+        custom_functions: also draw custom ``torch.autograd.Function`` ops (:class:`HonestMul`,
+            :class:`HonestMatmul`), whose backward computes only what ``ctx.needs_input_grad`` asks for.
 
     Every value has shape ``(3, 4)``, ``(4, 4)``, ``(4,)``, ``(3, 1)``, ``(1,)`` or ``()``; ops only combine
     values whose shapes fit. At least one output requires grad.
@@ -605,9 +607,12 @@ def plan_random_model(source: Any, *, max_ops: int = 12) -> RandomModelPlan:
             return choose.integer(0, num_inputs - 1)
         return choose.integer(0, len(shapes) - 1)
 
+    kinds = (*OP_KINDS, "custom", "custom") if custom_functions else OP_KINDS
     for _ in range(choose.integer(2, max_ops)):
-        kind = choose.pick(OP_KINDS)
+        kind = choose.pick(kinds)
         variant = ""
+        if kind == "custom":
+            kind, variant = choose.pick([("matmul", "custom"), ("binary", "custom")])
         if kind in ("matmul", "linear"):
             if not matrices():
                 kind = "unary"
@@ -628,7 +633,7 @@ def plan_random_model(source: Any, *, max_ops: int = 12) -> RandomModelPlan:
             try:
                 shape = tuple(torch.broadcast_shapes(shapes[first], shapes[second]))
                 operands = (first, second)
-                variant = choose.pick(BINARY_OPS)
+                variant = variant or choose.pick(BINARY_OPS)
             except RuntimeError:
                 kind = "unary"
         if kind == "in_place":
@@ -726,8 +731,52 @@ class RandomModel(nn.Module):
         return tuple(values[index] for index in plan.outputs)
 
 
+def _summed_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """``grad`` summed over the dimensions broadcasting added to ``shape``."""
+    return grad.sum_to_size(shape) if len(shape) else grad.sum()
+
+
+class HonestMul(torch.autograd.Function):
+    """``first * second`` (broadcast), computing only the gradients ``ctx.needs_input_grad`` asks for."""
+
+    @staticmethod
+    def forward(ctx: Any, first: Tensor, second: Tensor) -> Tensor:
+        ctx.save_for_backward(first, second)
+        return first * second
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        first, second = ctx.saved_tensors
+        grad_first = _summed_to(grad * second, first.shape) if ctx.needs_input_grad[0] else None
+        grad_second = _summed_to(grad * first, second.shape) if ctx.needs_input_grad[1] else None
+        return grad_first, grad_second
+
+
+class HonestMatmul(torch.autograd.Function):
+    """``rows @ matrix`` (rows of width 4, a ``(4, 4)`` matrix), computing only what is asked for."""
+
+    @staticmethod
+    def forward(ctx: Any, rows: Tensor, matrix: Tensor) -> Tensor:
+        ctx.save_for_backward(rows, matrix)
+        return rows @ matrix
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        rows, matrix = ctx.saved_tensors
+        grad_rows = grad @ matrix.t() if ctx.needs_input_grad[0] else None
+        width = matrix.shape[0]
+        grad_matrix = (
+            rows.reshape(-1, width).t() @ grad.reshape(-1, matrix.shape[1])
+            if ctx.needs_input_grad[1]
+            else None
+        )
+        return grad_rows, grad_matrix
+
+
 def _apply(op: RandomOp, operands: list[Tensor]) -> Tensor:
     kind, variant = op.kind, op.variant
+    if variant == "custom":
+        return (HonestMatmul if kind == "matmul" else HonestMul).apply(*operands)
     if kind == "matmul":
         return operands[0] @ operands[1]
     if kind == "linear":
@@ -767,7 +816,11 @@ def _apply(op: RandomOp, operands: list[Tensor]) -> Tensor:
 
 
 def random_model(
-    source: Any, *, max_ops: int = 12, registration_order: Sequence[int] | None = None
+    source: Any,
+    *,
+    max_ops: int = 12,
+    registration_order: Sequence[int] | None = None,
+    custom_functions: bool = False,
 ) -> ModelAndInputs:
     """A random small model and its inputs.
 
@@ -775,6 +828,7 @@ def random_model(
         source: a ``random.Random``, an int seed, or a hypothesis ``data`` object (``st.data()``).
         max_ops: most ops in the DAG (linear, elementwise, reduction, chunk, transpose, detach, in-place).
         registration_order: parameter registration order (default: drawn from ``source``).
+        custom_functions: also draw custom Functions that honour ``ctx.needs_input_grad``.
 
     Returns:
         ``(module, inputs)``: a :class:`RandomModel` with 1-4 parameters (some used several times, some
@@ -782,7 +836,7 @@ def random_model(
         The module returns a tuple of 1-3 tensors; some may depend on parameters only, and at least one
         requires grad. ``module.plan`` rebuilds the same model with :class:`RandomModel`.
     """
-    plan = plan_random_model(source, max_ops=max_ops)
+    plan = plan_random_model(source, max_ops=max_ops, custom_functions=custom_functions)
 
     def make() -> ModelAndInputs:
         module = RandomModel(plan, registration_order)

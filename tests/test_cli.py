@@ -90,3 +90,12 @@ def test_every_subcommand_has_help(command, capsys):
         main([command, "--help"])
     assert exit_info.value.code == 0
     assert "usage: graphkit" in capsys.readouterr().out
+
+
+def test_verify_on_a_cuda_device_this_torch_cannot_use_exits_2_with_one_line(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only build
+    status, out, err = run(capsys, "verify", "zoo:chain", "--device", "cuda")
+    assert status == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and "no CUDA device" in err

@@ -95,7 +95,7 @@ def test_api_reference_documents_the_public_functions(built_docs: Path) -> None:
         "graphkit.analysis.parameter_groups.param_groups",
         "graphkit.split.backward.backward_input",
         "graphkit.split.backward.backward_weight",
-        "graphkit.split.backward.current_phase",
+        "graphkit.split.backward.backward_full",
         "graphkit.split.stage_compute.StageCompute",
         "graphkit.split.verification.verify_split",
         "graphkit.drawing.diagram.draw",
@@ -118,7 +118,7 @@ def test_concepts_page_shows_the_diagrams_and_the_schedule(built_docs: Path) -> 
 def test_notebook_pages_carry_their_executed_outputs(built_docs: Path) -> None:
     verify = (built_docs / "notebooks" / "03_verify_split.html").read_text()
     assert "accumulated over 2 microbatches: equal" in verify
-    assert "backward in phase weight" in verify
+    assert "computes grad_x=False grad_weight=True" in verify
     groups = (built_docs / "notebooks" / "01_param_groups.html").read_text()
     assert "application/vnd.jupyter.widget-state+json" in groups  # the explorer, as saved widget state
     assert "blocks.0.attn.proj.weight" in groups

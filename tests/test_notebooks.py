@@ -90,5 +90,5 @@ def test_notebook_runs_top_to_bottom(path: Path, tmp_path: Path, monkeypatch: py
         assert mime_types.count("image/svg+xml") >= 10
     if path.stem == "03_verify_split":
         text = "".join(output.get("text", "") for output in outputs)
-        assert "backward in phase weight: computes grad_x=False grad_weight=True" in text
+        assert "W            : computes grad_x=False grad_weight=True" in text
         assert "accumulated over 2 microbatches: equal" in text

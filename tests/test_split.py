@@ -18,7 +18,7 @@ import graphkit
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.models import zoo
 from graphkit.split import backward as split
-from graphkit.split.backward import GraphFreedError, Phase, SplitError, backward_input, backward_weight
+from graphkit.split.backward import GraphFreedError, SplitError, backward_input, backward_weight
 
 # scripts/gpu_check.sh runs these tests with GRAPHKIT_TEST_DEVICE=cuda; CI runs them on the CPU.
 DEVICE = torch.device(os.environ.get("GRAPHKIT_TEST_DEVICE", "cpu"))
@@ -152,9 +152,9 @@ def _pairs(outputs):
 
 
 class PhaseAwareMatmul(torch.autograd.Function):
-    """x @ w whose backward computes only what the running phase needs, and records the phases it saw."""
+    """x @ w whose backward computes only what ``ctx.needs_input_grad`` asks for, and records it."""
 
-    phases: list[Phase | None] = []
+    phases: list[tuple[bool, ...]] = []
 
     @staticmethod
     def forward(ctx, x, w):
@@ -164,10 +164,9 @@ class PhaseAwareMatmul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        phase = graphkit.current_phase()
-        PhaseAwareMatmul.phases.append(phase)
-        grad_x = grad @ w.t() if phase in (None, Phase.FULL, Phase.INPUT) else None
-        grad_w = x.t() @ grad if phase in (None, Phase.FULL, Phase.WEIGHT) else None
+        PhaseAwareMatmul.phases.append(tuple(ctx.needs_input_grad))
+        grad_x = grad @ w.t() if ctx.needs_input_grad[0] else None
+        grad_w = x.t() @ grad if ctx.needs_input_grad[1] else None
         return grad_x, grad_w
 
 
@@ -181,30 +180,37 @@ class PhaseAwareModel(nn.Module):
         return PhaseAwareMatmul.apply(torch.tanh(self.first(x)), self.weight)
 
 
-def test_custom_function_reads_the_phase_and_split_wastes_no_flops():
+def test_custom_function_sees_each_phase_in_needs_input_grad_and_split_wastes_no_flops():
     torch.manual_seed(0)
     module = PhaseAwareModel().double()
     inputs = (torch.randn(3, 4, dtype=torch.float64, requires_grad=True),)
     PhaseAwareMatmul.phases.clear()
     expected_params, _ = _oracle(module, inputs)
-    assert PhaseAwareMatmul.phases == [None]
+    assert PhaseAwareMatmul.phases == [(True, True)]
     PhaseAwareMatmul.phases.clear()
     params, _, b_flops, w_flops = _split(module, inputs)
-    assert PhaseAwareMatmul.phases == [Phase.INPUT, Phase.WEIGHT]
+    assert PhaseAwareMatmul.phases == [(True, False), (False, True)]  # B: the input path; W: the weight
     _assert_same(expected_params, params)
     outputs = _call(copy.deepcopy(module), _fresh(inputs))
     with FlopCounterMode(display=False) as counter:
         torch.autograd.backward(outputs, _cotangents(outputs))
     assert b_flops + w_flops == counter.get_total_flops()
-    assert graphkit.current_phase() is None
 
 
-def test_backward_full_runs_in_the_full_phase():
+def test_backward_full_asks_a_custom_function_for_every_gradient():
     module = PhaseAwareModel().double()
     x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     PhaseAwareMatmul.phases.clear()
     graphkit.backward_full(module(x), torch.ones(3, 5, dtype=torch.float64), x)
-    assert PhaseAwareMatmul.phases == [Phase.FULL]
+    assert PhaseAwareMatmul.phases == [(True, True)]
+
+
+def test_current_phase_is_gone_with_a_message_that_says_what_replaces_it():
+    for name in ("current_phase", "Phase"):
+        with pytest.raises(AttributeError, match="needs_input_grad"):
+            getattr(graphkit, name)
+        with pytest.raises(AttributeError, match="needs_input_grad"):
+            getattr(graphkit.split, name)
 
 
 def test_gradients_accumulate_over_four_microbatches_like_a_full_backward():
@@ -358,7 +364,7 @@ class FailingInWeightPhase(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, w = ctx.saved_tensors
-        if graphkit.current_phase() == Phase.WEIGHT:
+        if not ctx.needs_input_grad[0]:  # W: only the weight's gradient is asked for
             raise ValueError("boom in W")
         return grad @ w.t(), x.t() @ grad
 
@@ -383,11 +389,12 @@ def test_hooks_are_removed_when_a_custom_backward_raises(monkeypatch):
     x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     out = FailingInWeightPhase.apply(torch.tanh(x), weight)
     state = backward_input(out, torch.ones_like(out), x)
-    assert registered and len(removed) == len(registered)
+    # left after B: one hook on the output's Node that notes another backward before W
+    assert registered and len(registered) - len(removed) == 1
     with pytest.raises(ValueError, match="boom in W"):
         backward_weight(state)
-    assert len(removed) == len(registered) >= 1  # W itself registers no hook
-    assert graphkit.current_phase() is None
+    assert len(removed) == len(registered) >= 2  # W itself registers no hook
+    assert out.grad_fn.needs_input_grad == (True, True), "restored after the failed W"
     assert state.used
     # the graph still works after the failure: no stale hook changes a later full backward
     out.backward(torch.ones_like(out))
@@ -928,7 +935,6 @@ def test_retrying_a_w_phase_that_a_hook_broke_says_what_happened():
     state = backward_input(y, torch.ones_like(y), [x])
     with pytest.raises(ValueError, match="hook failed"):
         backward_weight(state)
-    assert split.current_phase() is None
     with pytest.raises(SplitError, match=r"already ran and failed \(ValueError: hook failed\)"):
         backward_weight(state)
 
@@ -1042,3 +1048,297 @@ def test_hooks_on_a_parameter_fed_directly_and_through_a_view_see_the_full_backw
         full[0] + full[1] + [full[2]], split_run[0] + split_run[1] + [split_run[2]], strict=True
     ):
         torch.testing.assert_close(actual, expected, rtol=1e-12, atol=1e-12)
+
+
+# --- custom Functions see the phase in ctx.needs_input_grad ------------------------------------------------
+class HonestScale(torch.autograd.Function):
+    """``x * scale``, computing only the gradients ``ctx.needs_input_grad`` asks for."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x, scale)
+        return x * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, scale = ctx.saved_tensors
+        grad_x = grad * scale if ctx.needs_input_grad[0] else None
+        grad_scale = (grad * x).sum(0) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_scale
+
+
+def _full_then_split(build, inputs_requiring_grad):
+    """Parameter and input gradients of a full backward and of B then W, each on a fresh forward."""
+    results = []
+    for split_run in (False, True):
+        parameters, inputs, output = build()
+        grad = torch.randn(output.shape, generator=torch.Generator().manual_seed(1), dtype=output.dtype)
+        if split_run:
+            state = backward_input(output, grad, inputs)
+            backward_weight(state)
+            input_grads = state.input_grads
+        else:
+            input_grads = torch.autograd.grad(output, inputs, grad, retain_graph=True) if inputs else ()
+            output.backward(grad)
+        results.append(([p.grad for p in parameters], list(input_grads)))
+    return results
+
+
+def test_a_custom_function_whose_first_argument_is_weight_only_gives_the_embedding_its_gradient():
+    def build():
+        torch.manual_seed(0)
+        embedding = nn.Parameter(torch.randn(10, 4, dtype=torch.float64))
+        scale = nn.Parameter(torch.randn(4, dtype=torch.float64))
+        return [embedding, scale], [], HonestScale.apply(embedding[torch.tensor([1, 2, 3])], scale)
+
+    (expected, _), (got, _) = _full_then_split(build, False)
+    for reference, split_grad in zip(expected, got, strict=True):
+        assert split_grad is not None
+        torch.testing.assert_close(split_grad, reference, rtol=1e-12, atol=0)
+
+
+def test_a_custom_function_mixing_the_input_path_and_a_weight_expression_is_exact():
+    calls = []
+
+    class Recording(HonestScale):
+        @staticmethod
+        def backward(ctx, grad):
+            calls.append(tuple(ctx.needs_input_grad))
+            return HonestScale.backward(ctx, grad)
+
+    def build():
+        torch.manual_seed(0)
+        weight = nn.Parameter(torch.randn(4, dtype=torch.float64))
+        x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+        return [weight], [x], Recording.apply(torch.tanh(x), weight * 2)
+
+    (expected, expected_inputs), (got, got_inputs) = _full_then_split(build, True)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(got_inputs[0], expected_inputs[0], rtol=1e-12, atol=0)
+    assert calls[-2:] == [(True, False), (False, True)]
+
+
+def test_two_threads_running_split_backwards_see_only_their_own_phase():
+    import threading
+
+    errors: list[str] = []
+
+    def worker(seed):
+        for step in range(30):
+            torch.manual_seed(seed * 1000 + step)
+            weight = nn.Parameter(torch.randn(4, dtype=torch.float64))
+            x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+            if seed == 0:  # this thread runs ordinary backwards: every gradient is asked for
+                out = HonestScale.apply(torch.tanh(x), weight)
+                grad_x, grad_w = torch.autograd.grad(out, (x, weight), torch.ones_like(out))
+                if grad_x is None or grad_w is None:
+                    errors.append("a plain torch.autograd.grad saw a phase")
+                continue
+            out = HonestScale.apply(torch.tanh(x), weight)
+            state = backward_input(out, torch.ones_like(out), x)
+            backward_weight(state)
+            expected = (torch.tanh(x).detach()).sum(0)
+            if weight.grad is None or not torch.allclose(weight.grad, expected, rtol=1e-12, atol=0):
+                errors.append(f"thread {seed} step {step}: wrong weight gradient")
+            expected_x = weight.detach() * (1 - torch.tanh(x.detach()) ** 2)
+            if not torch.allclose(state.input_grads[0], expected_x.expand(3, 4), rtol=1e-12, atol=0):
+                errors.append(f"thread {seed} step {step}: wrong input gradient")
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == []
+
+
+# --- cotangents matched by key -----------------------------------------------------------------------------
+def test_dict_cotangents_are_matched_to_outputs_by_key_also_nested():
+    torch.manual_seed(0)
+    weight = nn.Parameter(torch.randn(3, dtype=torch.float64))
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    ga, gb, gc = (torch.randn(3, dtype=torch.float64) for _ in range(3))
+    y = x * weight
+    outputs = {"a": [y, 2 * y], "b": 3 * y}
+    state = backward_input(outputs, {"b": gc, "a": [ga, gb]}, [x])
+    backward_weight(state)
+    cotangent = ga + 2 * gb + 3 * gc
+    torch.testing.assert_close(state.input_grads[0], cotangent * weight.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(weight.grad, cotangent * x.detach(), rtol=1e-12, atol=0)
+    y = x * weight
+    with pytest.raises(graphkit.GraphkitInputError, match=r"no cotangent for \['a'\].*\['c'\]"):
+        backward_input({"a": y, "b": 3 * y}, {"c": ga, "b": gb}, [x])
+
+
+# --- another backward between B and W ----------------------------------------------------------------------
+@pytest.mark.parametrize("between", ["ordinary backward", "retained backward", "second B"])
+def test_another_backward_between_b_and_w_is_refused_instead_of_counted_twice(between):
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 3).double()
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    grad = torch.ones_like(out)
+    state = backward_input(out, grad, [x])
+    if between == "second B":
+        other = backward_input(out, grad, [x])
+        backward_weight(other)  # the later state is the one that counts
+    else:
+        out.backward(grad, retain_graph=between == "retained backward")
+    expected = (grad.t() @ x.detach()).clone()
+    torch.testing.assert_close(layer.weight.grad, expected, rtol=1e-12, atol=0)
+    with pytest.raises(GraphFreedError, match="another backward ran from"):
+        backward_weight(state)
+    torch.testing.assert_close(layer.weight.grad, expected, rtol=1e-12, atol=0)  # counted once
+
+
+def test_a_state_dropped_without_w_removes_its_hooks():
+    import gc
+
+    layer = nn.Linear(3, 3).double()
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    state = backward_input(out, torch.ones_like(out), [x])
+    handles = list(state._watch_handles)
+    assert handles
+    del state
+    gc.collect()
+    out.backward(torch.ones_like(out))  # an ordinary backward afterwards, as if graphkit never ran
+    torch.testing.assert_close(layer.weight.grad, torch.ones(3, 2, dtype=torch.float64) @ x.detach())
+
+
+# --- saved tensors modified in place between B and W -------------------------------------------------------
+@pytest.mark.parametrize("modified", ["running_var", "weight"])
+def test_an_eval_batch_norm_tensor_changed_in_place_before_w_raises_like_a_full_backward(modified):
+    def build():
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).double()
+        with torch.no_grad():
+            module[1].running_var.uniform_(0.5, 2)
+        return module.eval()
+
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    module = build()
+    out = module(x)
+    with torch.no_grad():
+        getattr(module[1], modified).mul_(2)  # another microbatch's update, an optimizer step
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.backward(torch.ones_like(out))  # the oracle refuses too
+    module = build()
+    out = module(x)
+    state = backward_input(out, torch.ones_like(out), [x])
+    with torch.no_grad():
+        getattr(module[1], modified).mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        backward_weight(state)
+
+
+# --- a Tensor-subclass stage input --------------------------------------------------------------------------
+class _Tagged(torch.Tensor):
+    pass
+
+
+def test_a_tensor_subclass_stage_input_gets_its_gradient_and_is_no_weight():
+    torch.manual_seed(0)
+    layer = nn.Linear(3, 4).double()
+    data = torch.randn(2, 3, dtype=torch.float64)
+    grad = torch.randn(2, 4, dtype=torch.float64)
+    x = data.as_subclass(_Tagged).requires_grad_()
+    state = backward_input(layer(x), grad, [x])
+    backward_weight(state)
+    assert state.input_grads[0] is not None
+    torch.testing.assert_close(state.input_grads[0].as_subclass(torch.Tensor), grad @ layer.weight.detach())
+    torch.testing.assert_close(layer.weight.grad, grad.t() @ data, rtol=1e-12, atol=0)
+    assert x.grad is None
+
+
+# --- set_materialize_grads(False) and non-differentiable outputs -------------------------------------------
+class _NotMaterialized(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x, weight)
+        return x * weight, x + weight
+
+    @staticmethod
+    def backward(ctx, grad_product, grad_sum):
+        x, weight = ctx.saved_tensors
+        if grad_product is None and grad_sum is None:
+            return None, None
+        grad_product = torch.zeros_like(x) if grad_product is None else grad_product
+        grad_sum = torch.zeros_like(x) if grad_sum is None else grad_sum
+        return grad_product * weight + grad_sum, grad_product * x + grad_sum
+
+
+class _Stop(torch.autograd.Function):
+    """Identity whose backward passes no gradient on (None)."""
+
+    @staticmethod
+    def forward(ctx, tensor):
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+class _WithIndex(torch.autograd.Function):
+    """``x * weight`` and a non-differentiable float index; the backward adds the index's gradient."""
+
+    shapes: list = []
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        index = (x * weight).argmax(-1, keepdim=True).to(x.dtype).expand_as(x).clone()
+        ctx.mark_non_differentiable(index)
+        return x * weight, index
+
+    @staticmethod
+    def backward(ctx, grad, grad_index):
+        _WithIndex.shapes.append(tuple(grad_index.shape))
+        x, weight = ctx.saved_tensors
+        return grad * weight + grad_index, grad * x + grad_index
+
+
+@pytest.mark.parametrize("case", ["not materialized", "non-differentiable output"])
+def test_gradients_a_custom_function_receives_in_w_are_those_of_a_full_backward(case):
+    def build():
+        torch.manual_seed(0)
+        weight = nn.Parameter(torch.randn(3, dtype=torch.float64))
+        x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+        hidden = torch.tanh(x)
+        if case == "not materialized":
+            product, _ = _NotMaterialized.apply(hidden, weight)
+            return [weight], [x], _Stop.apply(product) + hidden  # the Function receives no gradient
+        product, _ = _WithIndex.apply(hidden, weight)
+        return [weight], [x], product
+
+    _WithIndex.shapes.clear()
+    (expected, expected_inputs), (got, got_inputs) = _full_then_split(build, True)
+    if case == "not materialized":
+        assert expected[0] is None and got[0] is None, "a full backward leaves .grad None"
+    else:
+        torch.testing.assert_close(got[0], expected[0], rtol=1e-12, atol=0)
+        assert set(_WithIndex.shapes) == {(2, 3)}, "the index's zero gradient has its shape in every phase"
+    torch.testing.assert_close(got_inputs[0], expected_inputs[0], rtol=1e-12, atol=0)
+
+
+def test_a_backward_of_another_loss_from_inside_the_stage_between_b_and_w_adds_up():
+    def run(split_run):
+        torch.manual_seed(0)
+        first, second = nn.Linear(3, 3).double(), nn.Linear(3, 2).double()
+        x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+        hidden = torch.tanh(first(x))
+        out = second(hidden)
+        grad = torch.randn(4, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        if split_run:
+            state = backward_input(out, grad, [x])
+            hidden.pow(2).sum().backward(retain_graph=True)  # an auxiliary loss on an activation
+            backward_weight(state)
+        else:
+            torch.autograd.backward([out, hidden.pow(2).sum()], [grad, None])
+        return [first.weight.grad, first.bias.grad, second.weight.grad]
+
+    for expected, got in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)

@@ -1,8 +1,10 @@
 """Split backward on random models: B then W equals PyTorch's full backward on every model hypothesis draws.
 
 The generator (tests/models.py) mixes linear and elementwise ops, reductions, chunks, transposes, detached
-branches and in-place ops, with parameters used several times, tied under two names and returned as
-outputs, over inputs of which some require grad.
+branches and in-place ops, and (in half the draws) custom Functions that compute only what
+``ctx.needs_input_grad`` asks for, with parameters used several times, tied under two names and returned
+as outputs, over inputs of which some require grad. B + W must cost exactly a full backward's FLOPs, custom
+Functions included: graphkit sets their ``needs_input_grad`` per phase.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def _run(module, inputs):
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_split_equals_full_backward_on_random_models(data):
-    module, inputs = _float64(*random_model(data))
+    module, inputs = _float64(*random_model(data, custom_functions=data.draw(st.booleans())))
     reference = copy.deepcopy(module)
 
     fresh, outputs, grads = _run(reference, inputs)

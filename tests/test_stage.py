@@ -170,3 +170,41 @@ def test_a_rejected_backward_keeps_the_forward_for_a_corrected_retry():
         stage.backward_input(0, {"logits": torch.ones(1)})
     stage.backward_input(0, None)  # the forward is still cached
     stage.backward_weight(0)
+
+
+def test_a_retry_after_a_failed_weight_backward_says_grad_may_be_partly_written():
+    torch.manual_seed(0)
+    stage = StageCompute(Second().double(), 1)
+    handle = stage.module.head.bias.register_hook(
+        lambda grad: (_ for _ in ()).throw(ValueError("hook failed"))
+    )
+    hidden = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    stage.forward(0, {"hidden": hidden})
+    stage.backward_input(0, None)
+    stage.pop_input_grads(0)
+    with pytest.raises(ValueError, match="hook failed"):
+        stage.backward_weight(0)
+    handle.remove()
+    for _ in range(2):
+        with pytest.raises(StageError, match=r"microbatch 0: .*already ran and failed.*\.grad may hold part"):
+            stage.backward_weight(0)
+
+
+def test_a_weight_backward_refused_before_it_started_can_be_retried():
+    torch.manual_seed(0)
+    module = Second().double()
+    reference = copy.deepcopy(module)
+    hidden = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    reference(hidden)["loss"].backward()
+    stage = StageCompute(module, 1)
+    stage.forward(0, {"hidden": hidden.detach().clone().requires_grad_()})
+    stage.backward_input(0, None)
+    module.head.weight.requires_grad_(False)
+    with pytest.raises(Exception, match="stopped requiring grad"):
+        stage.backward_weight(0)
+    module.head.weight.requires_grad_(True)
+    stage.backward_weight(0)
+    for (name, parameter), (_, expected) in zip(
+        module.named_parameters(), reference.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(parameter.grad, expected.grad, rtol=1e-12, atol=0, msg=name)

@@ -9,7 +9,8 @@ import torch
 
 from graphkit.models import zoo
 from graphkit.models.specs import load_spec
-from graphkit.split.verification import verify_split
+from graphkit.split.verification import _compare, verify_split
+from tests.specs.broken_split import WrongInWeightPhase
 
 BROKEN = f"{Path(__file__).parent / 'specs' / 'broken_split.py'}:build"
 
@@ -94,3 +95,120 @@ def test_verify_handles_activation_checkpointing_even_when_flops_cannot_be_count
         assert "not counted" in report.extra["flops_note"] and "not counted" in report.table()
     else:
         assert report.flops["b"] + report.flops["w"] >= report.flops["full"]
+
+
+class _ComplexStage(torch.nn.Module):
+    """``|x W|`` with a complex ``W``; the input is cast to ``W``'s dtype."""
+
+    def __init__(self, dtype: torch.dtype = torch.complex64) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, 3, dtype=dtype))
+
+    def forward(self, x):
+        return torch.tanh(x).to(self.weight.dtype) @ self.weight
+
+
+class _ConjugatedInW(torch.autograd.Function):
+    """``x * w`` whose weight gradient is conjugated in W only (graphkit asks for it alone there)."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad_weight = grad * x.conj()
+        if not ctx.needs_input_grad[0]:
+            grad_weight = grad_weight.conj()  # the deliberate bug: right real part, wrong imaginary part
+        return grad * weight.conj() if ctx.needs_input_grad[0] else None, grad_weight
+
+
+class _ConjugatedStage(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(3, dtype=torch.complex128))
+
+    def forward(self, x):
+        return _ConjugatedInW.apply(torch.tanh(x).to(torch.complex128), self.weight)
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float64])
+def test_complex_parameters_stay_complex_and_are_compared_as_complex(dtype):
+    torch.manual_seed(0)
+    module = _ComplexStage()
+    report = verify_split(module, (torch.randn(2, 3, requires_grad=True),), dtype=dtype)
+    assert report.ok, report.table()
+    assert module.weight.dtype == torch.complex64 and module.weight.grad is None
+    torch.manual_seed(0)
+    report = verify_split(_ConjugatedStage(), (torch.randn(2, 3, requires_grad=True),))
+    assert [check.name for check in report.failures] == ["weight"]
+    gradient = torch.randn(3, dtype=torch.complex128)
+    assert _compare("weight", gradient, gradient.conj(), 1e-9).status == "wrong", "not the real part alone"
+
+
+def test_a_pruned_module_with_tensor_hooks_verifies_and_keeps_its_hooks():
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    prune.l1_unstructured(module[0], "weight", 0.5)
+    calls = []
+    module[2].weight.register_hook(lambda grad: calls.append(1) or grad * 2)
+    report = verify_split(module, (torch.randn(3, 4, requires_grad=True),), dtype=torch.float64)
+    assert report.ok, report.table()
+    assert {check.name for check in report.params} == {"0.bias", "0.weight_orig", "2.weight", "2.bias"}
+    assert len(calls) == 2, "the hook ran in the reference and in the split"
+    assert module[0].weight_orig.dtype == torch.float32 and module[0].weight_orig.grad is None
+
+
+class _UnregisteredLeaf(torch.nn.Module):
+    """A layer kept in a plain list: its parameters are leaves the outputs reach, but not registered."""
+
+    def __init__(self, broken: bool = False) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4).double()
+        self.hidden = [torch.nn.Linear(4, 4).double()]
+        self.broken = broken
+
+    def forward(self, x):
+        hidden = torch.tanh(self.first(x))
+        weight = self.hidden[0].weight.t()
+        return WrongInWeightPhase.apply(hidden, weight) if self.broken else hidden @ weight
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_leaves_outside_the_module_are_compared_too(broken):
+    torch.manual_seed(0)
+    module = _UnregisteredLeaf(broken)
+    x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    report = verify_split(module, (x,))
+    assert [check.name for check in report.params] == ["first.weight", "first.bias", "unregistered[0] (4, 4)"]
+    assert [check.name for check in report.failures] == (["unregistered[0] (4, 4)"] if broken else [])
+    assert module.hidden[0].weight.grad is None, "restored"
+
+
+def test_a_forward_that_updates_buffers_verifies_and_the_buffers_are_restored():
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(4, 4)),
+        torch.nn.Tanh(),
+        torch.nn.BatchNorm1d(4),
+        torch.nn.Dropout(0.3),
+    )
+    before = {name: value.clone() for name, value in module.state_dict().items()}
+    report = verify_split(module, (torch.randn(5, 4, requires_grad=True),), dtype=torch.float64)
+    assert report.ok, report.table()
+    after = module.state_dict()
+    for name, value in before.items():
+        assert after[name].dtype == value.dtype and torch.equal(after[name], value), name
+
+
+def test_verify_refuses_a_cuda_device_this_torch_cannot_use(monkeypatch):
+    from graphkit.graph.tensors import GraphkitInputError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    module, inputs = zoo.build("mlp")
+    with pytest.raises(GraphkitInputError, match="no CUDA device"):
+        verify_split(module, inputs, device="cuda")

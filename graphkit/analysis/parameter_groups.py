@@ -18,9 +18,9 @@ Flags a user can act on (:class:`GroupFlag`):
 - ``multi-output-intermediate``: an intermediate produces several forward outputs (custom Function,
   RNN kernel, ``chunk``): each captured gradient must go back to its own output.
 - ``parameter-only-output``: a stage output depends on parameters alone; its gradient enters W directly.
-- ``custom-function``: an intermediate is a Python ``torch.autograd.Function``, whose
-  ``ctx.needs_input_grad`` cannot tell the B phase from the W phase (pytorch/pytorch#174017); read
-  :func:`graphkit.split.current_phase` in its backward to skip work.
+- ``custom-function``: an intermediate is a Python ``torch.autograd.Function``, whose backward runs in both
+  phases; graphkit sets the Node's ``ctx.needs_input_grad`` to the arguments each phase needs (the input
+  path in B, the weight side in W), so a backward that honours it does no extra work.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ FLAG_MEANINGS: dict[str, str] = {
         "a stage output depends on parameters alone: its gradient goes straight into the W phase"
     ),
     GroupFlag.CUSTOM_FUNCTION.value: (
-        "an intermediate is a Python torch.autograd.Function, whose backward cannot tell B from W by itself: "
-        "read graphkit.current_phase() in it to skip work"
+        "an intermediate is a Python torch.autograd.Function: graphkit sets its ctx.needs_input_grad per "
+        "phase, so a backward that computes only what needs_input_grad asks for does no extra work"
     ),
 }
 """One sentence per :class:`GroupFlag`: what it means for the user (reports and widgets show it)."""

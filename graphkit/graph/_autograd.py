@@ -11,7 +11,8 @@ in PyTorch breaks one small file and nothing else - except the per-op weight-sid
   ``torch.autograd.graph.saved_tensors_hooks`` packed it);
 - ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes;
 - ``torch.autograd.graph._engine_run_backward``: the engine call behind ``torch.autograd.backward`` and
-  ``torch.autograd.grad``.
+  ``torch.autograd.grad``;
+- ``torch._C.DisableTorchFunctionSubclass``: to find the AccumulateGrad Node of a Tensor-subclass leaf.
 
 Public API (``get_gradient_edge``, ``GradientEdge``, ``register_prehook``, ``next_functions``) is used
 everywhere else directly.
@@ -25,14 +26,16 @@ from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import BackwardCFunction
-from torch.autograd.graph import GradientEdge, Node
+from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 __all__ = [
     "FREED_GRAPH_REASON",
     "HOOKED_SAVED_TENSORS_REASON",
     "GradientMetadata",
     "SavedTensorInfo",
+    "any_custom_function",
     "forward_op_name",
+    "gradient_edge",
     "gradient_metadata",
     "is_accumulate_grad",
     "is_custom_function",
@@ -85,6 +88,11 @@ def is_custom_function(node: Node) -> bool:
     return isinstance(node, BackwardCFunction)
 
 
+def any_custom_function(nodes: Sequence[Node]) -> bool:
+    """Whether any of ``nodes`` is a custom Function's Node (one class test per distinct Node class)."""
+    return any(issubclass(node_class, BackwardCFunction) for node_class in set(map(type, nodes)))
+
+
 _op_names_by_class: dict[type, str] = {}
 
 
@@ -104,6 +112,30 @@ def forward_op_name(node: Node) -> str:
             name = _CAMEL_BOUNDARY.sub("_", _BACKWARD_SUFFIX.sub("", class_name)).lower()
         _op_names_by_class[cls] = name
     return name
+
+
+def gradient_edge(tensor: torch.Tensor) -> GradientEdge:
+    """``torch.autograd.graph.get_gradient_edge(tensor)``, right for a leaf of a Tensor subclass too.
+
+    For a leaf, ``get_gradient_edge`` finds the AccumulateGrad Node as the next function of
+    ``tensor.view_as(tensor)``; on a subclass that view goes through ``__torch_function__``, whose
+    re-wrapping returns another view Node instead. With subclass dispatch off
+    (``torch._C.DisableTorchFunctionSubclass``) the view is a plain one on the leaf itself, as the
+    engine sees it (``impl::gradient_edge`` in C++).
+
+    Raises:
+        RuntimeError: ``tensor`` does not require grad (as ``get_gradient_edge``).
+    """
+    if tensor.grad_fn is not None or type(tensor) in (torch.Tensor, torch.nn.Parameter):
+        return get_gradient_edge(tensor)
+    if not tensor.requires_grad:
+        return get_gradient_edge(tensor)  # raises PyTorch's own error
+    with torch._C.DisableTorchFunctionSubclass(), torch.enable_grad():
+        view = torch.Tensor.view_as(tensor, tensor)
+        node = view.grad_fn.next_functions[0][0] if view.grad_fn is not None else None
+    if node is None or not is_accumulate_grad(node):
+        return get_gradient_edge(tensor)
+    return GradientEdge(node, 0)
 
 
 def gradient_metadata(node: Node) -> tuple[GradientMetadata, ...] | None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import networkx as nx
 import torch
-from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
+from torch.autograd.graph import GradientEdge, Node
 
 from graphkit.graph import _autograd
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors
@@ -91,7 +91,7 @@ def gradient_edge(tensor: torch.Tensor) -> GradientEdge:
             "this tensor does not require grad, so it has no place in the autograd graph; "
             "call .requires_grad_() on it before the forward if its gradient is wanted"
         )
-    return get_gradient_edge(tensor)
+    return _autograd.gradient_edge(tensor)
 
 
 def parameter_names(module: torch.nn.Module | None) -> dict[int, list[str]]:
@@ -296,7 +296,7 @@ def _named_edges(value: Any, role: str, *, require: bool) -> list[tuple[str, Gra
             f"the {role} holds no tensor (got {type(value).__name__}): pass the tensor(s) the model "
             "returned (a tensor, a sequence, a mapping or a nested mix of them)"
         )
-    edges = [(name, get_gradient_edge(tensor)) for name, tensor in tensors if tensor.requires_grad]
+    edges = [(name, _autograd.gradient_edge(tensor)) for name, tensor in tensors if tensor.requires_grad]
     if require and not edges:
         names = ", ".join(name for name, _ in tensors[:5])
         hint = ""

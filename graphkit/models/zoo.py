@@ -527,8 +527,8 @@ class CustomFunctionModel(nn.Module):
 def custom_function() -> tuple[nn.Module, ModelInputs]:
     """A custom torch.autograd.Function with two outputs and a hand-written backward.
 
-    Graph kinds: a multi-output custom node (``MatmulTanhBackward``) whose ``needs_input_grad`` cannot tell
-    an input-gradient pass from a weight-gradient pass. Inputs: ``(x,)`` float32 ``(4, 8)`` with
+    Graph kinds: a multi-output custom node (``MatmulTanhBackward``); graphkit sets its ``needs_input_grad``
+    per phase (the input path in B, the weight in W). Inputs: ``(x,)`` float32 ``(4, 8)`` with
     ``requires_grad=True``. Output: ``(4, 8)``.
     """
 

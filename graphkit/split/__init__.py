@@ -14,21 +14,20 @@ first use (``from graphkit.split.verification import verify_split``), so ``impor
 
 from __future__ import annotations
 
+from typing import Any
+
 from graphkit.split.backward import (
     GraphFreedError,
-    Phase,
     SplitError,
     SplitState,
     backward_full,
     backward_input,
     backward_weight,
-    current_phase,
 )
 from graphkit.split.stage_compute import StageCompute, StageError
 
 __all__ = [
     "GraphFreedError",
-    "Phase",
     "SplitError",
     "SplitState",
     "StageCompute",
@@ -36,5 +35,16 @@ __all__ = [
     "backward_full",
     "backward_input",
     "backward_weight",
-    "current_phase",
 ]
+
+_REMOVED = (
+    "graphkit sets ctx.needs_input_grad of each custom Function's Node to the running phase (in B only the "
+    "arguments on the input path need a gradient, in W only the weight-side ones): compute what "
+    "ctx.needs_input_grad asks for and drop the phase check"
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("current_phase", "Phase"):
+        raise AttributeError(f"graphkit.split.{name} was removed: {_REMOVED}")
+    raise AttributeError(f"module 'graphkit.split' has no attribute {name!r}")

@@ -40,15 +40,20 @@ A parameter shared by many intermediates receives each contribution exactly once
 of parameters, and a chain of intermediates is never re-entered. Plans (closures, intermediates and
 their weight-side edges) depend only on the graph's structure and are reused across microbatches.
 
-Custom ``torch.autograd.Function`` backwards run in both phases with ``ctx.needs_input_grad`` fixed at
-forward time, so they cannot tell B from W by themselves; :func:`current_phase` tells them.
+Custom ``torch.autograd.Function`` backwards run in both phases. graphkit knows, per Node, which of its
+``next_functions`` entries lie on the input path and which on the weight side, and sets the Node's
+``ctx.needs_input_grad`` to match before each phase (restoring it after): in B only the arguments on the
+input path ask for a gradient, in W only the weight-side ones. A Function written the ordinary way,
+computing only what ``needs_input_grad`` asks for, thus does exactly B's work in B and W's in W, on any
+thread (the flags live on the Node of its own graph, not in a process-wide variable).
 """
 
 from __future__ import annotations
 
-import enum
+import threading
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -64,22 +69,12 @@ from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
     "GraphFreedError",
-    "Phase",
     "SplitError",
     "SplitState",
     "backward_full",
     "backward_input",
     "backward_weight",
-    "current_phase",
 ]
-
-
-class Phase(enum.StrEnum):
-    """Which backward is running: the B phase, the W phase, or an ordinary full backward."""
-
-    INPUT = "input"
-    WEIGHT = "weight"
-    FULL = "full"
 
 
 class SplitError(RuntimeError):
@@ -87,30 +82,8 @@ class SplitError(RuntimeError):
 
 
 class GraphFreedError(SplitError):
-    """The autograd graph's saved tensors were already freed by an earlier backward."""
-
-
-_phase_stack: list[Phase] = []
-
-
-def current_phase() -> Phase | None:
-    """The backward phase graphkit is running now, or None outside graphkit's backward calls.
-
-    Read it in a custom ``torch.autograd.Function.backward`` to skip work ``ctx.needs_input_grad``
-    cannot rule out: in ``Phase.INPUT`` only gradients of inputs on the stage-input path are used, in
-    ``Phase.WEIGHT`` only those of weight-side inputs. The phase is process-wide (the autograd engine
-    runs CUDA backward on its own threads), so run one graphkit backward at a time per process.
-    """
-    return _phase_stack[-1] if _phase_stack else None
-
-
-@contextmanager
-def _running(phase: Phase) -> Iterator[None]:
-    _phase_stack.append(phase)
-    try:
-        yield
-    finally:
-        _phase_stack.pop()
+    """The autograd graph's saved tensors were already freed by an earlier backward, or (in W) another
+    backward ran through the microbatch's graph since B and counted its weight gradients already."""
 
 
 @dataclass(slots=True)
@@ -124,6 +97,8 @@ class _WeightWork:
     node: Node | None  # kept only when no rule applies
     versions: tuple[int, ...] = ()  # of ``grads`` when B captured them
     sequence_nr: int = -1  # of the intermediate, read in B when it feeds a mixed leaf (see _Plan)
+    # a custom Function's ``grads`` as its backward received them in B (materialized by the engine)
+    materialized: bool = False
 
     def check_unchanged(self) -> None:
         """Raise if a captured gradient was modified in place between B and W."""
@@ -139,7 +114,7 @@ class _WeightWork:
                 )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class SplitState:
     """What the B phase leaves for the W phase of one microbatch. Single use.
 
@@ -172,6 +147,9 @@ class SplitState:
     _keep_alive: tuple[torch.Tensor, ...] = field(default=(), repr=False)
     _used: bool = False
     _failure: str | None = field(default=None, repr=False)  # why W failed, when it did
+    # set by a pre-hook when another backward runs through this microbatch's graph before W
+    _other_backward: list[bool] = field(default_factory=lambda: [False], repr=False)
+    _watch_handles: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def used(self) -> bool:
@@ -202,6 +180,7 @@ class SplitState:
         return nodes
 
     def _release(self) -> None:
+        _remove_handles(self._watch_handles)
         self._used = True
         self._work = []
         self._targets = {}
@@ -241,6 +220,7 @@ def _pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, t
                 f"grad_outputs has {len(grads)} entries but outputs has {len(structure)}; give one "
                 "cotangent per output tensor, in the same structure (None for an output with no gradient)"
             )
+        grads = _matched_by_path(structure, grads)
         pairs = []
         for (name, tensor), (_, grad) in zip(structure, grads, strict=True):
             if tensor is None or not tensor.requires_grad or grad is None:
@@ -257,6 +237,26 @@ def _pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, t
             "forward with gradients enabled and parameters or inputs that require grad"
         )
     return pairs
+
+
+def _matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``grads`` reordered to follow ``structure``, matched by path (dict keys, nested too), not position.
+
+    Raises:
+        GraphkitInputError: a path of one has no counterpart in the other (a misspelt or missing key).
+    """
+    if [name for name, _ in structure] == [name for name, _ in grads]:
+        return grads
+    by_path = dict(grads)
+    missing = [name for name, _ in structure if name not in by_path]
+    unexpected = sorted(set(by_path) - {name for name, _ in structure})
+    if missing or unexpected or len(by_path) != len(grads):
+        raise GraphkitInputError(
+            f"grad_outputs does not match the outputs' structure: no cotangent for {missing or 'none'}, "
+            f"cotangents for {unexpected or 'none'} that are not outputs; give one cotangent per output "
+            "under the same keys (None for an output with no gradient)"
+        )
+    return [(name, by_path[name]) for name, _ in structure]
 
 
 def _named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
@@ -326,6 +326,163 @@ def _freed_error(error: RuntimeError) -> Exception:
     return error
 
 
+# --- custom Functions: ctx.needs_input_grad per phase ----------------------------------------------------
+def _needs_input_grad_for(node: Node, wanted: Callable[[int, Node], bool]) -> tuple[bool, ...]:
+    """A custom Function Node's ``needs_input_grad`` (one flag per forward argument) with True kept only
+    for the arguments whose ``next_functions`` entry ``wanted(input_nr, next_node)`` accepts.
+
+    The arguments that require grad are the valid ``next_functions`` entries, in order
+    (``THPFunction_apply`` in ``torch/csrc/autograd/python_function.cpp`` makes one entry per tensor
+    argument, an empty one where it needs no grad).
+    """
+    next_functions = node.next_functions
+    valid = iter([nr for nr, (next_node, _) in enumerate(next_functions) if next_node is not None])
+    flags = []
+    for needed in node.needs_input_grad:
+        input_nr = next(valid, None) if needed else None
+        flags.append(input_nr is not None and bool(wanted(input_nr, next_functions[input_nr][0])))
+    return tuple(flags)
+
+
+def _input_closure_flags(walk: _Walk, input_nodes: set[Node]) -> bytearray:
+    """Per node index of ``walk``: 1 where the node is on a path to a stage input (the input closure)."""
+    count = len(walk.nodes)
+    consumers: list[list[int]] = [[] for _ in range(count)]
+    for producer, consumer, _, _ in walk.edges():
+        consumers[producer].append(consumer)
+    return _reach(consumers, [index for index, node in enumerate(walk.nodes) if node in input_nodes], count)
+
+
+def _recording_apply(
+    node: Node, received: dict[int, tuple[torch.Tensor | None, ...]], index: int, *grads: torch.Tensor | None
+) -> Any:
+    """A custom Function Node's ``apply`` that first notes the gradients the engine passes to it."""
+    received[index] = grads
+    return type(node).apply(node, *grads)
+
+
+@contextmanager
+def _custom_functions_in_input_phase(
+    walk: _Walk, input_nodes: set[Node], plan: _Plan, received: dict[int, tuple[torch.Tensor | None, ...]]
+) -> Iterator[None]:
+    """Within: every custom Function Node on the input path asks, through ``ctx.needs_input_grad``, only
+    for the gradients of its arguments on the input path (restored on exit, also on errors).
+
+    Those that are intermediates also note in ``received`` the gradients their backward gets, after the
+    engine materialized the missing ones (``PyNode::apply`` in ``torch/csrc/autograd/python_function.cpp``:
+    zeros of each output's shape, a non-differentiable output's included, or None under
+    ``ctx.set_materialize_grads(False)``), so that W passes the very same ones. The engine calls a custom
+    Function through its ``apply`` attribute, so an instance attribute stands in for the class's one.
+    """
+    if not _autograd.any_custom_function(walk.nodes):
+        yield
+        return
+    custom = [index for index, node in enumerate(walk.nodes) if _autograd.is_custom_function(node)]
+    in_closure = _input_closure_flags(walk, input_nodes)
+    intermediates = {index for index, _ in plan.intermediates}
+    changed: list[tuple[Node, tuple[bool, ...]]] = []
+
+    def on_input_path(_input_nr: int, next_node: Node) -> bool:
+        position = walk.index.get(next_node)
+        return position is not None and bool(in_closure[position])
+
+    try:
+        for index in custom:
+            if not in_closure[index]:
+                continue
+            node = walk.nodes[index]
+            original = node.needs_input_grad
+            changed.append((node, original))
+            node.needs_input_grad = _needs_input_grad_for(node, on_input_path)
+            if index in intermediates:
+                node.apply = partial(_recording_apply, node, received, index)
+        yield
+    finally:
+        for node, original in changed:
+            node.needs_input_grad = original
+            node.__dict__.pop("apply", None)
+
+
+def _mark_materialized(
+    plan: _Plan, work: list[_WeightWork | None], received: dict[int, tuple[torch.Tensor | None, ...]]
+) -> None:
+    """Flag the work of the custom Functions whose gradients B took as their backward received them."""
+    if not received:
+        return
+    for (index, _), item in zip(plan.intermediates, work, strict=True):
+        if item is not None and index in received:
+            item.materialized = True
+
+
+def _call_custom_function(
+    node: Node, grads: tuple[torch.Tensor | None, ...], weight_input_nrs: Sequence[int], materialized: bool
+) -> tuple[torch.Tensor | None, ...]:
+    """W: call a custom Function's backward with ``ctx.needs_input_grad`` set to its weight-side arguments.
+
+    ``grads``: what the backward received in B (``materialized``), else the captured gradients, whose
+    missing entries become zeros of the output's shape. Returns one result per ``next_functions`` entry:
+    the backward returns one gradient per forward argument, and those of the arguments that require grad
+    are matched, in order, with the valid entries.
+    """
+    if materialized:
+        arguments = list(grads)
+    else:
+        metadata = _autograd.gradient_metadata(node)
+        if metadata is None:  # shapes unknown on this PyTorch: pass missing gradients on as None
+            arguments = list(grads)
+        else:
+            arguments = [
+                grad if grad is not None else torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
+                for grad, meta in zip(grads, metadata, strict=True)
+            ]
+    original = node.needs_input_grad
+    wanted = set(weight_input_nrs)
+    node.needs_input_grad = _needs_input_grad_for(node, lambda input_nr, _: input_nr in wanted)
+    try:
+        result = node.apply(*arguments)
+    finally:
+        node.needs_input_grad = original
+    result = (result,) if isinstance(result, torch.Tensor) or result is None else tuple(result)
+    per_argument = [grad for grad, needed in zip(result, original, strict=False) if needed]
+    edges: list[torch.Tensor | None] = []
+    valid = iter(per_argument)
+    for next_node, _ in node.next_functions:
+        edges.append(next(valid, None) if next_node is not None else None)
+    return tuple(edges)
+
+
+# --- another backward between B and W ---------------------------------------------------------------------
+def _remove_handles(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+    handles.clear()
+
+
+def _watch_for_other_backwards(state: SplitState, output_edges: list[GradientEdge]) -> None:
+    """Pre-hooks, until W, on the Nodes of the stage outputs B ran from.
+
+    Another backward from these outputs before W (an ordinary ``.backward()``, or ``backward_input`` a
+    second time for the same outputs) has counted this microbatch's weight gradients already, or freed
+    the graph; W then refuses to count them again (:class:`GraphFreedError`). A backward of some other
+    loss taken from an activation inside the stage is left alone: its gradients are its own. A
+    parameter returned as an output is not watched (its AccumulateGrad Node serves every microbatch).
+    The hooks hold only a flag, never the state; W removes them before its own engine call, and so does
+    the state's finalizer if W never runs.
+    """
+    watched = {edge.node for edge in output_edges if not _autograd.is_accumulate_grad(edge.node)}
+    if not watched:
+        return
+    flag = state._other_backward
+
+    def note(_grads: Any) -> None:
+        flag[0] = True
+
+    handles = state._watch_handles
+    for node in watched:
+        handles.append(_register_prehook(node, note))
+    weakref.finalize(state, _remove_handles, handles)
+
+
 # --- B phase ----------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class _Plan:
@@ -348,6 +505,7 @@ class _Plan:
 
 _PLAN_CACHE: dict[Any, _Plan] = {}
 _PLAN_CACHE_SIZE = 16
+_PLAN_CACHE_LOCK = threading.Lock()
 
 
 def _cached_plan(
@@ -362,9 +520,10 @@ def _cached_plan(
     plan = _PLAN_CACHE.get(key)
     if plan is None:
         plan = _plan(walk, input_nodes, excluded)
-        if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
-            _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
-        _PLAN_CACHE[key] = plan
+        with _PLAN_CACHE_LOCK:  # split backwards may run on several threads at once
+            if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
+                _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
+            _PLAN_CACHE[key] = plan
     return plan
 
 
@@ -440,18 +599,22 @@ def backward_input(
 
     Args:
         outputs: the stage outputs - a tensor, sequence, mapping or nested mix (as :func:`graphkit.capture`).
-        grad_outputs: the cotangents, in the same structure (None entries for outputs without gradient);
-            None means every output that requires grad is a scalar loss (cotangent 1).
-        inputs: the stage inputs (same forms); those that require grad get gradients.
+        grad_outputs: the cotangents, in the same structure (None entries for outputs without gradient),
+            matched to the outputs by key and index (a dict's order does not matter); None means every
+            output that requires grad is a scalar loss (cotangent 1).
+        inputs: the stage inputs (same forms, ``torch.Tensor`` subclasses too); those that require grad
+            get gradients.
         params: restrict the W phase to these parameters (a module or an iterable of tensors); by default
             every leaf that requires grad and is not a stage input, like a full backward.
 
     Returns:
         A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
-        No ``.grad`` is touched.
+        No ``.grad`` is touched. Until W, a pre-hook on each output's Node notes any other backward from
+        the outputs (W then refuses to count the weight gradients twice).
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: outputs without a graph, mismatched ``grad_outputs``.
+        graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose
+            structure or keys differ from the outputs'.
         GraphFreedError: the graph was already freed by an earlier backward.
     """
     pairs = _pair_outputs(outputs, grad_outputs)
@@ -467,7 +630,7 @@ def backward_input(
                 "a pipeline stage receives them",
                 stacklevel=2,
             )
-    input_nodes = {get_gradient_edge(tensor).node for tensor in stage_inputs}
+    input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
     walk = _walk((edge.node for edge in output_edges), input_nodes)
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
@@ -499,11 +662,13 @@ def backward_input(
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
     handles = []
+    # the gradients custom Function backwards receive in B, after the engine materialized them
+    materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
     try:
         for index, _ in plan.intermediates:
             handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
         if stage_inputs and closure_outputs:
-            with _running(Phase.INPUT):
+            with _custom_functions_in_input_phase(walk, input_nodes, plan, materialized):
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
                     [grad for _, grad in closure_outputs],
@@ -515,13 +680,14 @@ def backward_input(
     finally:
         for handle in handles:
             handle.remove()
+    captured.update(materialized)
 
     work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     input_grads = tuple(
         _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
     )
-    return SplitState(
+    state = SplitState(
         input_grads=input_grads,
         input_names=tuple(name for name, _ in named_inputs),
         num_intermediates=sum(1 for item in work if item is not None),
@@ -538,6 +704,9 @@ def backward_input(
         )
         else (),
     )
+    _mark_materialized(plan, work, materialized)
+    _watch_for_other_backwards(state, output_edges)
+    return state
 
 
 def _weight_work(
@@ -607,32 +776,14 @@ def _weight_work(
 
 # --- W phase ----------------------------------------------------------------------------------------------
 def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
-    """Call a Node's backward directly; one result per ``next_functions`` entry.
+    """Call a C++ Node's backward directly; one result per ``next_functions`` entry.
 
     Called inside the graph task of :func:`_call_nodes` (whose ``inputs=`` are the weight-side edges), a
-    C++ Node computes only its weight-side outputs.
-    A custom Function's backward returns one gradient per forward argument; the ones for arguments that
-    require grad are matched, in order, with the valid ``next_functions`` entries.
+    C++ Node computes only its weight-side outputs. Custom Functions go through
+    :func:`_call_custom_function`.
     """
-    if not _autograd.is_custom_function(node):
-        result = node(*grads)
-        return (result,) if isinstance(result, torch.Tensor) else tuple(result)
-    metadata = _autograd.gradient_metadata(node)
-    if metadata is None:  # shapes unknown on this PyTorch: pass missing gradients on as None
-        materialized = list(grads)
-    else:
-        materialized = [
-            grad if grad is not None else torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
-            for grad, meta in zip(grads, metadata, strict=True)
-        ]
-    result = node.apply(*materialized)
-    result = (result,) if isinstance(result, torch.Tensor) or result is None else tuple(result)
-    per_argument = [grad for grad, needed in zip(result, node.needs_input_grad, strict=False) if needed]
-    edges: list[torch.Tensor | None] = []
-    valid = iter(per_argument)
-    for next_node, _ in node.next_functions:
-        edges.append(next(valid, None) if next_node is not None else None)
-    return tuple(edges)
+    result = node(*grads)
+    return (result,) if isinstance(result, torch.Tensor) else tuple(result)
 
 
 def backward_weight(state: SplitState) -> None:
@@ -653,7 +804,11 @@ def backward_weight(state: SplitState) -> None:
         SplitError: ``state`` is not a SplitState, or was already used (the message says if that W
             failed part-way: ``.grad`` may then hold part of the microbatch's gradients); or a parameter
             stopped requiring grad since B (the state stays usable once it requires grad again).
-        GraphFreedError: the graph was freed between B and W.
+        GraphFreedError: the graph was freed between B and W, or another backward ran from the
+            outputs (an ordinary backward, or :func:`backward_input` a second time for the same
+            outputs), which counted the weight gradients already.
+        RuntimeError: a saved tensor W reads was modified in place since B (as the autograd engine's
+            version-counter check).
         Any error a hook raises during W, after which the state counts as used.
     """
     if not isinstance(state, SplitState):
@@ -671,12 +826,20 @@ def backward_weight(state: SplitState) -> None:
         raise SplitError(
             "this SplitState was already used by backward_weight; each B phase allows one W phase"
         )
+    if state._other_backward[0]:
+        raise GraphFreedError(
+            "another backward ran from this microbatch's outputs between its B and its W phase (an "
+            "ordinary .backward() or torch.autograd.grad, or backward_input a second time for the same "
+            "outputs): it counted these weight gradients already, or freed the graph, and W would count "
+            "them twice; run the forward again for this microbatch and one B and one W on it"
+        )
     if not all([tensor.requires_grad for tensor in state._weight_tensors]):
         tensor = next(tensor for tensor in state._weight_tensors if not tensor.requires_grad)
         raise SplitError(
             f"a parameter of shape {tuple(tensor.shape)} stopped requiring grad between the B and the W "
             "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
         )
+    _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     try:
         _run_weight_phase(state)
     except BaseException as error:
@@ -736,8 +899,7 @@ def _run_weight_phase(state: SplitState) -> None:
     if not roots:
         return
     try:
-        with _running(Phase.WEIGHT):
-            _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
+        _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
     except RuntimeError as error:
         raise _freed_error(error) from error
 
@@ -799,7 +961,11 @@ def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch
         for position in positions:
             item = work[position]
             item.check_unchanged()
-            outputs = _call_node(item.node, item.grads)
+            if _autograd.is_custom_function(item.node):
+                weight_input_nrs = [input_nr for input_nr, _, _ in item.edges]
+                outputs = _call_custom_function(item.node, item.grads, weight_input_nrs, item.materialized)
+            else:
+                outputs = _call_node(item.node, item.grads)
             results[position] = [outputs[input_nr] for input_nr, _, _ in item.edges]
 
     edges = {
@@ -817,8 +983,7 @@ def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch
     with torch.enable_grad():
         root = _HostNodeCalls.apply(host, call_all)
     try:
-        with _running(Phase.WEIGHT):
-            _autograd.run_engine_grad([root], [torch.zeros_like(root)], [host, *edges.values()])
+        _autograd.run_engine_grad([root], [torch.zeros_like(root)], [host, *edges.values()])
     except RuntimeError as error:
         raise _freed_error(error) from error
     return results
@@ -883,10 +1048,9 @@ def backward_full(
     try:
         for tensor in stage_inputs:
             handles.append(tensor.register_hook(keep(tensor)))
-        with _running(Phase.FULL):
-            torch.autograd.backward(
-                [tensor for tensor, _ in pairs], grad_tensors=[grad for _, grad in pairs], inputs=restrict
-            )
+        torch.autograd.backward(
+            [tensor for tensor, _ in pairs], grad_tensors=[grad for _, grad in pairs], inputs=restrict
+        )
     except RuntimeError as error:
         raise _freed_error(error) from error
     finally:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from graphkit.split.backward import SplitState, backward_full, backward_input, backward_weight
+from graphkit.split.backward import SplitError, SplitState, backward_full, backward_input, backward_weight
 
 __all__ = ["StageCompute", "StageError"]
 
@@ -132,7 +132,12 @@ class StageCompute:
         """W phase of ``microbatch``: accumulate its parameter gradients into ``.grad``.
 
         Raises:
-            StageError: no :meth:`backward_input` ran for this microbatch, or its W already ran.
+            StageError: no :meth:`backward_input` ran for this microbatch, or its W already ran; or it ran
+                and failed part-way (the message says so: ``.grad`` may then hold part of the
+                microbatch's gradients).
+
+        Any error of :func:`graphkit.split.backward_weight` passes through; the state stays with the
+        microbatch, so a retry either runs (when W had not started) or says that the earlier W failed.
         """
         record = self._backwards.get(microbatch)
         if record is None or record.split is None:
@@ -140,10 +145,16 @@ class StageCompute:
                 f"{self._where(microbatch)}: weight backward with no input backward before it (or twice); "
                 "run backward_input for this microbatch first"
             )
-        state, record.split = record.split, None
+        state = record.split
+        if state.used:  # kept by a W that failed: backward_weight's message says what .grad may hold
+            try:
+                backward_weight(state)
+            except SplitError as error:
+                raise StageError(f"{self._where(microbatch)}: {error}") from error
+        backward_weight(state)
+        record.split = None
         if record.popped:
             del self._backwards[microbatch]
-        backward_weight(state)
 
     def pop_input_grads(self, microbatch: int) -> dict[str, torch.Tensor]:
         """Remove and return the input gradients of ``microbatch``, to send to the previous stage.

@@ -2,9 +2,14 @@
 
 :func:`verify_split` runs the stage's forward twice from the same inputs and random state: once followed
 by an ordinary full backward (the reference), once followed by :func:`graphkit.split.backward_input`
-and :func:`graphkit.split.backward_weight`. Every floating output that requires grad receives the same
-seeded random cotangent in both runs. Every stage-input gradient and every parameter gradient is
-compared, and the FLOPs of each phase are counted with ``torch.utils.flop_counter.FlopCounterMode``.
+and :func:`graphkit.split.backward_weight`. Both run on the user's module itself (no copy: pruned
+modules, tensor hooks and leaves kept outside the module stay as they are); its buffers and the random
+state are restored before the second forward (a forward may update buffers: batch norm's running
+statistics, spectral norm's power iteration), and the parameters, their ``.grad`` and the buffers are
+restored at the end. Every floating or complex output that requires grad receives the same seeded
+random cotangent in both runs. Every stage-input gradient and the gradient of every leaf the outputs
+reach (registered parameters or not) is compared - complex ones as complex values - and the FLOPs of
+each phase are counted with ``torch.utils.flop_counter.FlopCounterMode``.
 
 Tolerances (relative to the largest magnitude of the reference gradient):
 
@@ -19,9 +24,9 @@ Tolerances (relative to the largest magnitude of the reference gradient):
 from __future__ import annotations
 
 import contextlib
-import copy
 import html
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +34,22 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from graphkit.analysis.parameter_groups import param_groups
+from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
-from graphkit.graph.tensors import flatten_tensors, unflatten_like
+from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, unflatten_like
 from graphkit.split.backward import backward_full, backward_input, backward_weight
 
 __all__ = ["GradientCheck", "VerifyReport", "call_stage", "fresh_inputs", "tolerance_for", "verify_split"]
 
-_TOLERANCES = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+_TOLERANCES = {
+    torch.float64: 1e-9,
+    torch.float32: 1e-4,
+    torch.bfloat16: 2e-2,
+    torch.float16: 2e-2,
+    torch.complex128: 1e-9,
+    torch.complex64: 1e-4,
+    torch.complex32: 2e-2,
+}
 
 
 def tolerance_for(dtype: torch.dtype) -> float:
@@ -180,10 +194,9 @@ def _compare(
         return GradientCheck(name, "missing", None, None)
     if reference.shape != split.shape:
         return GradientCheck(name, "wrong", None, None)
-    reference64 = reference.detach().to(torch.float64)
-    difference = (
-        (split.detach().to(torch.float64) - reference64).abs().max().item() if reference.numel() else 0.0
-    )
+    wide = torch.complex128 if reference.is_complex() or split.is_complex() else torch.float64
+    reference64 = reference.detach().to(wide)
+    difference = (split.detach().to(wide) - reference64).abs().max().item() if reference.numel() else 0.0
     scale = reference64.abs().max().item() if reference.numel() else 0.0
     relative = difference / scale if scale > 0 else (0.0 if difference == 0 else float("inf"))
     status = "ok" if relative <= tolerance else "wrong"
@@ -192,17 +205,137 @@ def _compare(
 
 def fresh_inputs(value: Any, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Any:
     """Fresh leaf copies of the input tensors in ``value`` (same structure and requires_grad), moved to
-    ``device`` and, for floating tensors, cast to ``dtype`` when given. Non-tensor entries stay as they are."""
+    ``device`` and, when given, cast to ``dtype`` (floating tensors) or to the complex dtype of the same
+    precision (complex ones: ``float64`` gives ``complex128``). Non-tensor entries stay as they are."""
     tensors = flatten_tensors(value) if not isinstance(value, torch.Tensor) else [("input", value)]
     prepared = []
     for _, tensor in tensors:
         copy_ = tensor.detach().clone()
         if device is not None:
             copy_ = copy_.to(device)
-        if dtype is not None and copy_.is_floating_point():
-            copy_ = copy_.to(dtype)
+        if dtype is not None:
+            copy_ = _cast(copy_, dtype)
         prepared.append(copy_.requires_grad_(tensor.requires_grad))
     return prepared[0] if isinstance(value, torch.Tensor) else unflatten_like(value, prepared)
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype`` if floating, in the complex dtype of ``dtype``'s precision if complex."""
+    if tensor.is_floating_point():
+        return tensor.to(dtype)
+    if tensor.is_complex():
+        return tensor.to(_COMPLEX.get(dtype, tensor.dtype))
+    return tensor
+
+
+_COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64, torch.float16: torch.complex32}
+
+
+def _checked_device(device: str | torch.device | None) -> torch.device | None:
+    """``device`` parsed, refusing a CUDA device this torch cannot use (a CPU-only build, no GPU)."""
+    if device is None:
+        return None
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise GraphkitInputError(
+            f"device {device!r} is not a device name (cpu, cuda, cuda:1, ...): {error}"
+        ) from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise GraphkitInputError(
+            f"device {str(device)!r}: no CUDA device is available to this torch ({torch.__version__}); "
+            "leave the device out to run on the CPU"
+        )
+    return parsed
+
+
+@contextlib.contextmanager
+def _borrowed(
+    module: torch.nn.Module, dtype: torch.dtype | None, device: torch.device | None
+) -> Iterator[list[torch.Tensor]]:
+    """The user's own module, moved and cast as asked, with everything restored on exit (errors too).
+
+    Yields the buffers, to reset between the two forwards with :func:`_reset`. Restored: every
+    parameter's data and ``.grad`` (the same Parameter objects, so hooks and pruning stay), every buffer
+    (the original tensors, with their values of before).
+    """
+    parameters = list(module.parameters())
+    saved_parameters = [(parameter, parameter.data, parameter.grad) for parameter in parameters]
+    saved_buffers = [
+        (owner, name, buffer, buffer.detach().clone())
+        for owner in module.modules()
+        for name, buffer in owner.named_buffers(recurse=False)
+    ]
+    try:
+        with torch.no_grad():
+            for parameter in parameters:
+                moved = parameter.data if device is None else parameter.data.to(device)
+                parameter.data = moved if dtype is None else _cast(moved, dtype)
+                parameter.grad = None
+            for owner, name, buffer, _ in saved_buffers:
+                moved = buffer if device is None else buffer.to(device)
+                setattr(owner, name, moved if dtype is None else _cast(moved, dtype))
+        yield [getattr(owner, name) for owner, name, _, _ in saved_buffers]
+    finally:
+        with torch.no_grad():
+            for parameter, data, grad in saved_parameters:
+                parameter.data = data
+                parameter.grad = grad
+            for owner, name, buffer, values in saved_buffers:
+                buffer.copy_(values)
+                setattr(owner, name, buffer)
+
+
+def _snapshot(buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [buffer.detach().clone() for buffer in buffers]
+
+
+def _reset(buffers: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """Put the buffers back to ``values`` in place (a forward's update of running statistics undone)."""
+    with torch.no_grad():
+        for buffer, value in zip(buffers, values, strict=True):
+            buffer.copy_(value)
+
+
+def _reached_leaves(outputs: Any, stage_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Every leaf that requires grad and that the outputs' autograd graph reaches, but the stage inputs,
+    in the order of a breadth-first walk from the outputs (each once)."""
+    flat = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
+    roots = [_autograd.gradient_edge(tensor).node for _, tensor in flat if tensor.requires_grad]
+    inputs = {id(tensor) for tensor in stage_inputs}
+    leaves: list[torch.Tensor] = []
+    seen: set[int] = set()
+    queue: deque[Any] = deque(roots)
+    visited: set[Any] = set()
+    while queue:
+        node = queue.popleft()
+        if node is None or node in visited:
+            continue
+        visited.add(node)
+        if _autograd.is_accumulate_grad(node):
+            variable = node.variable
+            if id(variable) not in inputs and id(variable) not in seen:
+                seen.add(id(variable))
+                leaves.append(variable)
+            continue
+        queue.extend(next_node for next_node, _ in node.next_functions)
+    return leaves
+
+
+def _leaf_names(module: torch.nn.Module, leaves: list[torch.Tensor]) -> list[str]:
+    """A parameter's first name in ``module``; ``unregistered[i] (shape)`` for a leaf outside it."""
+    names: dict[int, str] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), name)
+    result = []
+    unregistered = 0
+    for leaf in leaves:
+        name = names.get(id(leaf))
+        if name is None:
+            name = f"unregistered[{unregistered}] {tuple(leaf.shape)}"
+            unregistered += 1
+        result.append(name)
+    return result
 
 
 def call_stage(module: torch.nn.Module, inputs: Any) -> Any:
@@ -226,29 +359,44 @@ def verify_split(
     """Run split (B then W) and full backward on ``module`` and compare every gradient.
 
     Args:
-        module: the stage. It is deep-copied, so its own parameters and ``.grad`` are not touched.
+        module: the stage. Both runs use it in place (no copy); its parameters, their ``.grad`` and its
+            buffers are restored afterwards, also when an error is raised.
         inputs: a tuple of positional arguments or a dict of keyword arguments (a single tensor works
             too); floating tensors with ``requires_grad=True`` are the stage inputs.
-        dtype: cast parameters and floating inputs to this dtype (default: leave as they are).
+        dtype: cast parameters, buffers and floating inputs to this dtype, and complex ones to the
+            complex dtype of its precision (default: leave as they are).
         device: run on this device (``"cpu"``, ``"cuda"``...; default: where the module is).
         seed: seeds the random cotangents and the random state of both forwards (dropout).
         autocast_dtype: run the forwards under ``torch.autocast`` to this dtype (e.g. ``torch.bfloat16``).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is True when every gradient matches within the tolerance
-        of the gradients' dtype (see module docstring).
+        of the gradients' dtype (see module docstring). ``report.params`` has one check per leaf the
+        outputs reach: registered parameters by name, other leaves as ``unregistered[i] (shape)``.
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: the module's outputs have no autograd graph.
+        graphkit.graph.tensors.GraphkitInputError: the module's outputs have no autograd graph, or
+            ``device`` is not a device name or a CUDA device this torch cannot use.
     """
-    device = torch.device(device) if device is not None else None
-    stage = copy.deepcopy(module)
-    if device is not None or dtype is not None:
-        stage = stage.to(device=device, dtype=dtype) if dtype is not None else stage.to(device=device)
+    device = _checked_device(device)
+    with _borrowed(module, dtype, device) as buffers:
+        return _verify_in_place(module, buffers, inputs, dtype, device, seed, autocast_dtype)
+
+
+def _verify_in_place(
+    stage: torch.nn.Module,
+    buffers: list[torch.Tensor],
+    inputs: Any,
+    dtype: torch.dtype | None,
+    device: torch.device | None,
+    seed: int,
+    autocast_dtype: torch.dtype | None,
+) -> VerifyReport:
     run_device = device or next((p.device for p in stage.parameters()), torch.device("cpu"))
-    parameters = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
+    initial_buffers = _snapshot(buffers)
 
     def forward() -> tuple[Any, Any]:
+        _reset(buffers, initial_buffers)  # a forward may update buffers: both start from the same ones
         prepared = fresh_inputs(inputs, dtype, device)
         with torch.random.fork_rng(devices=[run_device] if run_device.type == "cuda" else []):
             torch.manual_seed(seed)
@@ -259,56 +407,66 @@ def verify_split(
                 outputs = call_stage(stage, prepared)
         return prepared, outputs
 
-    for _, parameter in parameters:
-        parameter.grad = None
     prepared, outputs = forward()
     flat_outputs = (
         flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("output", outputs)]
     )
+    # the module's parameters (reached or not), then any other leaf the outputs reach
+    registered = [p for _, p in stage.named_parameters() if p.requires_grad]
+    known = {id(p) for p in registered}
+    reached = _reached_leaves(outputs, [tensor for _, tensor in _named(prepared)])
+    leaves = registered + [leaf for leaf in reached if id(leaf) not in known]
+    names = _leaf_names(stage, leaves)
+    saved_grads = [leaf.grad for leaf in leaves]  # of leaves outside the module; restored at the end
     generator = torch.Generator().manual_seed(seed)
-    cotangents = [
-        torch.randn(tensor.shape, generator=generator, dtype=torch.float64).to(tensor.dtype).to(tensor.device)
-        if tensor.requires_grad and tensor.is_floating_point()
-        else None
-        for _, tensor in flat_outputs
-    ]
+    cotangents = [_cotangent(tensor, generator) for _, tensor in flat_outputs]
     cotangent_structure = (
         cotangents[0] if isinstance(outputs, torch.Tensor) else unflatten_like(outputs, cotangents)
     )
-
-    with FlopCounterMode(display=False) as full_counter:
-        reference_inputs = backward_full(outputs, cotangent_structure, prepared)
-    reference_params = {name: None if p.grad is None else p.grad.detach().clone() for name, p in parameters}
-    del outputs
-
-    def split_run(count_flops: bool) -> tuple[Any, Any, int, int, int]:
-        for _, parameter in parameters:
-            parameter.grad = None
-        prepared, outputs = forward()
-        groups = len(param_groups(capture(outputs, inputs=prepared, details=False)))
-        input_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
-        weight_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
-        with input_counter:
-            state = backward_input(outputs, cotangent_structure, prepared)
-        del outputs
-        with weight_counter:
-            backward_weight(state)
-        if not count_flops:
-            return prepared, state, groups, -1, -1
-        return prepared, state, groups, input_counter.get_total_flops(), weight_counter.get_total_flops()
-
-    extra: dict[str, Any] = {}
     try:
-        prepared, state, groups, b_flops, w_flops = split_run(count_flops=True)
-    except RuntimeError as error:
-        # FlopCounterMode is a dispatch mode with module hooks, which some PyTorch releases refuse in
-        # places (activation checkpointing recomputing the forward inside torch.autograd.grad raises
-        # "_will_engine_execute_node"). Verify the gradients without it, and say the FLOPs are missing.
-        prepared, state, groups, b_flops, w_flops = split_run(count_flops=False)
-        reason = str(error).splitlines()[0][:160]
-        extra["flops_note"] = f"B and W FLOPs not counted: FlopCounterMode failed with this model ({reason})"
+        for leaf in leaves:
+            leaf.grad = None
+        with FlopCounterMode(display=False) as full_counter:
+            reference_inputs = backward_full(outputs, cotangent_structure, prepared)
+        reference_params = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
+        del outputs
 
-    tolerance = tolerance_for(autocast_dtype or dtype or _dominant_dtype(parameters))
+        def split_run(count_flops: bool) -> tuple[Any, Any, int, int, int]:
+            for leaf in leaves:
+                leaf.grad = None
+            prepared, outputs = forward()
+            groups = len(param_groups(capture(outputs, inputs=prepared, details=False)))
+            input_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+            weight_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
+            with input_counter:
+                state = backward_input(outputs, cotangent_structure, prepared)
+            del outputs
+            with weight_counter:
+                backward_weight(state)
+            if not count_flops:
+                return prepared, state, groups, -1, -1
+            return prepared, state, groups, input_counter.get_total_flops(), weight_counter.get_total_flops()
+
+        extra: dict[str, Any] = {}
+        try:
+            prepared, state, groups, b_flops, w_flops = split_run(count_flops=True)
+        except RuntimeError as error:
+            # FlopCounterMode is a dispatch mode with module hooks, which some PyTorch releases refuse in
+            # places (activation checkpointing recomputing the forward inside torch.autograd.grad raises
+            # "_will_engine_execute_node"). Verify the gradients without it, and say the FLOPs are missing.
+            prepared, state, groups, b_flops, w_flops = split_run(count_flops=False)
+            reason = str(error).splitlines()[0][:160]
+            extra["flops_note"] = (
+                f"B and W FLOPs not counted: FlopCounterMode failed with this model ({reason})"
+            )
+        split_params = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
+    finally:
+        for leaf, grad in zip(leaves, saved_grads, strict=True):
+            leaf.grad = grad
+
+    parameters = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
+    dominant = _dominant_dtype(parameters) if parameters else _dominant_leaf_dtype(leaves)
+    tolerance = tolerance_for(autocast_dtype or dtype or dominant)
     input_names = [name for name, tensor in _named(prepared)]
     input_checks = [
         _compare(name, reference, split, tolerance)
@@ -317,7 +475,10 @@ def verify_split(
         )
         if tensor.requires_grad
     ]
-    param_checks = [_compare(name, reference_params[name], p.grad, tolerance) for name, p in parameters]
+    param_checks = [
+        _compare(name, reference, split, tolerance)
+        for name, reference, split in zip(names, reference_params, split_params, strict=True)
+    ]
     return VerifyReport(
         inputs=input_checks,
         params=param_checks,
@@ -327,11 +488,23 @@ def verify_split(
             "w": int(w_flops),
         },
         groups=groups,
-        dtype=str(autocast_dtype or dtype or _dominant_dtype(parameters)).removeprefix("torch."),
+        dtype=str(autocast_dtype or dtype or dominant).removeprefix("torch."),
         device=str(run_device),
         tolerance=tolerance,
         extra=extra,
     )
+
+
+def _cotangent(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor | None:
+    """A seeded random cotangent for a floating or complex output that requires grad, else None."""
+    if not tensor.requires_grad or not (tensor.is_floating_point() or tensor.is_complex()):
+        return None
+    dtype = torch.complex128 if tensor.is_complex() else torch.float64
+    return torch.randn(tensor.shape, generator=generator, dtype=dtype).to(tensor.dtype).to(tensor.device)
+
+
+def _dominant_leaf_dtype(leaves: list[torch.Tensor]) -> torch.dtype:
+    return leaves[0].dtype if leaves else torch.get_default_dtype()
 
 
 def _named(value: Any) -> list[tuple[str, torch.Tensor]]:

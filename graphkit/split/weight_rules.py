@@ -203,19 +203,22 @@ def _masked_rule(
     wanted: tuple[int, ...],
     backward: Callable[[torch.Tensor, tuple[torch.Tensor, ...], list[bool]], Sequence[torch.Tensor | None]],
     tensors: tuple[torch.Tensor, ...],
+    also_saved: Sequence[torch.Tensor | None] = (),
 ) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     """The rule of an op with ``next_functions`` (input, weight, bias) whose aten backward takes an
     output mask: ``backward(grad, tensors, mask) -> (grad_input, grad_weight, grad_bias)``, called with
-    the input's entry masked off."""
+    the input's entry masked off. ``also_saved``: saved tensors the backward reads from its closure
+    (parameters, running statistics), held and version-checked with ``tensors``."""
     mask = [False, 1 in wanted, 2 in wanted]
+    count = len(tensors)
 
     def gradients(
         grads: Sequence[torch.Tensor | None], tensors: tuple[torch.Tensor, ...]
     ) -> list[torch.Tensor | None]:
-        _, grad_weight, grad_bias = backward(grads[0], tensors, mask)
+        _, grad_weight, grad_bias = backward(grads[0], tensors[:count], mask)
         return [grad_weight if input_nr == 1 else grad_bias for input_nr in wanted]
 
-    return gradients, tensors
+    return gradients, tensors + tuple(tensor for tensor in also_saved if tensor is not None)
 
 
 def _no_input_side(wanted: tuple[int, ...]) -> None:
@@ -252,15 +255,17 @@ def _layer_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tu
             grad.contiguous(), tensor_input, normalized_shape, mean, rstd, weight, bias, mask
         )
 
-    return _masked_rule(wanted, backward, _saved_statistics(node))
+    return _masked_rule(wanted, backward, _saved_statistics(node), (weight, bias))
 
 
 def _batch_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     _no_input_side(wanted)
-    # the running statistics are buffers a later forward updates in place; PyTorch's own Node does not
-    # version-check them either (in training mode its backward does not read them)
+    # in eval mode the backward normalizes with the running statistics, and PyTorch's Node refuses them
+    # once modified in place (another microbatch's forward in training mode, a restored checkpoint);
+    # in training mode it reads the batch statistics instead, so later updates do not matter
     weight, running_mean, running_var = node._saved_weight, node._saved_running_mean, node._saved_running_var
     training, eps = bool(node._saved_training), float(node._saved_eps)
+    checked = (weight,) if training else (weight, running_mean, running_var)
 
     def backward(grad: torch.Tensor, tensors: tuple[torch.Tensor, ...], mask: list[bool]) -> Any:
         tensor_input, mean, inverse_std = tensors
@@ -268,7 +273,7 @@ def _batch_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tu
             grad, tensor_input, weight, running_mean, running_var, mean, inverse_std, training, eps, mask
         )
 
-    return _masked_rule(wanted, backward, _saved_statistics(node))
+    return _masked_rule(wanted, backward, _saved_statistics(node), checked)
 
 
 def _group_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
@@ -284,7 +289,7 @@ def _group_norm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tu
             grad.contiguous(), tensor_input.contiguous(), mean, rstd, weight, *sizes, mask
         )
 
-    return _masked_rule(wanted, backward, _saved_statistics(node))
+    return _masked_rule(wanted, backward, _saved_statistics(node), (weight,))
 
 
 def _saved_statistics(node: Node) -> tuple[torch.Tensor, ...]:
@@ -393,6 +398,10 @@ class PreparedWeightGradient:
         for tensor, version in zip(self.tensors, self._versions, strict=True):
             if tensor._version != version:
                 raise RuntimeError(
-                    f"a tensor of shape {tuple(tensor.shape)} saved for the W phase was modified in place "
-                    "between the B and the W phase; keep activations and parameters unchanged until W ran"
+                    "one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: a tensor of shape {tuple(tensor.shape)} saved for the W phase was modified "
+                    f"in place between the B and the W phase (it is at version {tensor._version}; expected "
+                    f"version {version}); keep "
+                    "activations, parameters and buffers unchanged until W ran (an optimizer step, or "
+                    "another microbatch's forward updating a buffer, must wait for W)"
                 )

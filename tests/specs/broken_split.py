@@ -8,8 +8,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import graphkit
-
 
 class WrongInWeightPhase(torch.autograd.Function):
     @staticmethod
@@ -21,7 +19,7 @@ class WrongInWeightPhase(torch.autograd.Function):
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         grad_weight = x.t() @ grad
-        if graphkit.current_phase() == graphkit.Phase.WEIGHT:
+        if not ctx.needs_input_grad[0]:  # only in W, where graphkit asks for the weight's gradient alone
             grad_weight = grad_weight * 2  # the deliberate bug
         return grad @ weight.t(), grad_weight
 
