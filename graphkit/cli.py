@@ -8,6 +8,9 @@ Subcommands::
     graphkit render  SPEC -o OUT.{svg,png,pdf,dot} [--collapse DEPTH] [--max-nodes N]
     graphkit inspect [SPEC] [-o DIR] [--device ...] [--dtype ...] [--collapse DEPTH]
     graphkit bench   SPEC [--repeat N] [--threads N] [--json]
+    graphkit costs   SPEC [--device ...] [--repeat N] [--warmup N] [--threads N] [--json]
+    graphkit timeline PIPELINE --schedule NAME [--microbatches N] [--ranks R] -o OUT.{svg,png,html,json}
+    graphkit compare-schedules PIPELINE [--schedules A,B,...] [--microbatches N] [--ranks R] [-o DIR]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
 (see :mod:`graphkit.models.specs`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
@@ -180,6 +183,32 @@ def _bench(arguments: argparse.Namespace) -> int:
     )
 
 
+def _costs(arguments: argparse.Namespace) -> int:
+    from graphkit.models.pipeline_specs import PipelineSpec, load_stage_or_pipeline
+    from graphkit.split.costs import METHOD, PipelineCosts, pipeline_costs, stage_costs
+
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
+    loaded = load_stage_or_pipeline(arguments.spec)
+    options = {"repeat": arguments.repeat, "warmup": arguments.warmup, "device": arguments.device}
+    if isinstance(loaded, PipelineSpec):
+        costs = pipeline_costs(
+            loaded.stages, loaded.microbatch_inputs, loaded.loss_fn, loaded.target, **options
+        )
+    else:
+        module, inputs = loaded
+        costs = PipelineCosts(
+            [stage_costs(module, inputs, **options)],
+            METHOD.format(repeat=arguments.repeat, warmup=arguments.warmup),
+        )
+    if arguments.json:
+        print(costs.to_json())
+    else:
+        print(f"per-microbatch costs of {arguments.spec} ({len(costs.stages)} stage(s))")
+        print(costs.table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``graphkit`` command (also used to document the CLI)."""
     parser = argparse.ArgumentParser(
@@ -250,7 +279,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(run=_bench)
+    _add_costs_parser(commands)
     return parser
+
+
+def _add_costs_parser(commands: Any) -> None:
+    costs = commands.add_parser(
+        "costs", help="time, FLOPs and memory of F, B and W per microbatch, for each stage (scheduler input)"
+    )
+    costs.add_argument("spec", metavar="SPEC", help="a model spec (one stage) or a pipeline spec")
+    costs.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: where the model is)")
+    costs.add_argument("--repeat", type=int, default=10, help="timed microbatches (medians; default 10)")
+    costs.add_argument("--warmup", type=int, default=3, help="untimed microbatches first (default 3)")
+    costs.add_argument(
+        "--threads", type=int, help="intra-op CPU threads (default: PyTorch's; 1 gives steadier times)"
+    )
+    costs.add_argument("--json", action="store_true", help="print JSON (with the schedulers' F/B/W fields)")
+    costs.set_defaults(run=_costs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
