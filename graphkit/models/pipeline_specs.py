@@ -2,7 +2,8 @@
 
 A *pipeline spec* has the forms of a model spec (:mod:`graphkit.models.specs`) for files and modules,
 ``path/to/file.py:function`` or ``package.module:function``, plus ``zoo-pipeline:NAME`` for the
-built-in pipelines of this module (``zoo-pipeline:mlp``: four stages of Linear and GELU). The function
+built-in pipelines of this module (``zoo-pipeline:mlp``: four small stages of Linear, GELU, Linear;
+``zoo-pipeline:mlp_wide``: the same, wide enough for milliseconds of compute per pass). The function
 takes no arguments and returns::
 
     (stages, microbatch_inputs, loss_fn)            # or
@@ -51,6 +52,7 @@ __all__ = [
     "load_pipeline_spec",
     "load_stage_or_pipeline",
     "mlp_pipeline",
+    "mlp_wide_pipeline",
 ]
 
 _SHAPE_HINT = (
@@ -116,7 +118,12 @@ def mlp_pipeline(
     return stages, (features,), _mean_square
 
 
-PIPELINES: dict[str, Callable[[], Any]] = {"mlp": mlp_pipeline}
+def mlp_wide_pipeline() -> tuple[list[nn.Module], tuple[torch.Tensor], Callable[[Any, Any], torch.Tensor]]:
+    """:func:`mlp_pipeline` with width 512, hidden 2048 and 64 rows: milliseconds of compute per pass."""
+    return mlp_pipeline(num_stages=4, width=512, hidden=2048, microbatch_size=64)
+
+
+PIPELINES: dict[str, Callable[[], Any]] = {"mlp": mlp_pipeline, "mlp_wide": mlp_wide_pipeline}
 """The built-in pipelines, by the NAME of ``zoo-pipeline:NAME``."""
 
 
