@@ -221,6 +221,7 @@ def _record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
             device=arguments.device,
             threads=arguments.threads,
             timeout_s=arguments.timeout,
+            stage_class=arguments.stage_class,
         )
     except TimelineError as error:  # bad schedule, stages that do not divide, a failed rank: exit 2
         raise ValueError(str(error)) from error
@@ -371,6 +372,11 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="deadline of the run in seconds (default 120)",
     )
+    parser.add_argument(
+        "--stage-class",
+        metavar="MODULE:CLASS",
+        help="the pipeline stage class (default: torch.distributed.pipelining.PipelineStage)",
+    )
 
 
 def _add_timeline_parsers(commands: Any) -> None:
@@ -400,9 +406,9 @@ def _add_timeline_parsers(commands: Any) -> None:
     _add_run_options(compare)
     compare.add_argument(
         "--schedules",
-        default="Interleaved1F1B,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV",
+        default="GPipe,1F1B,Interleaved1F1B,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV",
         metavar="A,B,...",
-        help="schedule names, comma-separated (default: Interleaved1F1B and the zero-bubble schedules)",
+        help="schedule names, comma-separated (default: GPipe, 1F1B, Interleaved1F1B and the zero-bubble ones)",
     )
     compare.add_argument(
         "-o", "--output", metavar="DIR", help="also write index.html and the pictures to DIR"

@@ -249,7 +249,7 @@ def _layout(timelines: list[ScheduleTimeline]) -> _Layout:
     for kind, name in [*KIND_NAMES.items(), ("idle", "idle")]:
         boxes.append(_Box(x, y, 12, 12, KIND_COLOURS.get(kind, IDLE), "legend"))
         texts.append(_Text(x + 16, y + 10, name, 11, css="legend-label"))
-        x += 22 + 6.2 * len(name)
+        x += 24 + 6.6 * len(name)
     y += LEGEND
     title = "; ".join(
         f"{timeline.schedule} bubble {_percent(timeline.bubble_fraction)}" for timeline in timelines
@@ -335,7 +335,7 @@ def timeline_graph(timelines: ScheduleTimeline | Sequence[ScheduleTimeline]) -> 
             tooltip=box.title,
         )
     for index, text in enumerate(layout.texts):
-        width = 0.52 * text.size * len(text.text)
+        width = 0.6 * text.size * len(text.text)  # about DejaVu Sans, Graphviz's usual fallback
         offset = {"start": width / 2, "middle": 0.0, "end": -width / 2}[text.anchor]
         graph.node(
             f"text{index}",

@@ -715,6 +715,9 @@ def _record_rank(
             schedule_comm_order(built, rank),
         )
         results.append((type(built).__name__, stages[0].num_stages, timeline, method))
+        # drop this schedule's stages, modules and gradients before the next one measures its memory
+        del recorder, built, stages, modules
+        gc.collect()
         dist.barrier()
     return results
 
