@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from graphkit.cli import main
@@ -141,3 +143,24 @@ def test_table_lists_every_pass():
     module, features = linear_stack()
     table = PipelineCosts([stage_costs(module, (features,), repeat=1, warmup=0)], "m").table()
     assert [line.split()[1] for line in table.splitlines()[2:5]] == ["F", "B", "W"]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    widths=st.lists(st.integers(1, 9), min_size=2, max_size=5),
+    rows=st.integers(1, 6),
+)
+def test_random_linear_stacks_have_exact_flops_and_bytes(widths: list[int], rows: int):
+    torch.manual_seed(0)
+    module = nn.Sequential(*[nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False)]).double()
+    features = torch.randn(rows, widths[0], dtype=torch.float64, requires_grad=True)
+    costs = stage_costs(module, (features,), repeat=1, warmup=0)
+    flops = sum(2 * rows * a * b for a, b in zip(widths, widths[1:], strict=False))
+    assert costs.forward.flops == costs.backward_input.flops == costs.backward_weight.flops == flops
+    inputs = sum(widths[:-1]) * rows * DOUBLE  # each Linear saved its input
+    captured = sum(widths[1:]) * rows * DOUBLE  # B captured each Linear's output gradient
+    assert costs.activation_bytes == inputs
+    assert costs.b_keeps_bytes == inputs + captured
+    assert costs.input_grad_bytes == rows * widths[0] * DOUBLE
+    fields = costs.scheduler_fields()
+    assert (fields["mem_f"], fields["mem_b"], fields["mem_w"]) == (inputs, captured, -(inputs + captured))
