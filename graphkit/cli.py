@@ -222,6 +222,7 @@ def _record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
             threads=arguments.threads,
             timeout_s=arguments.timeout,
             stage_class=arguments.stage_class,
+            steps=arguments.steps,
         )
     except TimelineError as error:  # bad schedule, stages that do not divide, a failed rank: exit 2
         raise ValueError(str(error)) from error
@@ -371,6 +372,13 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         default=120.0,
         metavar="S",
         help="deadline of the run in seconds (default 120)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        metavar="K",
+        help="recorded steps per schedule, in rounds; the median one is drawn (default 3)",
     )
     parser.add_argument(
         "--stage-class",

@@ -69,7 +69,7 @@ def test_stage_assignment_gives_every_schedule_the_same_modules():
 def test_unknown_schedule_is_a_clear_error():
     with pytest.raises(TimelineError, match="unknown schedule 'Nope'"):
         record_schedules("zoo-pipeline:mlp", ["Nope"])
-    with pytest.raises(TimelineError, match="at least 1"):
+    with pytest.raises(TimelineError, match="must be at least 1"):
         record_schedules("zoo-pipeline:mlp", ["ZBVZeroBubble"], microbatches=0)
 
 
@@ -223,3 +223,11 @@ def test_a_failing_rank_is_reported_and_its_peer_ended(tmp_path: Path):
     )
     with pytest.raises(TimelineError, match="rank 1 failed: .*broken stage"):
         record_schedules(f"{path}:pipeline", ["1F1B"], microbatches=2, ranks=2, timeout_s=60)
+
+
+def test_the_median_of_several_recorded_steps_is_kept():
+    (timeline,) = record_schedules("zoo-pipeline:mlp", ["ZBVZeroBubble"], microbatches=2, steps=3)
+    times = timeline.summary()["recorded_step_seconds"]
+    assert len(times) == 3
+    assert timeline.step_seconds == sorted(times)[1]
+    assert timeline.ranks[0].compute_order() == timeline.ranks[0].expected_order

@@ -13,8 +13,9 @@ step raises. The private names it relies on are pinned by ``tests/test_schedule_
 (:mod:`graphkit.models.pipeline_specs`) and returns a :class:`ScheduleTimeline` for each: either in this
 process, with a world-size-1 gloo group and every stage on rank 0 (``ranks=1``), or in ``ranks`` spawned
 processes on 127.0.0.1 (gloo on the CPU, NCCL on CUDA), each with its share of the stages. Every
-schedule first runs one unrecorded step (shape inference, first-touch allocations), then one recorded
-step, after a barrier; times are seconds since that barrier on each rank.
+schedule first runs one unrecorded step (shape inference, first-touch allocations), then ``steps``
+recorded steps (in rounds over the schedules; the median one is kept), each after a barrier; times are
+seconds since that barrier on each rank.
 
 Kinds of actions (PyTorch's names): ``F`` forward, ``I`` input-gradient backward (B in the ZB paper),
 ``W`` weight-gradient backward, ``B`` full backward, ``SEND_F`` / ``RECV_F`` activations,
@@ -121,6 +122,7 @@ class RankTimeline:
     peak_memory_bytes: int | None
     expected_order: list[str] = field(default_factory=list)
     expected_comms: list[str] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
 
     def compute_actions(self) -> list[RecordedAction]:
         return [action for action in self.actions if action.is_compute]
@@ -181,6 +183,7 @@ class ScheduleTimeline:
             "bubble_fraction": self.bubble_fraction,
             "peak_memory_bytes": [rank.peak_memory_bytes for rank in self.ranks],
             "rank_bubble_fraction": [self.rank_bubble_fraction(rank.rank) for rank in self.ranks],
+            "recorded_step_seconds": self.ranks[0].step_times if self.ranks else [],
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,6 +204,7 @@ class ScheduleTimeline:
                 peak_memory_bytes=rank["peak_memory_bytes"],
                 expected_order=list(rank.get("expected_order", [])),
                 expected_comms=list(rank.get("expected_comms", [])),
+                step_times=list(rank.get("step_times", [])),
             )
             for rank in data["ranks"]
         ]
@@ -657,6 +661,73 @@ def _process_group(
         dist.destroy_process_group()
 
 
+def _prepare_schedule(
+    pipeline: Any,
+    name: str,
+    microbatches: int,
+    rank: int,
+    ranks: int,
+    device: torch.device,
+    stage_class: str | type | None,
+    batch: tuple[tuple[Any, ...], torch.Tensor],
+) -> tuple[Any, list[Any], list[nn.Module]]:
+    """Build a schedule on fresh copies of the stage modules and run its unrecorded warm-up step."""
+    import copy
+
+    modules = [copy.deepcopy(module) for module in pipeline.stages]  # every schedule starts alike
+    built, stages = build_schedule(
+        modules, name, microbatches, rank, ranks, device, pipeline.loss_fn, stage_class
+    )
+    args, target = batch
+    built.step(*args, target=target)  # shape inference and first allocations
+    return built, stages, modules
+
+
+def _record_step(
+    prepared: tuple[Any, list[Any], list[nn.Module]],
+    batch: tuple[tuple[Any, ...], torch.Tensor],
+    rank: int,
+    device: torch.device,
+    probe: Callable[[], int] | None,
+) -> RankTimeline:
+    """One recorded step of a prepared schedule on this rank, from a clean slate, after a barrier."""
+    import torch.distributed as dist
+
+    built, stages, modules = prepared
+    args, target = batch
+    for module in modules:
+        module.zero_grad(set_to_none=True)  # as optimizer.zero_grad(): the step allocates .grad
+    for stage in stages:  # free the previous step's outputs now, so that memory zero is a clean slate
+        stage.clear_runtime_states()
+        stage.output_chunks.clear()
+    built._internal_losses.clear()
+    gc.collect()
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    base_peak = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    with ScheduleRecorder(stages, probe) as recorder:
+        built.step(*args, target=target)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_seconds = recorder.now()
+    samples = [action.memory_bytes for action in recorder.actions if action.memory_bytes is not None]
+    if device.type == "cuda":
+        peak: int | None = torch.cuda.max_memory_allocated(device) - base_peak
+    else:
+        peak = max(samples, default=0) if probe is not None else None
+    return RankTimeline(
+        rank,
+        [stage.stage_index for stage in stages],
+        sorted(recorder.actions, key=lambda action: action.start),
+        step_seconds,
+        peak,
+        schedule_compute_order(built, rank),
+        schedule_comm_order(built, rank),
+    )
+
+
 def _record_rank(
     pipeline: Any,
     schedules: Sequence[str],
@@ -665,60 +736,41 @@ def _record_rank(
     ranks: int,
     device: torch.device,
     stage_class: str | type | None,
+    steps: int = 1,
 ) -> list[tuple[str, int, RankTimeline, str]]:
-    """Run every schedule on this rank: one warm-up step, one recorded step each."""
-    import copy
+    """Record every schedule on this rank: a warm-up step each, then ``steps`` rounds of one step each.
 
+    The rounds go through the schedules in turn, so a change in the machine's load touches them all
+    alike. Of each schedule's steps the one whose time (its slowest rank's) is the median is kept,
+    the same step on every rank; ``step_times`` lists them all.
+    """
     import torch.distributed as dist
 
     probe, method = _memory_probe(device)
     args, target = pipeline.batch(microbatches)
     args = tuple(value.to(device) if isinstance(value, torch.Tensor) else value for value in args)
-    target = target.to(device)
+    batch = (args, target.to(device))
+    prepared = [
+        _prepare_schedule(pipeline, name, microbatches, rank, ranks, device, stage_class, batch)
+        for name in schedules
+    ]
+    rounds: list[list[RankTimeline]] = [[] for _ in prepared]
+    for _ in range(steps):
+        for index, item in enumerate(prepared):
+            rounds[index].append(_record_step(item, batch, rank, device, probe))
     results = []
-    for name in schedules:
-        modules = [copy.deepcopy(module) for module in pipeline.stages]  # every schedule starts alike
-        built, stages = build_schedule(
-            modules, name, microbatches, rank, ranks, device, pipeline.loss_fn, stage_class
-        )
-        built.step(*args, target=target)  # warm-up: shape inference and first allocations
-        for module in modules:
-            module.zero_grad(set_to_none=True)
-        for stage in stages:  # free the warm-up's outputs now, so that memory zero is a clean slate
-            stage.clear_runtime_states()
-            stage.output_chunks.clear()
-        built._internal_losses.clear()
-        gc.collect()
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        base_peak = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        with ScheduleRecorder(stages, probe) as recorder:
-            built.step(*args, target=target)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            step_seconds = recorder.now()
-        samples = [action.memory_bytes for action in recorder.actions if action.memory_bytes is not None]
-        if device.type == "cuda":
-            peak: int | None = torch.cuda.max_memory_allocated(device) - base_peak
-        else:
-            peak = max(samples, default=0) if probe is not None else None
-        actions = sorted(recorder.actions, key=lambda action: action.start)
-        timeline = RankTimeline(
-            rank,
-            [stage.stage_index for stage in stages],
-            actions,
-            step_seconds,
-            peak,
-            schedule_compute_order(built, rank),
-            schedule_comm_order(built, rank),
-        )
-        results.append((type(built).__name__, stages[0].num_stages, timeline, method))
-        # drop this schedule's stages, modules and gradients before the next one measures its memory
-        del recorder, built, stages, modules
-        gc.collect()
-        dist.barrier()
+    for (built, stages, _), recorded in zip(prepared, rounds, strict=True):
+        times = torch.tensor([timeline.step_seconds for timeline in recorded], dtype=torch.float64)
+        times = times.to(device) if device.type == "cuda" else times
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
+        step_times = times.cpu().tolist()
+        median = sorted(range(steps), key=lambda position: step_times[position])[(steps - 1) // 2]
+        chosen = recorded[median]
+        chosen.step_times = step_times
+        results.append((type(built).__name__, stages[0].num_stages, chosen, method))
+    del prepared, rounds
+    gc.collect()
+    dist.barrier()
     return results
 
 
@@ -745,6 +797,7 @@ def _rank_main(config: dict[str, Any]) -> int:
                 ranks,
                 device,
                 config["stage_class"],
+                config["steps"],
             )
         result: dict[str, Any] = {
             "payload": [
@@ -771,6 +824,7 @@ def record_schedules(
     threads: int = 1,
     timeout_s: float = 120.0,
     stage_class: str | type | None = None,
+    steps: int = 1,
 ) -> list[ScheduleTimeline]:
     """Run one recorded step of each schedule on the same pipeline, in one run; a timeline for each.
 
@@ -787,6 +841,8 @@ def record_schedules(
         timeout_s: the process group's timeout, and the deadline of the whole run in seconds; past it,
             the spawned ranks are ended.
         stage_class: the stage class (or ``"package.module:Class"``), default PyTorch's ``PipelineStage``.
+        steps: recorded steps per schedule, taken in rounds over the schedules; the timeline kept is the
+            median step (by its slowest rank), and ``summary()["recorded_step_seconds"]`` lists them all.
 
     Returns:
         One :class:`ScheduleTimeline` per schedule, in order.
@@ -797,8 +853,10 @@ def record_schedules(
     """
     from graphkit.models.pipeline_specs import PipelineSpec, load_pipeline_spec
 
-    if microbatches < 1 or ranks < 1:
-        raise TimelineError(f"microbatches and ranks must be at least 1, got {microbatches} and {ranks}")
+    if microbatches < 1 or ranks < 1 or steps < 1:
+        raise TimelineError(
+            f"microbatches, ranks and steps must be at least 1, got {microbatches}, {ranks} and {steps}"
+        )
     names = [cls.__name__ if isinstance(cls, type) else str(cls) for cls in schedules]
     for name in schedules:
         schedule_class(name)  # fail early on a bad name
@@ -809,7 +867,9 @@ def record_schedules(
         torch.set_num_threads(threads)
         try:
             with _process_group(0, 1, _free_port(), device, timeout_s):
-                recorded = [_record_rank(loaded, list(schedules), microbatches, 0, 1, device, stage_class)]
+                recorded = [
+                    _record_rank(loaded, list(schedules), microbatches, 0, 1, device, stage_class, steps)
+                ]
         finally:
             torch.set_num_threads(previous_threads)
     else:
@@ -817,7 +877,9 @@ def record_schedules(
             raise TimelineError(
                 "spawned ranks load the pipeline themselves: pass a pipeline spec string, not a PipelineSpec"
             )
-        payloads = _spawn(pipeline, names, microbatches, ranks, device, timeout_s, threads, stage_class)
+        payloads = _spawn(
+            pipeline, names, microbatches, ranks, device, timeout_s, threads, stage_class, steps
+        )
         recorded = [
             [(name, stages, _rank_from_dict(timeline), method) for name, stages, timeline, method in payload]
             for payload in payloads
@@ -849,6 +911,7 @@ def _spawn(
     timeout_s: float,
     threads: int,
     stage_class: str | type | None,
+    steps: int,
 ) -> list[Any]:
     """Run :func:`_rank_main` in ``ranks`` child processes; their payloads by rank.
 
@@ -884,6 +947,7 @@ def _spawn(
                     "timeout_s": timeout_s,
                     "threads": threads,
                     "stage_class": stage_class,
+                    "steps": steps,
                     "result": str(Path(folder) / f"rank{rank}.json"),
                 }
                 log = Path(folder) / f"rank{rank}.log"
