@@ -8,6 +8,9 @@ Subcommands::
     graphkit render  SPEC -o OUT.{svg,png,pdf,dot} [--collapse DEPTH] [--max-nodes N]
     graphkit inspect [SPEC] [-o DIR] [--device ...] [--dtype ...] [--collapse DEPTH]
     graphkit bench   SPEC [--repeat N] [--threads N] [--json]
+    graphkit costs   SPEC [--device ...] [--repeat N] [--warmup N] [--threads N] [--json]
+    graphkit timeline PIPELINE --schedule NAME [--microbatches N] [--ranks R] -o OUT.{svg,png,html,json}
+    graphkit compare-schedules PIPELINE [--schedules A,B,...] [--microbatches N] [--ranks R] [-o DIR]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
 (see :mod:`graphkit.models.specs`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
@@ -180,6 +183,83 @@ def _bench(arguments: argparse.Namespace) -> int:
     )
 
 
+def _costs(arguments: argparse.Namespace) -> int:
+    from graphkit.models.pipeline_specs import PipelineSpec, load_stage_or_pipeline
+    from graphkit.split.costs import METHOD, PipelineCosts, pipeline_costs, stage_costs
+
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
+    loaded = load_stage_or_pipeline(arguments.spec)
+    options = {"repeat": arguments.repeat, "warmup": arguments.warmup, "device": arguments.device}
+    if isinstance(loaded, PipelineSpec):
+        costs = pipeline_costs(
+            loaded.stages, loaded.microbatch_inputs, loaded.loss_fn, loaded.target, **options
+        )
+    else:
+        module, inputs = loaded
+        costs = PipelineCosts(
+            [stage_costs(module, inputs, **options)],
+            METHOD.format(repeat=arguments.repeat, warmup=arguments.warmup),
+        )
+    if arguments.json:
+        print(costs.to_json())
+    else:
+        print(f"per-microbatch costs of {arguments.spec} ({len(costs.stages)} stage(s))")
+        print(costs.table())
+    return 0
+
+
+def _record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
+    from graphkit.split.schedule_recording import TimelineError, record_schedules
+
+    try:
+        return record_schedules(
+            arguments.spec,
+            schedules,
+            microbatches=arguments.microbatches,
+            ranks=arguments.ranks,
+            device=arguments.device,
+            threads=arguments.threads,
+            timeout_s=arguments.timeout,
+            stage_class=arguments.stage_class,
+            steps=arguments.steps,
+        )
+    except TimelineError as error:  # bad schedule, stages that do not divide, a failed rank: exit 2
+        raise ValueError(str(error)) from error
+
+
+def _timeline(arguments: argparse.Namespace) -> int:
+    from graphkit.drawing.timeline import write_timeline
+
+    (timeline,) = _record(arguments, [arguments.schedule])
+    note = f"graphkit timeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks}"
+    for output in arguments.output:
+        print(f"wrote {write_timeline(timeline, output, title=f'{timeline.schedule} timeline', note=note)}")
+    print(
+        f"{timeline.schedule}: {timeline.microbatches} microbatches on {len(timeline.ranks)} rank(s), "
+        f"step {timeline.step_seconds * 1e3:.3f} ms, bubble {100 * timeline.bubble_fraction:.1f}%"
+    )
+    return 0
+
+
+def _compare_schedules(arguments: argparse.Namespace) -> int:
+    from graphkit.drawing.timeline import comparison_table, write_timeline
+
+    schedules = [name.strip() for name in arguments.schedules.split(",") if name.strip()]
+    timelines = _record(arguments, schedules)
+    print(comparison_table(timelines))
+    if arguments.json:
+        print(json.dumps([timeline.summary() for timeline in timelines], indent=1))
+    if arguments.output:
+        folder = Path(arguments.output)
+        folder.mkdir(parents=True, exist_ok=True)
+        note = f"graphkit compare-schedules {arguments.spec} --ranks {arguments.ranks}"
+        for name in ("index.html", "timelines.svg", "timelines.png", "timelines.json"):
+            write_timeline(timelines, folder / name, title="Schedules compared", note=note)
+        print(f"wrote {folder / 'index.html'} (and timelines.svg, .png, .json)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``graphkit`` command (also used to document the CLI)."""
     parser = argparse.ArgumentParser(
@@ -250,7 +330,99 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(run=_bench)
+    _add_costs_parser(commands)
+    _add_timeline_parsers(commands)
     return parser
+
+
+def _add_costs_parser(commands: Any) -> None:
+    costs = commands.add_parser(
+        "costs", help="time, FLOPs and memory of F, B and W per microbatch, for each stage (scheduler input)"
+    )
+    costs.add_argument("spec", metavar="SPEC", help="a model spec (one stage) or a pipeline spec")
+    costs.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: where the model is)")
+    costs.add_argument("--repeat", type=int, default=10, help="timed microbatches (medians; default 10)")
+    costs.add_argument("--warmup", type=int, default=3, help="untimed microbatches first (default 3)")
+    costs.add_argument(
+        "--threads", type=int, help="intra-op CPU threads (default: PyTorch's; 1 gives steadier times)"
+    )
+    costs.add_argument("--json", action="store_true", help="print JSON (with the schedulers' F/B/W fields)")
+    costs.set_defaults(run=_costs)
+
+
+def _add_run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "spec", metavar="PIPELINE", help="a pipeline spec (zoo-pipeline:mlp, path/to/file.py:function ...)"
+    )
+    parser.add_argument(
+        "--microbatches", type=int, default=4, metavar="N", help="microbatches per step (default 4)"
+    )
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        metavar="R",
+        help="1: every stage in this process (default); R: R processes",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (gloo, default) or cuda (NCCL)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op CPU threads per rank (default 1)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="deadline of the run in seconds (default 120)",
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=3,
+        metavar="K",
+        help="recorded steps per schedule, in rounds; the median one is drawn (default 3)",
+    )
+    parser.add_argument(
+        "--stage-class",
+        metavar="MODULE:CLASS",
+        help="the pipeline stage class (default: torch.distributed.pipelining.PipelineStage)",
+    )
+
+
+def _add_timeline_parsers(commands: Any) -> None:
+    timeline = commands.add_parser(
+        "timeline", help="record one real step of a pipeline schedule and draw every rank's actions"
+    )
+    _add_run_options(timeline)
+    timeline.add_argument(
+        "--schedule",
+        required=True,
+        metavar="NAME",
+        help="1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV ...",
+    )
+    timeline.add_argument(
+        "-o",
+        "--output",
+        action="append",
+        required=True,
+        metavar="OUT",
+        help="OUT.svg, .png, .pdf, .html or .json (repeat for several)",
+    )
+    timeline.set_defaults(run=_timeline)
+
+    compare = commands.add_parser(
+        "compare-schedules", help="record several schedules on the same stages in one run, side by side"
+    )
+    _add_run_options(compare)
+    compare.add_argument(
+        "--schedules",
+        default="GPipe,1F1B,Interleaved1F1B,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV",
+        metavar="A,B,...",
+        help="schedule names, comma-separated (default: GPipe, 1F1B, Interleaved1F1B and the zero-bubble ones)",
+    )
+    compare.add_argument(
+        "-o", "--output", metavar="DIR", help="also write index.html and the pictures to DIR"
+    )
+    compare.add_argument("--json", action="store_true", help="also print the summaries as JSON")
+    compare.set_defaults(run=_compare_schedules)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,8 @@
   groups), :func:`groups_diagram`, :func:`render` (``dot`` to SVG / PNG / PDF with a time budget);
 - :mod:`graphkit.drawing.explorer`: :func:`~graphkit.drawing.explorer.explore`, the ipywidgets explorer
   (extra ``notebook``);
-- :mod:`graphkit.drawing.report`: :func:`~graphkit.drawing.report.inspect`, the one-page HTML report.
+- :mod:`graphkit.drawing.report`: :func:`~graphkit.drawing.report.inspect`, the one-page HTML report;
+- :mod:`graphkit.drawing.timeline`: recorded pipeline schedule steps, one row per rank (SVG, PNG, HTML).
 
 Drawing reads the graph, analysis and split layers; none of them imports drawing at module level.
 """

@@ -3,7 +3,9 @@
 - :mod:`graphkit.models.zoo`: small built-in models, each one graph pattern (``zoo:NAME``);
 - :mod:`graphkit.models.huggingface`: ``transformers`` models from small configs, random weights
   (``hf:ARCH?key=value``, extra ``models``);
-- :mod:`graphkit.models.specs`: :func:`load_spec`, which turns a spec string into ``(module, inputs)``.
+- :mod:`graphkit.models.specs`: :func:`load_spec`, which turns a spec string into ``(module, inputs)``;
+- :mod:`graphkit.models.pipeline_specs`: pipeline specs, ``(stages, microbatch_inputs, loss_fn)``, and the
+  built-in pipelines (``zoo-pipeline:NAME``).
 
 Models sit beside the graph layer at the bottom: they import nothing else of graphkit.
 """

@@ -6,10 +6,14 @@
 - :mod:`graphkit.split.stage_compute`: :class:`StageCompute`, per-microbatch forward / B / W for a schedule;
 - :mod:`graphkit.split.verification`: :func:`~graphkit.split.verification.verify_split`, split against a
   full backward;
-- :mod:`graphkit.split.benchmark`: timing B + W against a full backward.
+- :mod:`graphkit.split.benchmark`: timing B + W against a full backward;
+- :mod:`graphkit.split.costs`: time, FLOPs and memory of each stage's F, B and W, as schedulers take them;
+- :mod:`graphkit.split.schedule_recording`: what a real ``torch.distributed.pipelining`` schedule step ran
+  on every rank (F, I, W, B, sends, receives), and schedules compared on the same stages.
 
-The split imports the graph and analysis layers, never drawing. Verification and benchmarking load on
-first use (``from graphkit.split.verification import verify_split``), so ``import graphkit`` stays light.
+The split imports the graph and analysis layers, never drawing. Verification, benchmarking, costs and
+recording load on first use (``from graphkit.split.verification import verify_split``), so
+``import graphkit`` stays light.
 """
 
 from __future__ import annotations

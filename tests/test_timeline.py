@@ -1,0 +1,138 @@
+"""Timeline pictures of recorded schedules: golden SVG structure, bubble arithmetic, PNG, HTML and JSON files.
+
+The golden file ``tests/golden/timeline_two_ranks.svg`` is regenerated with ``pytest --update-golden``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+import pytest
+
+from graphkit.drawing.timeline import (
+    KIND_COLOURS,
+    comparison_table,
+    timeline_html,
+    timeline_svg,
+    write_timeline,
+)
+from graphkit.split.schedule_recording import RankTimeline, RecordedAction, ScheduleTimeline
+
+GOLDEN = Path(__file__).parent / "golden" / "timeline_two_ranks.svg"
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def hand_made_timeline() -> ScheduleTimeline:
+    """Two ranks, one microbatch through two stages, in milliseconds that are easy to add up."""
+    ms = 1e-3
+    rank0 = [
+        RecordedAction("F", 0, 0, 0 * ms, 2 * ms),
+        RecordedAction("SEND_F", 0, 0, 2 * ms, 2.2 * ms, "issue"),
+        RecordedAction("RECV_B", 0, 0, 2.2 * ms, 2.3 * ms, "issue"),
+        RecordedAction("RECV_B", 0, 0, 2.3 * ms, 6 * ms, "wait", 4096),
+        RecordedAction("I", 0, 0, 6 * ms, 8 * ms, memory_bytes=8192),
+        RecordedAction("W", 0, 0, 8 * ms, 9 * ms, memory_bytes=0),
+    ]
+    rank1 = [
+        RecordedAction("RECV_F", 1, 0, 0 * ms, 0.1 * ms, "issue"),
+        RecordedAction("RECV_F", 1, 0, 0.1 * ms, 2.4 * ms, "wait"),
+        RecordedAction("F", 1, 0, 2.4 * ms, 4 * ms),
+        RecordedAction("I", 1, 0, 4 * ms, 6 * ms),
+        RecordedAction("SEND_B", 1, 0, 6 * ms, 6.1 * ms, "issue"),
+        RecordedAction("W", 1, 0, 6.1 * ms, 7 * ms),
+    ]
+    return ScheduleTimeline(
+        "ScheduleHandMade",
+        1,
+        2,
+        [
+            RankTimeline(0, [0], rank0, 10 * ms, 8192, ["0F0", "0I0", "0W0"]),
+            RankTimeline(1, [1], rank1, 8 * ms, None, ["1F0", "1I0", "1W0"]),
+        ],
+        memory_method="hand-made",
+    )
+
+
+def test_bubble_fraction_is_idle_rank_time_over_all_rank_time():
+    timeline = hand_made_timeline()
+    # rank 0 computes 2 + 2 + 1 = 5 ms, rank 1 1.6 + 2 + 0.9 = 4.5 ms, of 2 x 10 ms
+    assert timeline.step_seconds == pytest.approx(10e-3)
+    assert timeline.bubble_fraction == pytest.approx(1 - 9.5 / 20)
+    assert timeline.rank_bubble_fraction(0) == pytest.approx(0.5)
+    assert timeline.rank_bubble_fraction(1) == pytest.approx(1 - 4.5 / 10)
+    assert timeline.ranks[0].comm_order() == ["0SEND_F0", "0RECV_B0"]
+
+
+def test_svg_matches_golden_file(update_golden: bool):
+    svg = timeline_svg(hand_made_timeline())
+    if update_golden:
+        GOLDEN.write_text(svg)
+    assert GOLDEN.exists(), f"missing golden file {GOLDEN}: run pytest --update-golden"
+    assert svg == GOLDEN.read_text()
+
+
+def test_svg_structure_one_rect_per_action_coloured_by_kind():
+    timeline = hand_made_timeline()
+    root = ElementTree.fromstring(timeline_svg(timeline))
+    assert root.tag == f"{SVG}svg" and root.get("class") == "graphkit-timeline"
+    rects = root.iter(f"{SVG}rect")
+    by_class: dict[str, list[ElementTree.Element]] = {}
+    for rect in rects:
+        by_class.setdefault(rect.get("class", "").split()[0], []).append(rect)
+    actions = by_class["action"]
+    assert len(actions) == sum(len(rank.compute_actions()) for rank in timeline.ranks) == 6
+    for rect in actions:
+        assert rect.get("fill") == KIND_COLOURS[rect.get("data-kind")]
+        assert rect.find(f"{SVG}title").text.startswith("rank ")
+    assert len(by_class["comm"]) == 6 and len(by_class["idle"]) == 2
+    # idle tracks are as long as each rank's step: rank 1's is 8/10 of rank 0's
+    idle = [float(rect.get("width")) for rect in by_class["idle"]]
+    assert idle[1] / idle[0] == pytest.approx(0.8)
+    # a wait is drawn full height on the communication track, an issue half height
+    heights = {rect.get("class"): float(rect.get("height")) for rect in by_class["comm"]}
+    assert heights["comm recv wait"] == 2 * heights["comm recv issue"]
+    texts = " ".join(text.text or "" for text in root.iter(f"{SVG}text"))
+    assert "bubble 52.5%" in texts and "rank 0" in texts and "peak 8.0 KiB" in texts
+
+
+def test_repr_svg_draws_the_timeline():
+    assert timeline_svg(hand_made_timeline()) == hand_made_timeline()._repr_svg_()
+
+
+def test_comparison_table_puts_schedules_side_by_side():
+    first = hand_made_timeline()
+    second = hand_made_timeline()
+    second.schedule = "ScheduleOther"
+    for rank in second.ranks:
+        rank.step_seconds /= 2
+    table = comparison_table([first, second])
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["schedule", "step", "(ms)"]
+    assert lines[2].split()[:4] == ["ScheduleHandMade", "10.000", "1.00x", "52.5%"]
+    assert lines[3].split()[:3] == ["ScheduleOther", "5.000", "0.50x"]
+    assert "8.0 KiB / -" in lines[2]
+
+
+def test_html_page_is_self_contained_and_lists_every_schedule():
+    page = timeline_html([hand_made_timeline()], title="Compared", note="made by hand")
+    assert page.count("<svg") == 1 and "ScheduleHandMade" in page and "made by hand" in page
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    assert "Memory: hand-made." in page
+
+
+def test_write_timeline_by_suffix(tmp_path: Path):
+    timeline = hand_made_timeline()
+    assert write_timeline(timeline, tmp_path / "t.svg").read_text().startswith("<svg")
+    assert write_timeline(timeline, tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+    assert (
+        ScheduleTimeline.from_dict(json.loads(write_timeline(timeline, tmp_path / "t.json").read_text()))
+        == timeline
+    )
+    assert "<!DOCTYPE html>" in write_timeline([timeline, timeline], tmp_path / "t.html").read_text()
+    with pytest.raises(ValueError, match="cannot tell the format"):
+        write_timeline(timeline, tmp_path / "t.gif")
+    with pytest.raises(ValueError, match="ScheduleTimeline"):
+        timeline_svg([])
