@@ -114,13 +114,26 @@ def view_outputs(num_stages: int, batch_size: int) -> PipelineModel:
     return _pipeline([ViewOutput() for _ in range(num_stages)], batch_size, 2, WIDTH)
 
 
+class ContiguousGradient(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous: gloo sends and receives contiguous tensors
+    only, and a batch-first LSTM's input gradient is not (PyTorch sizes its receive buffers from it)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad.contiguous()
+
+
 class LSTMStage(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.lstm = nn.LSTM(WIDTH, WIDTH, batch_first=True)
 
     def forward(self, x: Tensor) -> Tensor:
-        output, _ = self.lstm(x)
+        output, _ = self.lstm(ContiguousGradient.apply(x))
         return output.contiguous()  # gloo sends contiguous tensors only
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
+from torch.nn.parallel import DistributedDataParallel
 
 from graphkit.split.backward import SplitState, backward_weight
 from graphkit.split.pipelining.contract import check_torch_contract
@@ -129,6 +130,18 @@ class PipelineStage(_TorchPipelineStage):
             return (), None
         self.backward_calls.full += 1
         return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+
+    def _compute_outputs(self, *args: Any, module: torch.nn.Module, **kwargs: Any) -> Any:
+        """The forward of PyTorch's metadata inference (first step), under DDP's ``no_sync()`` like every forward.
+
+        Outside ``no_sync()`` DDP's forward prepares its reducer for a backward, so the first W of the step
+        (graphkit's W runs the gradient hooks) would all-reduce and record the parameters' order a second
+        time, which DDP rejects at the next step's forward.
+        """
+        if isinstance(module, DistributedDataParallel):
+            with module.no_sync():
+                return super()._compute_outputs(*args, module=module, **kwargs)
+        return super()._compute_outputs(*args, module=module, **kwargs)
 
 
 def _detach_non_views(outputs: Any) -> None:
