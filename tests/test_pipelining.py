@@ -228,3 +228,35 @@ def test_two_pipeline_by_two_data_parallel_ranks_with_ddp_and_fsdp2_average_like
     for result in results:
         assert result.passed, (result.case, result.error, result.table())
         assert result.max_relative_error < 1e-12
+
+
+def test_verify_pipeline_command_exits_0_when_exact_and_1_on_pytorchs_stage(capsys: pytest.CaptureFixture) -> None:
+    from graphkit.cli import main
+
+    assert main(["verify-pipeline", spec("shared_late"), "--schedule", "ZBVZeroBubble", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "stage1.shared.scale" in out and "bit for bit" in out and "4/4" in out
+    status = main(["verify-pipeline", spec("shared_late"), "--schedule", "zbvzerobubble", "--stage", "torch"])
+    assert status == 1
+    assert "backward through the graph a second time" in capsys.readouterr().out
+    assert main(["verify-pipeline", spec("mlp"), "--schedule", "GPipe"]) == 2
+    assert "unknown schedule 'GPipe'" in capsys.readouterr().err
+
+
+def test_verify_pipeline_json_reports_every_parameter(capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from graphkit.cli import main
+
+    assert main(["verify-pipeline", spec("loss_parameter"), "--schedule", "CSV", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    names = {parameter["name"] for parameter in payload["parameters"]}
+    assert {"loss_fn.log_scale", "loss_fn.bias", "stage0.linear.weight"} <= names
+    assert payload["passed"] and payload["exact"] and payload["backward_calls"]["weight"] == 4
+
+
+@pytest.mark.slow
+def test_gpt2_cut_into_stages_is_exact_across_two_processes() -> None:
+    result = check_pipeline("hf:gpt2?n_layer=4", schedule="DualPipeV", microbatches=4, ranks=2, deadline=240)
+    assert result.passed, result.error or result.table()
+    assert any(name.endswith("lm_head.weight") for name in (check.name for check in result.parameters))
