@@ -44,7 +44,9 @@ def _layers(arguments: argparse.Namespace, device: torch.device) -> list[nn.Modu
 def _stage_modules(arguments: argparse.Namespace, device: torch.device, num_stages: int) -> list[nn.Module]:
     layers = _layers(arguments, device)
     per_stage = len(layers) // num_stages
-    return [nn.Sequential(*layers[index * per_stage : (index + 1) * per_stage]) for index in range(num_stages)]
+    return [
+        nn.Sequential(*layers[index * per_stage : (index + 1) * per_stage]) for index in range(num_stages)
+    ]
 
 
 def _synchronize(device: torch.device) -> None:
@@ -75,7 +77,10 @@ def time_steps(arguments: argparse.Namespace) -> dict[str, list[float]]:
     for name, stage_class in (("torch", TorchStage), ("graphkit", GraphkitStage)):
         modules = _stage_modules(arguments, device, num_stages)
         stages = [stage_class(modules[index], index, num_stages, device) for index in mine]
-        schedules[name] = (build_schedule(arguments.schedule, stages, arguments.microbatches, loss_fn, ranks=ranks), modules)
+        schedules[name] = (
+            build_schedule(arguments.schedule, stages, arguments.microbatches, loss_fn, ranks=ranks),
+            modules,
+        )
     times: dict[str, list[float]] = {"torch": [], "graphkit": []}
     for repeat in range(arguments.warmup + arguments.repeat):
         for name, (schedule, modules) in schedules.items():
@@ -117,7 +122,10 @@ def main() -> None:
             parser.error("several ranks run on CPU (gloo) here; use --ranks 1 on a GPU")
         per_rank = run_on_processes(time_steps, (arguments,), world_size=arguments.ranks, deadline=1800)
     # a step lasts as long as its slowest rank
-    steps = {name: [max(rank[name][index] for rank in per_rank) for index in range(arguments.repeat)] for name in per_rank[0]}
+    steps = {
+        name: [max(rank[name][index] for rank in per_rank) for index in range(arguments.repeat)]
+        for name in per_rank[0]
+    }
     medians = {name: statistics.median(values) for name, values in steps.items()}
     print(
         f"{arguments.schedule}: {arguments.layers} transformer layers d={arguments.width}, "

@@ -48,7 +48,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--stock", action="store_true", help="use torch.distributed.pipelining's PipelineStage")
+    parser.add_argument(
+        "--stock", action="store_true", help="use torch.distributed.pipelining's PipelineStage"
+    )
     arguments = parser.parse_args()
 
     use_cuda = torch.cuda.is_available()

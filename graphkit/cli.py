@@ -235,10 +235,14 @@ def _verify_pipeline(arguments: argparse.Namespace) -> int:
         print(result.table())
     if result.backward_calls:
         calls = result.backward_calls
-        print(f"backwards run: {calls['input']} B (graphkit), {calls['weight']} W (graphkit), {calls['full']} full")
+        print(
+            f"backwards run: {calls['input']} B (graphkit), {calls['weight']} W (graphkit), {calls['full']} full"
+        )
     if result.passed:
-        verdict = "exact: every gradient equals the full backward's bit for bit" if result.exact else (
-            "equal within 1e-10 (data-parallel all-reduce order)"
+        verdict = (
+            "exact: every gradient equals the full backward's bit for bit"
+            if result.exact
+            else ("equal within 1e-10 (data-parallel all-reduce order)")
         )
         print(f"{verdict}; hooks once per microbatch")
     else:
@@ -325,7 +329,9 @@ def build_parser() -> argparse.ArgumentParser:
         "same microbatches. Exit 0 iff every gradient is exact and hooks fired once per microbatch.",
     )
     pipeline.add_argument(
-        "spec", metavar="PIPELINE_SPEC", help="path/to/file.py:function, package.module:function or hf:gpt2?..."
+        "spec",
+        metavar="PIPELINE_SPEC",
+        help="path/to/file.py:function, package.module:function or hf:gpt2?...",
     )
     pipeline.add_argument(
         "--schedule",
@@ -335,7 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument("--microbatches", type=int, default=4, metavar="N", help="microbatches per step")
     pipeline.add_argument("--steps", type=int, default=1, metavar="N", help="schedule steps (SGD in between)")
     pipeline.add_argument(
-        "--ranks", type=int, default=1, metavar="R", help="processes on 127.0.0.1 (default 1: all stages here)"
+        "--ranks",
+        type=int,
+        default=1,
+        metavar="R",
+        help="processes on 127.0.0.1 (default 1: all stages here)",
     )
     parallel = pipeline.add_mutually_exclusive_group()
     parallel.add_argument("--ddp", action="store_true", help="R/2 pipeline ranks x 2 DDP replicas")

@@ -25,7 +25,13 @@ from graphkit.split.pipelining import (
     stage_backward_input,
     stage_backward_weight,
 )
-from graphkit.split.pipelining.checker import ParameterCheck, PipelineCase, PipelineCheck, check_pipeline, run_cases
+from graphkit.split.pipelining.checker import (
+    ParameterCheck,
+    PipelineCase,
+    PipelineCheck,
+    check_pipeline,
+    run_cases,
+)
 from graphkit.split.pipelining.schedules import SCHEDULE_NAMES, build_schedule
 
 __all__ = [

@@ -27,7 +27,9 @@ def _batch(batch_size: int, *shape: int) -> tuple[Tensor, Tensor]:
     return torch.randn(batch_size, *shape), torch.randn(batch_size, *shape)
 
 
-def _pipeline(stages: list[nn.Module], batch_size: int, *shape: int, loss_fn: Any = _squared_error) -> PipelineModel:
+def _pipeline(
+    stages: list[nn.Module], batch_size: int, *shape: int, loss_fn: Any = _squared_error
+) -> PipelineModel:
     inputs, target = _batch(batch_size, *(shape or (WIDTH,)))
     return PipelineModel(stages, loss_fn, (inputs,), target)
 
@@ -49,7 +51,8 @@ def mlp(num_stages: int, batch_size: int) -> PipelineModel:
 def transformer(num_stages: int, batch_size: int) -> PipelineModel:
     """One ``nn.TransformerEncoderLayer`` (d=8, 2 heads, no dropout) per stage; inputs (batch, 3, 8)."""
     stages = [
-        nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True) for _ in range(num_stages)
+        nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+        for _ in range(num_stages)
     ]
     return _pipeline(stages, batch_size, 3, 8)
 

@@ -12,12 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pipeline_models
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-import pipeline_models
 from graphkit.pipelining import (
     PipelineCase,
     PipelineContractError,
@@ -87,7 +87,9 @@ def _stock_cells() -> list:
 def test_stock_pipeline_stage_fails_where_graphkit_is_exact(
     cell: str, schedule: str, microbatches: int, steps: int
 ) -> None:
-    result = check_pipeline(spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stage="torch")
+    result = check_pipeline(
+        spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stage="torch"
+    )
     assert result.passed, result.error or result.table()
 
 
@@ -134,7 +136,10 @@ def test_engine_routes_every_i_and_w_action_through_graphkit(
     monkeypatch.setattr(stage_module, "split_input_gradients", counting_input)
     monkeypatch.setattr(stage_module, "backward_weight", counting_weight)
     model = pipeline_models.mlp(2, 8)
-    stages = [PipelineStage(module.double(), index, 2, torch.device("cpu")) for index, module in enumerate(model.stages)]
+    stages = [
+        PipelineStage(module.double(), index, 2, torch.device("cpu"))
+        for index, module in enumerate(model.stages)
+    ]
     schedule = build_schedule(schedule_name, stages, 4, model.loss_fn, ranks=1)
     schedule.step(model.inputs[0].double(), target=model.target.double())
     expected = _action_counts(schedule, 2)
@@ -161,7 +166,7 @@ def test_contract_check_names_the_torch_version_when_the_engine_changes() -> Non
 
 def test_dw_builder_is_rejected_with_a_clear_error() -> None:
     with pytest.raises(ValueError, match="dw_builder"):
-        PipelineStage(nn.Linear(2, 2), 0, 2, torch.device("cpu"), dw_builder=lambda: (lambda: None))
+        PipelineStage(nn.Linear(2, 2), 0, 2, torch.device("cpu"), dw_builder=lambda: lambda: None)
 
 
 def test_ddp_with_find_unused_parameters_is_rejected() -> None:
@@ -208,9 +213,13 @@ def test_import_graphkit_does_not_import_torch_distributed_pipelining() -> None:
 
 def test_across_two_gloo_processes_every_cell_is_exact() -> None:
     """One spawn: 2 ranks x 2 stages each, every schedule x every cell on one process group."""
-    cases = [PipelineCase(spec(cell), schedule, 4, 1) for cell in pipeline_models.CELLS for schedule in SCHEDULES]
+    cases = [
+        PipelineCase(spec(cell), schedule, 4, 1) for cell in pipeline_models.CELLS for schedule in SCHEDULES
+    ]
     results = run_cases(cases, ranks=2, deadline=240)
-    failures = [(result.case.spec, result.case.schedule, result.error) for result in results if not result.passed]
+    failures = [
+        (result.case.spec, result.case.schedule, result.error) for result in results if not result.passed
+    ]
     assert not failures
     for result in results:
         assert result.ranks == 2
@@ -222,7 +231,11 @@ def test_two_pipeline_by_two_data_parallel_ranks_with_ddp_and_fsdp2_average_like
     cases = [
         PipelineCase(spec(cell), "ZBVZeroBubble", 4, 2, data_parallel=data_parallel)
         for data_parallel in ("ddp", "fsdp")
-        for cell in ("mlp", "shared_late", "tied")  # DDP needs every parameter used (no find_unused_parameters)
+        for cell in (
+            "mlp",
+            "shared_late",
+            "tied",
+        )  # DDP needs every parameter used (no find_unused_parameters)
     ]
     results = run_cases(cases, ranks=4, deadline=300)
     for result in results:
@@ -230,10 +243,15 @@ def test_two_pipeline_by_two_data_parallel_ranks_with_ddp_and_fsdp2_average_like
         assert result.max_relative_error < 1e-12
 
 
-def test_verify_pipeline_command_exits_0_when_exact_and_1_on_pytorchs_stage(capsys: pytest.CaptureFixture) -> None:
+def test_verify_pipeline_command_exits_0_when_exact_and_1_on_pytorchs_stage(
+    capsys: pytest.CaptureFixture,
+) -> None:
     from graphkit.cli import main
 
-    assert main(["verify-pipeline", spec("shared_late"), "--schedule", "ZBVZeroBubble", "--microbatches", "4"]) == 0
+    assert (
+        main(["verify-pipeline", spec("shared_late"), "--schedule", "ZBVZeroBubble", "--microbatches", "4"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "stage1.shared.scale" in out and "bit for bit" in out and "4/4" in out
     status = main(["verify-pipeline", spec("shared_late"), "--schedule", "zbvzerobubble", "--stage", "torch"])

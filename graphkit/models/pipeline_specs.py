@@ -71,9 +71,13 @@ def load_pipeline_spec(spec: str | Callable[..., Any], *, num_stages: int, batch
             that returns something other than a pipeline of ``num_stages`` stages.
     """
     if callable(spec):
-        return _checked(getattr(spec, "__name__", "function"), _call(spec, spec, num_stages, batch_size), num_stages)
+        return _checked(
+            getattr(spec, "__name__", "function"), _call(spec, spec, num_stages, batch_size), num_stages
+        )
     if not isinstance(spec, str) or not spec.strip():
-        raise SpecError(f"a pipeline spec must be path/to/file.py:function, module:function or hf:gpt2; got {spec!r}")
+        raise SpecError(
+            f"a pipeline spec must be path/to/file.py:function, module:function or hf:gpt2; got {spec!r}"
+        )
     spec = spec.strip()
     if spec.startswith("hf:"):
         return _checked(spec, gpt2_pipeline(spec, num_stages=num_stages, batch_size=batch_size), num_stages)
@@ -111,11 +115,15 @@ def _call(spec: Any, function: Callable[..., Any], num_stages: int, batch_size: 
     except SpecError:
         raise
     except Exception as error:
-        raise SpecError(f"pipeline spec {spec!r}: the function raised {type(error).__name__}: {error}") from error
+        raise SpecError(
+            f"pipeline spec {spec!r}: the function raised {type(error).__name__}: {error}"
+        ) from error
 
 
 def _checked(spec: Any, result: Any, num_stages: int) -> PipelineModel:
-    hint = "return PipelineModel(stages, loss_fn, inputs, target) or the tuple (stages, loss_fn, inputs, target)"
+    hint = (
+        "return PipelineModel(stages, loss_fn, inputs, target) or the tuple (stages, loss_fn, inputs, target)"
+    )
     if isinstance(result, tuple | list) and len(result) == 4:
         stages, loss_fn, inputs, target = result
         result = PipelineModel(list(stages), loss_fn, inputs, target)
@@ -157,14 +165,18 @@ def gpt2_pipeline(spec: str, *, num_stages: int, batch_size: int) -> PipelineMod
     for pair in filter(None, query.split("&")):
         key, _, value = pair.partition("=")
         if key not in _GPT2_KEYS:
-            raise SpecError(f"pipeline spec {spec!r}: unknown key {key!r}; valid keys: {', '.join(sorted(_GPT2_KEYS))}")
+            raise SpecError(
+                f"pipeline spec {spec!r}: unknown key {key!r}; valid keys: {', '.join(sorted(_GPT2_KEYS))}"
+            )
         try:
             values[key] = int(value)
         except ValueError:
             raise SpecError(f"pipeline spec {spec!r}: {key}={value!r} is not an integer") from None
     layers = values.get("n_layer", num_stages)
     if layers < num_stages:
-        raise SpecError(f"pipeline spec {spec!r}: {layers} layers cannot fill {num_stages} stages; raise n_layer")
+        raise SpecError(
+            f"pipeline spec {spec!r}: {layers} layers cannot fill {num_stages} stages; raise n_layer"
+        )
     seq = values.get("seq", 8)
     transformers = _import_transformers()
     config = transformers.GPT2Config(
@@ -233,7 +245,9 @@ class GPT2PipelineStage(nn.Module):
         position_ids = torch.arange(hidden_states.shape[1], device=hidden_states.device).unsqueeze(0)
         mask = _causal_mask(self.make_mask, self.config, hidden_states, position_ids)
         for block in self.h:
-            hidden_states = block(hidden_states, attention_mask=mask, use_cache=False, position_ids=position_ids)
+            hidden_states = block(
+                hidden_states, attention_mask=mask, use_cache=False, position_ids=position_ids
+            )
         if self.ln_f is not None:
             hidden_states = self.lm_head(self.ln_f(hidden_states))
         return hidden_states

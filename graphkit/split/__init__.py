@@ -6,7 +6,10 @@
 - :mod:`graphkit.split.stage_compute`: :class:`StageCompute`, per-microbatch forward / B / W for a schedule;
 - :mod:`graphkit.split.verification`: :func:`~graphkit.split.verification.verify_split`, split against a
   full backward;
-- :mod:`graphkit.split.benchmark`: timing B + W against a full backward.
+- :mod:`graphkit.split.benchmark`: timing B + W against a full backward;
+- :mod:`graphkit.split.pipelining`: B and W inside ``torch.distributed.pipelining`` (a ``PipelineStage``
+  subclass, drop-in backward functions, ``check_pipeline``), re-exported as :mod:`graphkit.pipelining`;
+  imported on demand, since it imports ``torch.distributed``.
 
 The split imports the graph and analysis layers, never drawing. Verification and benchmarking load on
 first use (``from graphkit.split.verification import verify_split``), so ``import graphkit`` stays light.

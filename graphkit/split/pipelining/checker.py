@@ -90,7 +90,9 @@ class PipelineCheck:
     @property
     def exact(self) -> bool:
         """Whether every gradient equals the reference bit for bit (and the step ran)."""
-        return self.error is None and bool(self.parameters) and all(check.bitwise for check in self.parameters)
+        return (
+            self.error is None and bool(self.parameters) and all(check.bitwise for check in self.parameters)
+        )
 
     @property
     def hooks_ok(self) -> bool:
@@ -128,7 +130,10 @@ class PipelineCheck:
                 )
             )
         widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+        lines = [
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ]
         lines.insert(1, "  ".join("-" * width for width in widths))
         return "\n".join(lines)
 
@@ -225,6 +230,8 @@ class _local_group:  # noqa: N801 - used as a context manager
 def _merge(checks: list[PipelineCheck]) -> PipelineCheck:
     merged = PipelineCheck(checks[0].case, len(checks))
     errors = [check.error for check in checks if check.error is not None]
+    # a rank whose peer failed reports a closed connection: name the peer's own error first
+    errors.sort(key=lambda error: "Connection closed" in error or error.startswith("not run"))
     merged.error = errors[0] if errors else None
     seen: set[str] = set()
     for check in checks:
@@ -259,11 +266,20 @@ def _mesh(data_parallel: str | None) -> _Mesh:
     if data_parallel is None:
         return _Mesh(dist.group.WORLD, rank, world, None, 0, 1)
     pipeline_size, replicas = world // 2, 2
-    pipeline_groups = [dist.new_group(list(range(d * pipeline_size, (d + 1) * pipeline_size))) for d in range(replicas)]
-    replica_groups = [dist.new_group([p + d * pipeline_size for d in range(replicas)]) for p in range(pipeline_size)]
+    pipeline_groups = [
+        dist.new_group(list(range(d * pipeline_size, (d + 1) * pipeline_size))) for d in range(replicas)
+    ]
+    replica_groups = [
+        dist.new_group([p + d * pipeline_size for d in range(replicas)]) for p in range(pipeline_size)
+    ]
     replica, pipeline_rank = divmod(rank, pipeline_size)
     return _Mesh(
-        pipeline_groups[replica], pipeline_rank, pipeline_size, replica_groups[pipeline_rank], replica, replicas
+        pipeline_groups[replica],
+        pipeline_rank,
+        pipeline_size,
+        replica_groups[pipeline_rank],
+        replica,
+        replicas,
     )
 
 
@@ -274,7 +290,9 @@ def _run_rank(cases: list[PipelineCase]) -> list[PipelineCheck]:
         if results[-1].error is not None and dist.get_world_size() > 1:
             # the other ranks may wait on this one: later cases would deadlock, so report them as not run
             for rest in cases[len(results) :]:
-                results.append(PipelineCheck(rest, dist.get_world_size(), error="not run: an earlier case failed"))
+                results.append(
+                    PipelineCheck(rest, dist.get_world_size(), error="not run: an earlier case failed")
+                )
             break
     return results
 
@@ -335,8 +353,12 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
     try:
         if count_hooks:
             for name, parameter in named.items():
-                handles.append(parameter.register_post_accumulate_grad_hook(lambda _, name=name: hooks.update([name])))
-        schedule = build_schedule(case.schedule, stages, case.microbatches, pipeline.loss_fn, ranks=mesh.pipeline_size)
+                handles.append(
+                    parameter.register_post_accumulate_grad_hook(lambda _, name=name: hooks.update([name]))
+                )
+        schedule = build_schedule(
+            case.schedule, stages, case.microbatches, pipeline.loss_fn, ranks=mesh.pipeline_size
+        )
         results = {name: ParameterCheck(name) for name in named}
         for _ in range(case.steps):
             _zero(named.values())
@@ -448,7 +470,9 @@ def _compare(
         return
     difference = (grad.detach().double() - reference.detach().double()).abs()
     scale = reference.detach().double().norm().item()
-    relative = difference.norm().item() / scale if scale else (0.0 if difference.max().item() == 0 else math.inf)
+    relative = (
+        difference.norm().item() / scale if scale else (0.0 if difference.max().item() == 0 else math.inf)
+    )
     result.max_abs_error = max(result.max_abs_error, difference.max().item() if difference.numel() else 0.0)
     result.relative_error = max(result.relative_error, relative)
     result.bitwise = result.bitwise and torch.equal(grad, reference)

@@ -106,12 +106,16 @@ def build_schedule(
     """
     name = schedule_name(name)
     if name == "InterleavedZeroBubble":
-        return torch_schedules.ScheduleInterleavedZeroBubble(list(stages), microbatches, loss_fn=loss_fn, **options)
+        return torch_schedules.ScheduleInterleavedZeroBubble(
+            list(stages), microbatches, loss_fn=loss_fn, **options
+        )
     if name == "ZBVZeroBubble":
         return torch_schedules.ScheduleZBVZeroBubble(list(stages), microbatches, loss_fn=loss_fn, **options)
     if name == "DualPipeV":
         return torch_schedules.ScheduleDualPipeV(list(stages), microbatches, loss_fn=loss_fn, **options)
-    schedule = torch_schedules._PipelineScheduleRuntime(list(stages), microbatches, loss_fn=loss_fn, **options)
+    schedule = torch_schedules._PipelineScheduleRuntime(
+        list(stages), microbatches, loss_fn=loss_fn, **options
+    )
     if name.startswith("csv:"):
         schedule._load_csv(name[4:])
         return schedule

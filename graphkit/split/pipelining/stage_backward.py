@@ -72,11 +72,15 @@ def split_input_gradients(
             continue
         outputs.append(output)
         cotangents.append(grad)
-    tensor_positions = [position for position, value in enumerate(input_values) if isinstance(value, torch.Tensor)]
+    tensor_positions = [
+        position for position, value in enumerate(input_values) if isinstance(value, torch.Tensor)
+    ]
     input_grads: list[torch.Tensor | None] = [None] * len(input_values)
     if not outputs:
         return tuple(input_grads), None
-    state = backward_input(outputs, cotangents, [input_values[position] for position in tensor_positions], params)
+    state = backward_input(
+        outputs, cotangents, [input_values[position] for position in tensor_positions], params
+    )
     for position, grad in zip(tensor_positions, state.input_grads, strict=True):
         input_grads[position] = grad
     return tuple(input_grads), state
