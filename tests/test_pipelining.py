@@ -278,3 +278,27 @@ def test_gpt2_cut_into_stages_is_exact_across_two_processes() -> None:
     result = check_pipeline("hf:gpt2?n_layer=4", schedule="DualPipeV", microbatches=4, ranks=2, deadline=240)
     assert result.passed, result.error or result.table()
     assert any(name.endswith("lm_head.weight") for name in (check.name for check in result.parameters))
+
+
+def test_split_state_holds_no_output_so_outputs_may_be_dropped_or_detached_after_b() -> None:
+    """A custom Function's Node is called in W: the state keeps its graph through an empty anchor only."""
+    import gc
+    import weakref
+
+    from graphkit import backward_input, backward_weight
+
+    stage = pipeline_models.custom_function(1, 6).stages[0].double()
+    reference = pipeline_models.custom_function(1, 6).stages[0].double()
+    reference.load_state_dict(stage.state_dict())
+    x = torch.randn(6, pipeline_models.WIDTH, dtype=torch.float64, requires_grad=True)
+    output = stage(x)
+    cotangent = torch.randn_like(output)
+    state = backward_input(output, cotangent, x)
+    assert state.num_node_calls == 1  # W calls the custom Function's Node
+    alive = weakref.ref(output)
+    del output
+    gc.collect()
+    assert alive() is None
+    backward_weight(state)
+    reference(x.detach().clone().requires_grad_()).backward(cotangent)
+    assert torch.equal(stage.weight.grad, reference.weight.grad)

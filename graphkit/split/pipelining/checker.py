@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,16 +216,16 @@ def _validate(case: PipelineCase, ranks: int) -> None:
         raise ValueError("microbatches and steps must be at least 1")
 
 
-class _local_group:  # noqa: N801 - used as a context manager
-    """A world-size-1 gloo process group for the duration, unless a default group already exists."""
-
-    def __enter__(self) -> None:
-        self.created = not dist.is_initialized()
-        if self.created:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-
-    def __exit__(self, *_: Any) -> None:
-        if self.created:
+@contextmanager
+def _local_group() -> Iterator[None]:
+    """A world-size-1 gloo process group (no ports: a HashStore) for the duration, unless one exists."""
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if created:
             dist.destroy_process_group()
 
 
