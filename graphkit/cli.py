@@ -9,7 +9,7 @@ Subcommands::
     graphkit inspect [SPEC] [-o DIR] [--device ...] [--dtype ...] [--collapse DEPTH]
     graphkit bench   SPEC [--repeat N] [--threads N] [--json]
     graphkit verify-pipeline PIPELINE_SPEC --schedule NAME --microbatches N [--ranks R] [--ddp | --fsdp]
-                     [--steps N] [--stage graphkit|torch] [--json]
+                     [--steps N] [--stages-per-rank K] [--stage graphkit|torch] [--json]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
 (see :mod:`graphkit.models.specs`); PIPELINE_SPEC is ``path/to/file.py:function``, ``package.module:function``
@@ -195,6 +195,7 @@ def _verify_pipeline(arguments: argparse.Namespace) -> int:
         ranks=arguments.ranks,
         data_parallel=data_parallel,
         stage=arguments.stage,
+        stages_per_rank=arguments.stages_per_rank,
         deadline=arguments.deadline,
     )
     if arguments.json:
@@ -350,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
     parallel = pipeline.add_mutually_exclusive_group()
     parallel.add_argument("--ddp", action="store_true", help="R/2 pipeline ranks x 2 DDP replicas")
     parallel.add_argument("--fsdp", action="store_true", help="R/2 pipeline ranks x 2 FSDP2 replicas")
+    pipeline.add_argument(
+        "--stages-per-rank",
+        type=int,
+        default=2,
+        metavar="K",
+        help="stages on each rank (default 2; other counts for InterleavedZeroBubble and CSV)",
+    )
     pipeline.add_argument(
         "--stage", choices=["graphkit", "torch"], default="graphkit", help="whose PipelineStage to run"
     )

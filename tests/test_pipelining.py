@@ -66,6 +66,45 @@ def test_graphkit_stage_is_bitwise_exact_with_hooks_once_per_microbatch(
     assert result.passed
 
 
+@pytest.mark.parametrize(("microbatches", "steps"), RUNS)
+@pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "CSV"])
+@pytest.mark.parametrize("cell", pipeline_models.CELLS)
+def test_four_stages_on_one_rank_split_the_middle_stages_exactly(
+    cell: str, schedule: str, microbatches: int, steps: int
+) -> None:
+    result = check_pipeline(
+        spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stages_per_rank=4
+    )
+    assert result.passed, result.error or result.table()
+    assert result.backward_calls["input"] == result.backward_calls["weight"] == 3 * microbatches * steps
+
+
+def _stock_four_stage_cells() -> list:
+    reasons = {
+        "shared_late": "PyTorch's W: 'Trying to backward through the graph a second time'",
+        "view_outputs": "PyTorch's I: 'Can't detach views in-place'",
+        "param_only_output": "PyTorch's W: wrong or missing gradients for a parameter-only output",
+        "loss_parameter": "PyTorch's W gives parameters inside loss_fn no gradient",
+    }
+    hooks = "PyTorch's W never runs AccumulateGrad: post-accumulate-grad hooks stay silent"
+    return [
+        pytest.param(cell, schedule, marks=pytest.mark.xfail(strict=True, reason=reasons.get(cell, hooks)))
+        for cell in pipeline_models.CELLS
+        for schedule in ("InterleavedZeroBubble", "CSV")
+    ]
+
+
+@pytest.mark.parametrize(("cell", "schedule"), _stock_four_stage_cells())
+def test_stock_stage_fails_on_four_stages_on_one_rank(cell: str, schedule: str) -> None:
+    result = check_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
+    assert result.passed, result.error or result.table()
+
+
+def test_v_schedules_refuse_other_than_two_stages_per_rank() -> None:
+    with pytest.raises(ValueError, match="exactly two stages"):
+        check_pipeline(spec("mlp"), schedule="DualPipeV", stages_per_rank=4)
+
+
 # PyTorch's own stage, where it fails in one process (DualPipeV runs full backwards only there, and passes).
 def _stock_cells() -> list:
     params = []

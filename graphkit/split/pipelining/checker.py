@@ -43,7 +43,8 @@ class PipelineCase:
     """One schedule run to check: which pipeline, schedule, microbatch count and number of steps.
 
     ``stage`` is ``"graphkit"`` (graphkit's :class:`~graphkit.split.pipelining.stage.PipelineStage`) or
-    ``"torch"`` (``torch.distributed.pipelining.PipelineStage``, for comparison).
+    ``"torch"`` (``torch.distributed.pipelining.PipelineStage``, for comparison). ``stages_per_rank`` other
+    than 2 suits ``InterleavedZeroBubble`` and ``CSV`` only.
     """
 
     spec: Any
@@ -52,6 +53,7 @@ class PipelineCase:
     steps: int = 1
     stage: str = "graphkit"
     data_parallel: str | None = None
+    stages_per_rank: int = 2
 
 
 @dataclass(slots=True)
@@ -149,6 +151,7 @@ def check_pipeline(
     ranks: int = 1,
     data_parallel: str | None = None,
     stage: str = "graphkit",
+    stages_per_rank: int = 2,
     deadline: float = 120.0,
 ) -> PipelineCheck:
     """Run a real pipeline schedule step and compare every parameter's gradient with a full backward.
@@ -166,6 +169,7 @@ def check_pipeline(
         data_parallel: None, ``"ddp"`` (each stage module in ``DistributedDataParallel``) or ``"fsdp"``
             (``fully_shard``): then ``ranks`` must be even, ``ranks // 2`` pipeline ranks x 2 replicas.
         stage: ``"graphkit"`` or ``"torch"`` (PyTorch's own stage, to compare).
+        stages_per_rank: stages on each pipeline rank (2; any number for ``InterleavedZeroBubble`` and ``CSV``).
         deadline: seconds before spawned processes are ended (``ranks > 1``).
 
     Returns:
@@ -177,7 +181,7 @@ def check_pipeline(
         graphkit.split.pipelining.launcher.LaunchError: a spawned process failed outside the step, or the
             deadline passed.
     """
-    case = PipelineCase(spec, schedule, microbatches, steps, stage, data_parallel)
+    case = PipelineCase(spec, schedule, microbatches, steps, stage, data_parallel, stages_per_rank)
     return run_cases([case], ranks=ranks, deadline=deadline)[0]
 
 
@@ -199,9 +203,9 @@ def run_cases(cases: list[PipelineCase], *, ranks: int = 1, deadline: float = 12
 
 
 def _validate(case: PipelineCase, ranks: int) -> None:
-    from graphkit.split.pipelining.schedules import schedule_name
+    from graphkit.split.pipelining.schedules import stage_indices
 
-    schedule_name(case.schedule)
+    stage_indices(case.schedule, 0, 1, case.stages_per_rank)  # an unknown schedule or placement raises
     if case.stage not in ("graphkit", "torch"):
         raise ValueError(f"stage must be 'graphkit' or 'torch', got {case.stage!r}")
     if case.data_parallel not in (None, "ddp", "fsdp"):
@@ -330,10 +334,10 @@ def _named_parameters(model: Any, indices: list[int], num_stages: int) -> dict[s
 
 
 def _run_case(case: PipelineCase) -> PipelineCheck:
-    from graphkit.split.pipelining.schedules import build_schedule, stage_indices
+    from graphkit.split.pipelining.schedules import build_schedule, stage_count, stage_indices
 
     mesh = _mesh(case.data_parallel)
-    num_stages = 2 * mesh.pipeline_size
+    num_stages = stage_count(case.schedule, mesh.pipeline_size, case.stages_per_rank)
     per_replica = 2 * case.microbatches
     batch_size = per_replica * mesh.replicas
     pipeline = _build(case, num_stages, batch_size)
@@ -343,7 +347,7 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
             f"the batch ({pipeline.inputs[0].shape[0]}) does not split into {case.microbatches} equal "
             f"microbatches per replica x {mesh.replicas}; declare batch_size in the spec function"
         )
-    indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size)
+    indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size, case.stages_per_rank)
     check = PipelineCheck(case, dist.get_world_size())
     stages = [_make_stage(case, mesh, pipeline.stages[index], index, num_stages) for index in indices]
     named = _named_parameters(pipeline, indices, num_stages)  # after wrapping: FSDP2 swaps in shards

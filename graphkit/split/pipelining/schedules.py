@@ -1,9 +1,10 @@
 """The zero-bubble schedules of ``torch.distributed.pipelining`` by name, where their stages live, and a
 CSV schedule with I and W actions for ``_PipelineScheduleRuntime``.
 
-Every schedule here places two stages on each rank (``num_stages = 2 * ranks``):
+Every schedule here places two stages on each rank by default (``num_stages = 2 * ranks``):
 
-- ``InterleavedZeroBubble`` (``ScheduleInterleavedZeroBubble``) and ``CSV``: stage ``s`` on rank ``s % ranks``;
+- ``InterleavedZeroBubble`` (``ScheduleInterleavedZeroBubble``) and ``CSV``: stage ``s`` on rank ``s % ranks``
+  (any number of stages per rank);
 - ``ZBVZeroBubble`` (``ScheduleZBVZeroBubble``) and ``DualPipeV`` (``ScheduleDualPipeV``): a V, stage ``s`` on
   rank ``s`` for ``s < ranks`` and on ``2 * ranks - 1 - s`` after.
 
@@ -26,6 +27,7 @@ __all__ = [
     "build_schedule",
     "io_schedule_rows",
     "schedule_name",
+    "stage_count",
     "stage_indices",
 ]
 
@@ -53,15 +55,31 @@ def schedule_name(name: str) -> str:
     )
 
 
-def stage_indices(name: str, rank: int, ranks: int) -> list[int]:
-    """The stage indices rank ``rank`` of ``ranks`` holds under schedule ``name``, ascending."""
+def stage_indices(name: str, rank: int, ranks: int, stages_per_rank: int = 2) -> list[int]:
+    """The stage indices rank ``rank`` of ``ranks`` holds under schedule ``name``, ascending.
+
+    Raises:
+        ValueError: an unknown schedule, or a V-shaped one (``ZBVZeroBubble``, ``DualPipeV``) with other
+            than two stages per rank.
+    """
     name = schedule_name(name)
     if name.startswith("csv:"):
         rows = _read_rows(Path(name[4:]))
         return sorted({_stage_of(action) for action in rows[rank] if action})
     if name in _V_SHAPED:
+        if stages_per_rank != 2:
+            raise ValueError(f"{name} places exactly two stages on each rank, not {stages_per_rank}")
         return sorted({rank, 2 * ranks - 1 - rank})
-    return [rank, rank + ranks]
+    return [rank + loop * ranks for loop in range(stages_per_rank)]
+
+
+def stage_count(name: str, ranks: int, stages_per_rank: int = 2) -> int:
+    """How many stages the pipeline has under schedule ``name`` (for ``csv:PATH``: the stages its file names)."""
+    name = schedule_name(name)
+    if name.startswith("csv:"):
+        rows = _read_rows(Path(name[4:]))
+        return len({_stage_of(action) for row in rows for action in row if action})
+    return stages_per_rank * ranks
 
 
 def io_schedule_rows(num_stages: int, ranks: int, microbatches: int) -> list[list[str]]:
