@@ -3,6 +3,8 @@
 Capture the autograd graph behind a model's outputs into networkx (:func:`capture`, :func:`trace`),
 find the parameter groups a zero-bubble pipeline schedule needs (:func:`param_groups`), run the split
 backward they drive (:mod:`graphkit.split`) and check it against a full backward (:func:`verify_split`).
+:mod:`graphkit.pipelining` (imported on its own: it loads ``torch.distributed``) runs that split inside
+``torch.distributed.pipelining``'s zero-bubble schedules.
 """
 
 from __future__ import annotations

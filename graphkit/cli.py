@@ -11,9 +11,12 @@ Subcommands::
     graphkit costs   SPEC [--device ...] [--repeat N] [--warmup N] [--threads N] [--json]
     graphkit timeline PIPELINE --schedule NAME [--microbatches N] [--ranks R] -o OUT.{svg,png,html,json}
     graphkit compare-schedules PIPELINE [--schedules A,B,...] [--microbatches N] [--ranks R] [-o DIR]
+    graphkit verify-pipeline PIPELINE_SPEC --schedule NAME --microbatches N [--ranks R] [--ddp | --fsdp]
+                     [--steps N] [--stages-per-rank K] [--stage graphkit|torch] [--json]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
-(see :mod:`graphkit.models.specs`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
+(see :mod:`graphkit.models.specs`); PIPELINE_SPEC is ``path/to/file.py:function``, ``package.module:function``
+or ``hf:gpt2?key=value`` (see :mod:`graphkit.models.pipeline_specs`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -184,7 +187,7 @@ def _bench(arguments: argparse.Namespace) -> int:
 
 
 def _costs(arguments: argparse.Namespace) -> int:
-    from graphkit.models.pipeline_specs import PipelineSpec, load_stage_or_pipeline
+    from graphkit.models.schedule_pipeline_specs import PipelineSpec, load_stage_or_pipeline
     from graphkit.split.costs import METHOD, PipelineCosts, pipeline_costs, stage_costs
 
     if arguments.threads:
@@ -260,6 +263,74 @@ def _compare_schedules(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_pipeline(arguments: argparse.Namespace) -> int:
+    from graphkit.split.pipelining.checker import check_pipeline
+
+    data_parallel = "ddp" if arguments.ddp else "fsdp" if arguments.fsdp else None
+    result = check_pipeline(
+        arguments.spec,
+        schedule=arguments.schedule,
+        microbatches=arguments.microbatches,
+        steps=arguments.steps,
+        ranks=arguments.ranks,
+        data_parallel=data_parallel,
+        stage=arguments.stage,
+        stages_per_rank=arguments.stages_per_rank,
+        deadline=arguments.deadline,
+    )
+    if arguments.json:
+        payload = {
+            "schedule": result.case.schedule,
+            "microbatches": result.case.microbatches,
+            "steps": result.case.steps,
+            "ranks": result.ranks,
+            "data_parallel": data_parallel,
+            "stage": result.case.stage,
+            "passed": result.passed,
+            "exact": result.exact,
+            "error": result.error,
+            "backward_calls": result.backward_calls,
+            "parameters": [
+                {
+                    "name": check.name,
+                    "max_abs_error": check.max_abs_error,
+                    "relative_error": check.relative_error,
+                    "bitwise": check.bitwise,
+                    "hooks": check.hooks,
+                    "expected_hooks": check.expected_hooks,
+                }
+                for check in result.parameters
+            ],
+        }
+        print(json.dumps(payload, indent=1))
+        return 0 if result.passed else 1
+    where = f"{result.ranks} process{'es' if result.ranks > 1 else ''}"
+    print(
+        f"{arguments.spec}: {result.case.schedule}, {result.case.microbatches} microbatches, "
+        f"{result.case.steps} step(s), {where}, {result.case.stage} stages"
+        + (f", {data_parallel}" if data_parallel else "")
+    )
+    if result.error is not None:
+        print(f"the schedule step failed: {result.error}")
+    if result.parameters:
+        print(result.table())
+    if result.backward_calls:
+        calls = result.backward_calls
+        print(
+            f"backwards run: {calls['input']} B (graphkit), {calls['weight']} W (graphkit), {calls['full']} full"
+        )
+    if result.passed:
+        verdict = (
+            "exact: every gradient equals the full backward's bit for bit"
+            if result.exact
+            else ("equal within 1e-10 (data-parallel all-reduce order)")
+        )
+        print(f"{verdict}; hooks once per microbatch")
+    else:
+        print("NOT exact" if result.error is None else "FAILED")
+    return 0 if result.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``graphkit`` command (also used to document the CLI)."""
     parser = argparse.ArgumentParser(
@@ -332,6 +403,51 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(run=_bench)
     _add_costs_parser(commands)
     _add_timeline_parsers(commands)
+
+    pipeline = commands.add_parser(
+        "verify-pipeline",
+        help="run a torch.distributed.pipelining schedule step; compare every gradient with a full backward",
+        description="Run one real schedule step of PIPELINE_SPEC's stages (two per rank) with graphkit's "
+        "PipelineStage and compare every parameter's gradient with a single-process full backward over the "
+        "same microbatches. Exit 0 iff every gradient is exact and hooks fired once per microbatch.",
+    )
+    pipeline.add_argument(
+        "spec",
+        metavar="PIPELINE_SPEC",
+        help="path/to/file.py:function, package.module:function or hf:gpt2?...",
+    )
+    pipeline.add_argument(
+        "--schedule",
+        default="ZBVZeroBubble",
+        help="InterleavedZeroBubble, ZBVZeroBubble (default), DualPipeV, CSV or csv:PATH",
+    )
+    pipeline.add_argument("--microbatches", type=int, default=4, metavar="N", help="microbatches per step")
+    pipeline.add_argument("--steps", type=int, default=1, metavar="N", help="schedule steps (SGD in between)")
+    pipeline.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        metavar="R",
+        help="processes on 127.0.0.1 (default 1: all stages here)",
+    )
+    parallel = pipeline.add_mutually_exclusive_group()
+    parallel.add_argument("--ddp", action="store_true", help="R/2 pipeline ranks x 2 DDP replicas")
+    parallel.add_argument("--fsdp", action="store_true", help="R/2 pipeline ranks x 2 FSDP2 replicas")
+    pipeline.add_argument(
+        "--stages-per-rank",
+        type=int,
+        default=2,
+        metavar="K",
+        help="stages on each rank (default 2; other counts for InterleavedZeroBubble and CSV)",
+    )
+    pipeline.add_argument(
+        "--stage", choices=["graphkit", "torch"], default="graphkit", help="whose PipelineStage to run"
+    )
+    pipeline.add_argument(
+        "--deadline", type=float, default=300.0, metavar="SECONDS", help="end spawned processes after this"
+    )
+    pipeline.add_argument("--json", action="store_true", help="print JSON")
+    pipeline.set_defaults(run=_verify_pipeline)
     return parser
 
 

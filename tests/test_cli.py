@@ -84,7 +84,9 @@ def test_python_dash_m_runs_the_cli():
     assert "parameter groups" in result.stdout
 
 
-@pytest.mark.parametrize("command", ["capture", "groups", "verify", "render", "inspect", "bench"])
+@pytest.mark.parametrize(
+    "command", ["capture", "groups", "verify", "render", "inspect", "bench", "verify-pipeline"]
+)
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])

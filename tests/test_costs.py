@@ -12,7 +12,7 @@ from torch import nn
 
 from graphkit.cli import main
 from graphkit.graph.tensors import GraphkitInputError
-from graphkit.models.pipeline_specs import load_pipeline_spec, load_stage_or_pipeline
+from graphkit.models.schedule_pipeline_specs import load_pipeline_spec, load_stage_or_pipeline
 from graphkit.models.specs import SpecError
 from graphkit.split.costs import PipelineCosts, pipeline_costs, stage_costs
 

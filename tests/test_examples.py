@@ -40,6 +40,7 @@ def test_every_example_has_a_test_that_runs_it() -> None:
         "groups_to_json.py",
         "verify_custom_model.py",
         "two_stage_zero_bubble.py",
+        "zero_bubble_torchrun.py",
     }
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
@@ -107,3 +108,30 @@ def test_two_stage_loop_runs_w_after_b_and_fails_when_a_w_is_left_out(tmp_path: 
     assert broken.returncode == 1
     assert "parameter gradients differ from the full backward" in broken.stdout
     assert "stage 1 head.weight" in broken.stdout and "stage 0" not in broken.stdout.split("differ")[1]
+
+
+@pytest.mark.slow
+def test_zero_bubble_torchrun_trains_on_two_gloo_ranks(tmp_path: Path) -> None:
+    from graphkit.split.pipelining.launcher import free_port
+
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--nnodes",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(EXAMPLES / "zero_bubble_torchrun.py"),
+        "--steps",
+        "3",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    losses = [float(value) for value in re.findall(r"step \d: loss ([0-9.]+)", result.stdout)]
+    assert len(losses) == 3 and losses[2] < losses[0]
+    assert "rank 1: stages [1, 2] ran 24 B, 24 W (graphkit) and 0 full backwards" in result.stdout

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from graphkit.cli import main
-from graphkit.models.pipeline_specs import load_pipeline_spec, mlp_pipeline
+from graphkit.models.schedule_pipeline_specs import load_pipeline_spec, mlp_pipeline
 from graphkit.split import schedule_recording
 from graphkit.split.schedule_recording import (
     COMPUTE_KINDS,
@@ -212,7 +212,7 @@ def test_a_failing_rank_is_reported_and_its_peer_ended(tmp_path: Path):
     path = tmp_path / "failing.py"
     path.write_text(
         "import torch\n"
-        "from graphkit.models.pipeline_specs import mlp_pipeline\n"
+        "from graphkit.models.schedule_pipeline_specs import mlp_pipeline\n"
         "class Broken(torch.nn.Module):\n"
         "    def forward(self, features):\n"
         "        raise ValueError('broken stage')\n"

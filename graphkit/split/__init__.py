@@ -10,6 +10,9 @@
 - :mod:`graphkit.split.costs`: time, FLOPs and memory of each stage's F, B and W, as schedulers take them;
 - :mod:`graphkit.split.schedule_recording`: what a real ``torch.distributed.pipelining`` schedule step ran
   on every rank (F, I, W, B, sends, receives), and schedules compared on the same stages.
+- :mod:`graphkit.split.pipelining`: B and W inside ``torch.distributed.pipelining`` (a ``PipelineStage``
+  subclass, drop-in backward functions, ``check_pipeline``), re-exported as :mod:`graphkit.pipelining`;
+  imported on demand, since it imports ``torch.distributed``.
 
 The split imports the graph and analysis layers, never drawing. Verification, benchmarking, costs and
 recording load on first use (``from graphkit.split.verification import verify_split``), so

@@ -65,6 +65,7 @@ from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import _Walk, _walk
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.split.graph_anchor import graph_anchor
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
@@ -122,8 +123,10 @@ class SplitState:
     the weight-side formulas read (:mod:`graphkit.split.weight_rules`) or, for ops without a formula, the
     intermediate Node itself, and the weight-only Nodes the gradients enter. Once the caller drops the
     stage outputs, the rest of the input path's graph is freed - except what a kept Node reaches
-    through its ``next_functions``, and, when W must call a custom Function's Node, the whole graph (the
-    state then keeps the stage outputs: a Python Node refers to its C++ Node weakly).
+    through its ``next_functions``, and, when W must call a custom Function's Node, the whole graph (a
+    Python Node refers to its C++ Node weakly; the state then holds an empty anchor tensor above the
+    outputs, :func:`graphkit.split.graph_anchor.graph_anchor`, never the outputs themselves, so they may
+    be detached in place after B).
 
     Attributes:
         input_grads: gradient of each tensor in ``flatten_tensors(inputs)`` (None where the input needs no
@@ -142,8 +145,9 @@ class SplitState:
     _targets: dict[int, Node] = field(repr=False)
     _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
     _weight_tensors: list[torch.Tensor] = field(repr=False)
-    # The stage outputs, kept only when a custom Function's Node must be called in W: a Python Node
-    # object refers to its C++ Node weakly, and only the graph above it keeps that (and its ctx) alive.
+    # Kept only when a custom Function's Node must be called in W: a Python Node object refers to its
+    # C++ Node weakly, and only the graph above it keeps that (and its ctx) alive. An empty anchor
+    # tensor (graph_anchor) holds that graph, not the caller's outputs, which may be detached in place.
     _keep_alive: tuple[torch.Tensor, ...] = field(default=(), repr=False)
     _used: bool = False
     _failure: str | None = field(default=None, repr=False)  # why W failed, when it did
@@ -697,7 +701,7 @@ def backward_input(
         _targets=targets,
         _output_roots=output_roots,
         _weight_tensors=weight_tensors,
-        _keep_alive=tuple(tensor for tensor, _ in pairs)
+        _keep_alive=_anchor_outputs([tensor for tensor, _ in pairs])
         if any(
             item is not None and item.node is not None and _autograd.is_custom_function(item.node)
             for item in work
@@ -707,6 +711,11 @@ def backward_input(
     _mark_materialized(plan, work, materialized)
     _watch_for_other_backwards(state, output_edges)
     return state
+
+
+def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    anchor = graph_anchor(outputs)
+    return () if anchor is None else (anchor,)
 
 
 def _weight_work(

@@ -10,7 +10,7 @@ subclass - and every schedule built on those helpers; everything is restored on 
 step raises. The private names it relies on are pinned by ``tests/test_schedule_recording.py``.
 
 :func:`record_schedules` runs one real schedule step per schedule on a pipeline spec
-(:mod:`graphkit.models.pipeline_specs`) and returns a :class:`ScheduleTimeline` for each: either in this
+(:mod:`graphkit.models.schedule_pipeline_specs`) and returns a :class:`ScheduleTimeline` for each: either in this
 process, with a world-size-1 gloo group and every stage on rank 0 (``ranks=1``), or in ``ranks`` spawned
 processes on 127.0.0.1 (gloo on the CPU, NCCL on CUDA), each with its share of the stages. Every
 schedule first runs one unrecorded step (shape inference, first-touch allocations), then ``steps``
@@ -780,7 +780,7 @@ def _rank_main(config: dict[str, Any]) -> int:
     Records, then writes ``{"payload": ...}`` or ``{"error": text}`` to ``config["result"]``.
     """
     try:
-        from graphkit.models.pipeline_specs import load_pipeline_spec
+        from graphkit.models.schedule_pipeline_specs import load_pipeline_spec
 
         rank, ranks = config["rank"], config["ranks"]
         torch.set_num_threads(config["threads"])
@@ -830,7 +830,7 @@ def record_schedules(
 
     Args:
         pipeline: a pipeline spec string, or (``ranks=1`` only) a loaded
-            :class:`~graphkit.models.pipeline_specs.PipelineSpec`.
+            :class:`~graphkit.models.schedule_pipeline_specs.PipelineSpec`.
         schedules: names (``"1F1B"``, ``"Interleaved1F1B"``, ``"ZBVZeroBubble"``, ...) or classes of
             ``torch.distributed.pipelining`` schedules.
         microbatches: microbatches per step.
@@ -851,7 +851,7 @@ def record_schedules(
         TimelineError: bad arguments, a rank failed (its error text is included) or the deadline passed.
         graphkit.models.specs.SpecError: the pipeline spec does not load.
     """
-    from graphkit.models.pipeline_specs import PipelineSpec, load_pipeline_spec
+    from graphkit.models.schedule_pipeline_specs import PipelineSpec, load_pipeline_spec
 
     if microbatches < 1 or ranks < 1 or steps < 1:
         raise TimelineError(

@@ -1,0 +1,30 @@
+"""graphkit's split backward inside ``torch.distributed.pipelining``.
+
+- :mod:`~graphkit.split.pipelining.stage`: :class:`PipelineStage`, PyTorch's stage whose I and W actions
+  run graphkit's B and W;
+- :mod:`~graphkit.split.pipelining.stage_backward`: :func:`stage_backward_input` / :func:`stage_backward_weight`
+  with the signatures of PyTorch's ``_backward.py`` functions;
+- :mod:`~graphkit.split.pipelining.contract`: the check that the installed torch routes I and W as expected;
+- :mod:`~graphkit.split.pipelining.data_parallel`: DDP / FSDP2 settings around B and W;
+- :mod:`~graphkit.split.pipelining.schedules`: the zero-bubble schedules by name, and CSV schedules;
+- :mod:`~graphkit.split.pipelining.checker`: :func:`check_pipeline`, a real schedule step against a full backward;
+- :mod:`~graphkit.split.pipelining.launcher`: running a function on R local processes with a deadline.
+
+Importing this package imports ``torch.distributed``; ``import graphkit`` does not.
+"""
+
+from __future__ import annotations
+
+from graphkit.split.pipelining.contract import TESTED_TORCH, PipelineContractError, check_torch_contract
+from graphkit.split.pipelining.stage import BackwardCalls, PipelineStage
+from graphkit.split.pipelining.stage_backward import stage_backward_input, stage_backward_weight
+
+__all__ = [
+    "TESTED_TORCH",
+    "BackwardCalls",
+    "PipelineContractError",
+    "PipelineStage",
+    "check_torch_contract",
+    "stage_backward_input",
+    "stage_backward_weight",
+]

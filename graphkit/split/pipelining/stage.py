@@ -1,0 +1,151 @@
+"""``PipelineStage``: PyTorch's pipeline stage with graphkit's split backward for the I and W actions.
+
+A zero-bubble schedule of ``torch.distributed.pipelining`` (``ScheduleInterleavedZeroBubble``,
+``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``, a ``_PipelineScheduleRuntime`` loaded from CSV) runs each
+microbatch's backward as an I action (input gradients, sent to the previous stage at once) and a later W
+action (weight gradients). PyTorch's stage computes them with ``stage_backward_input`` /
+``stage_backward_weight`` (``torch/distributed/pipelining/_backward.py``), which give wrong or missing
+gradients, or crash, on shared and tied weights, view outputs, parameter-only outputs, parameters inside
+``loss_fn``, and never run the parameters' AccumulateGrad Nodes (so DDP's and post-accumulate-grad hooks
+stay silent). This subclass runs graphkit's :func:`~graphkit.split.backward.backward_input` and
+:func:`~graphkit.split.backward.backward_weight` instead, which give every parameter exactly the gradient
+of a full backward.
+
+Where it plugs in: only ``backward_maybe_with_nosync`` is overridden, the method PyTorch's stage calls for
+every backward (see :mod:`graphkit.split.pipelining.contract`). ``"input"`` and ``"weight"`` run graphkit's
+B and W inside the same DDP / FSDP2 settings as PyTorch's (:mod:`graphkit.split.pipelining.data_parallel`);
+``"full"`` (B actions, and W on stage 0, which PyTorch runs as a full backward) stays PyTorch's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
+from torch.nn.parallel import DistributedDataParallel
+
+from graphkit.split.backward import SplitState, backward_weight
+from graphkit.split.pipelining.contract import check_torch_contract
+from graphkit.split.pipelining.data_parallel import check_data_parallel, data_parallel_backward
+from graphkit.split.pipelining.stage_backward import split_input_gradients
+
+__all__ = ["BackwardCalls", "PipelineStage"]
+
+
+@dataclass(slots=True)
+class BackwardCalls:
+    """How many backwards of each kind a stage ran: graphkit's B (``input``) and W (``weight``), and
+    PyTorch's full backward (``full``: B actions, and W on stage 0)."""
+
+    input: int = 0
+    weight: int = 0
+    full: int = 0
+
+
+class PipelineStage(_TorchPipelineStage):
+    """``torch.distributed.pipelining.PipelineStage`` whose I and W actions run graphkit's split backward.
+
+    Construct it exactly as PyTorch's stage: ``PipelineStage(submodule, stage_index, num_stages, device,
+    input_args=..., output_args=..., group=..., ...)``; everything else (communication, metadata
+    inference, forward, full backward, DDP ``no_sync`` and last-backward reduction, FSDP2's deferred
+    reduction) is PyTorch's.
+
+    Differences from PyTorch's stage, in the I and W actions only:
+
+    - every parameter gets exactly a full backward's gradient, parameters used inside ``loss_fn``
+      included (W accumulates into every leaf of the graph, as a full backward does);
+    - W runs the parameters' AccumulateGrad Nodes: post-accumulate-grad hooks fire once per microbatch,
+      and DDP's gradient hooks all-reduce in the schedule's last W;
+    - after I, the outputs that are not views are detached in place (the graph W needs stays alive
+      without them); views are never detached;
+    - ``stage.backward_calls`` counts the B, W and full backwards it ran.
+
+    Raises:
+        PipelineContractError: the installed torch no longer routes I / W as graphkit expects (the
+            message names its version).
+        ValueError: ``dw_builder`` is given (it would replace W: use PyTorch's stage for a custom W), or
+            the submodule is DDP with ``find_unused_parameters=True``.
+        TypeError: arguments PyTorch's stage does not take.
+    """
+
+    def __init__(
+        self,
+        submodule: torch.nn.Module,
+        stage_index: int,
+        num_stages: int,
+        device: torch.device,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        check_torch_contract()
+        bound = inspect.signature(_TorchPipelineStage.__init__).bind(
+            self, submodule, stage_index, num_stages, device, *args, **kwargs
+        )
+        if bound.arguments.get("dw_builder") is not None:
+            raise ValueError(
+                "graphkit.pipelining.PipelineStage computes W itself and does not take dw_builder; drop "
+                "dw_builder, or use torch.distributed.pipelining.PipelineStage for a custom W"
+            )
+        check_data_parallel(submodule)
+        super().__init__(submodule, stage_index, num_stages, device, *args, **kwargs)
+        self.backward_calls = BackwardCalls()
+
+    def backward_maybe_with_nosync(
+        self,
+        backward_type: str,
+        bwd_kwargs: dict,
+        last_backward: bool = False,
+    ) -> tuple[tuple[torch.Tensor | None, ...], Any]:
+        """Run one backward of this stage: graphkit's B (``"input"``) or W (``"weight"``), PyTorch's ``"full"``.
+
+        Args:
+            backward_type: ``"input"``, ``"weight"`` or ``"full"``, as PyTorch's stage passes it.
+            bwd_kwargs: for ``"input"``: ``stage_output``, ``output_grads``, ``input_values``; for
+                ``"weight"``: ``param_groups``, the state the ``"input"`` call returned.
+            last_backward: whether the schedule's step ends with this backward (DDP then all-reduces).
+
+        Returns:
+            ``(input_grads, state)`` for ``"input"`` (one gradient per input value; the state W needs),
+            ``((), None)`` for ``"weight"``, PyTorch's result for ``"full"``.
+        """
+        if backward_type == "input":
+            self.backward_calls.input += 1
+            outputs = bwd_kwargs["stage_output"]
+            with data_parallel_backward(self.submod, last_backward=last_backward):
+                grads, state = split_input_gradients(
+                    outputs, bwd_kwargs["output_grads"], bwd_kwargs["input_values"]
+                )
+            _detach_non_views(outputs)
+            # sent to the previous stage: gloo sends contiguous tensors only (an LSTM's input gradient is not)
+            return tuple(grad.contiguous() if grad is not None else None for grad in grads), state
+        if backward_type == "weight":
+            self.backward_calls.weight += 1
+            state: SplitState | None = bwd_kwargs["param_groups"]
+            with data_parallel_backward(self.submod, last_backward=last_backward):
+                if state is not None:
+                    backward_weight(state)
+            return (), None
+        self.backward_calls.full += 1
+        return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+
+    def _compute_outputs(self, *args: Any, module: torch.nn.Module, **kwargs: Any) -> Any:
+        """The forward of PyTorch's metadata inference (first step), under DDP's ``no_sync()`` like every forward.
+
+        Outside ``no_sync()`` DDP's forward prepares its reducer for a backward, so the first W of the step
+        (graphkit's W runs the gradient hooks) would all-reduce and record the parameters' order a second
+        time, which DDP rejects at the next step's forward.
+        """
+        if isinstance(module, DistributedDataParallel):
+            with module.no_sync():
+                return super()._compute_outputs(*args, module=module, **kwargs)
+        return super()._compute_outputs(*args, module=module, **kwargs)
+
+
+def _detach_non_views(outputs: Any) -> None:
+    """Detach the outputs in place to free their graph early, except views (``detach_()`` raises for them)."""
+    for output in outputs:
+        if isinstance(output, torch.Tensor) and output.grad_fn is not None and not output._is_view():
+            output.detach_()

@@ -1,0 +1,343 @@
+"""graphkit.pipelining: PyTorch's zero-bubble schedules with graphkit's split, against a full backward.
+
+One process runs every schedule x every kind of stage graph (tests/pipeline_models.py) with all stages
+on rank 0 of a world-size-1 gloo group; a spawn of 2 gloo ranks runs all of them across processes; 4
+ranks run 2 pipeline x 2 data-parallel ranks with DDP and FSDP2. The oracle is a single-process full
+backward over the same microbatches (:mod:`graphkit.split.pipelining.checker`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pipeline_models
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from graphkit.pipelining import (
+    PipelineCase,
+    PipelineContractError,
+    PipelineStage,
+    build_schedule,
+    check_pipeline,
+    check_torch_contract,
+    run_cases,
+    stage_backward_input,
+    stage_backward_weight,
+)
+from graphkit.split.pipelining.schedules import io_schedule_rows, stage_indices
+
+CELLS_FILE = Path(pipeline_models.__file__)
+SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV")
+RUNS = [(4, 1), (4, 2), (8, 1), (8, 2)]  # (microbatches, steps)
+
+
+def spec(cell: str) -> str:
+    return f"{CELLS_FILE}:{cell}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    """One world-size-1 gloo group for the module's one-process tests (no ports: a HashStore)."""
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("microbatches", "steps"), RUNS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("cell", pipeline_models.CELLS)
+def test_graphkit_stage_is_bitwise_exact_with_hooks_once_per_microbatch(
+    cell: str, schedule: str, microbatches: int, steps: int
+) -> None:
+    result = check_pipeline(spec(cell), schedule=schedule, microbatches=microbatches, steps=steps)
+    assert result.error is None
+    assert result.exact, result.table()
+    for parameter in result.parameters:
+        assert parameter.expected_hooks in (0, microbatches * steps), parameter  # 0: an unused parameter
+        assert parameter.hooks == parameter.expected_hooks, result.table()
+    assert result.passed
+
+
+@pytest.mark.parametrize(("microbatches", "steps"), RUNS)
+@pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "CSV"])
+@pytest.mark.parametrize("cell", pipeline_models.CELLS)
+def test_four_stages_on_one_rank_split_the_middle_stages_exactly(
+    cell: str, schedule: str, microbatches: int, steps: int
+) -> None:
+    result = check_pipeline(
+        spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stages_per_rank=4
+    )
+    assert result.passed, result.error or result.table()
+    assert result.backward_calls["input"] == result.backward_calls["weight"] == 3 * microbatches * steps
+
+
+def _stock_four_stage_cells() -> list:
+    reasons = {
+        "shared_late": "PyTorch's W: 'Trying to backward through the graph a second time'",
+        "view_outputs": "PyTorch's I: 'Can't detach views in-place'",
+        "param_only_output": "PyTorch's W: wrong or missing gradients for a parameter-only output",
+        "loss_parameter": "PyTorch's W gives parameters inside loss_fn no gradient",
+    }
+    hooks = "PyTorch's W never runs AccumulateGrad: post-accumulate-grad hooks stay silent"
+    return [
+        pytest.param(cell, schedule, marks=pytest.mark.xfail(strict=True, reason=reasons.get(cell, hooks)))
+        for cell in pipeline_models.CELLS
+        for schedule in ("InterleavedZeroBubble", "CSV")
+    ]
+
+
+@pytest.mark.parametrize(("cell", "schedule"), _stock_four_stage_cells())
+def test_stock_stage_fails_on_four_stages_on_one_rank(cell: str, schedule: str) -> None:
+    result = check_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
+    assert result.passed, result.error or result.table()
+
+
+def test_v_schedules_refuse_other_than_two_stages_per_rank() -> None:
+    with pytest.raises(ValueError, match="exactly two stages"):
+        check_pipeline(spec("mlp"), schedule="DualPipeV", stages_per_rank=4)
+
+
+# PyTorch's own stage, where it fails in one process (DualPipeV runs full backwards only there, and passes).
+def _stock_cells() -> list:
+    params = []
+    for cell in pipeline_models.CELLS:
+        for schedule in SCHEDULES:
+            if schedule == "DualPipeV":
+                continue
+            reason = "PyTorch's W never runs AccumulateGrad: post-accumulate-grad hooks stay silent"
+            if cell == "shared_late":
+                reason = "PyTorch's W: 'Trying to backward through the graph a second time'"
+            elif cell == "loss_parameter":
+                reason = "PyTorch's W gives parameters inside loss_fn no gradient"
+            params.append(pytest.param(cell, schedule, marks=pytest.mark.xfail(strict=True, reason=reason)))
+    return params
+
+
+@pytest.mark.parametrize(("microbatches", "steps"), [(4, 1), (8, 2)])
+@pytest.mark.parametrize(("cell", "schedule"), _stock_cells())
+def test_stock_pipeline_stage_fails_where_graphkit_is_exact(
+    cell: str, schedule: str, microbatches: int, steps: int
+) -> None:
+    result = check_pipeline(
+        spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stage="torch"
+    )
+    assert result.passed, result.error or result.table()
+
+
+def _action_counts(schedule: object, num_stages: int) -> dict[str, int]:
+    """What the engine should call: I and W off stage 0 split, B (and W on stage 0) full."""
+    counts = {"input": 0, "weight": 0, "full": 0}
+    pending = list(schedule.pipeline_order[0])
+    while pending:
+        action = pending.pop()
+        if action is None:
+            continue
+        if action.sub_actions:
+            pending.extend(action.sub_actions)
+            continue
+        kind = str(action.computation_type)
+        first = action.stage_index == 0
+        if kind.endswith("BACKWARD_INPUT") or kind == "I":
+            counts["input"] += 0 if first else 1
+        elif kind.endswith("BACKWARD_WEIGHT") or kind == "W":
+            counts["full" if first else "weight"] += 1
+        elif kind.endswith("FULL_BACKWARD") or kind == "B":
+            counts["full"] += 1
+    return counts
+
+
+@pytest.mark.parametrize("schedule_name", SCHEDULES)
+def test_engine_routes_every_i_and_w_action_through_graphkit(
+    schedule_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The private contract, pinned: each I action is one graphkit B, each W one graphkit W."""
+    import graphkit.split.pipelining.stage as stage_module
+
+    calls = {"input": 0, "weight": 0}
+    real_input, real_weight = stage_module.split_input_gradients, stage_module.backward_weight
+
+    def counting_input(*args, **kwargs):
+        calls["input"] += 1
+        return real_input(*args, **kwargs)
+
+    def counting_weight(*args, **kwargs):
+        calls["weight"] += 1
+        return real_weight(*args, **kwargs)
+
+    monkeypatch.setattr(stage_module, "split_input_gradients", counting_input)
+    monkeypatch.setattr(stage_module, "backward_weight", counting_weight)
+    model = pipeline_models.mlp(2, 8)
+    stages = [
+        PipelineStage(module.double(), index, 2, torch.device("cpu"))
+        for index, module in enumerate(model.stages)
+    ]
+    schedule = build_schedule(schedule_name, stages, 4, model.loss_fn, ranks=1)
+    schedule.step(model.inputs[0].double(), target=model.target.double())
+    expected = _action_counts(schedule, 2)
+    made = {kind: sum(getattr(stage.backward_calls, kind) for stage in stages) for kind in expected}
+    assert made == expected
+    assert calls == {"input": expected["input"], "weight": expected["weight"]}
+    if schedule_name != "DualPipeV":  # there, in one process, stage 1 runs only full backwards
+        assert expected["input"] == expected["weight"] == 4
+
+
+def test_contract_check_names_the_torch_version_when_the_engine_changes() -> None:
+    class Changed:
+        def backward_maybe_with_nosync(self, kind, kwargs):  # lost last_backward
+            pass
+
+        def backward_one_chunk(self):
+            return None
+
+    with pytest.raises(PipelineContractError, match=torch.__version__.replace("+", r"\+")) as error:
+        check_torch_contract(Changed)
+    assert "backward_weight_one_chunk" in str(error.value)
+    check_torch_contract()  # the installed torch keeps the contract
+
+
+def test_dw_builder_is_rejected_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="dw_builder"):
+        PipelineStage(nn.Linear(2, 2), 0, 2, torch.device("cpu"), dw_builder=lambda: lambda: None)
+
+
+def test_ddp_with_find_unused_parameters_is_rejected() -> None:
+    module = nn.parallel.DistributedDataParallel(nn.Linear(2, 2), find_unused_parameters=True)
+    with pytest.raises(ValueError, match="find_unused_parameters"):
+        PipelineStage(module, 0, 2, torch.device("cpu"))
+
+
+def test_drop_in_functions_match_a_full_backward_and_keep_inputs_grad_alone() -> None:
+    model = pipeline_models.custom_function(1, 6)
+    stage = model.stages[0].double()
+    reference = pipeline_models.custom_function(1, 6).stages[0].double()
+    reference.load_state_dict(stage.state_dict())
+    x = model.inputs[0].double().requires_grad_()
+    x_reference = x.detach().clone().requires_grad_()
+    output = stage(x)
+    cotangent = torch.randn_like(output)
+    grads, groups = stage_backward_input([output], [cotangent], [x, 3], stage.parameters())
+    output.detach_()  # safe: the W state holds an anchor, not the output
+    assert x.grad is None and grads[1] is None
+    stage_backward_weight(stage.parameters(), groups)
+    reference(x_reference).backward(cotangent)
+    assert torch.equal(grads[0], x_reference.grad)
+    for parameter, expected in zip(stage.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(parameter.grad, expected.grad)
+    with pytest.raises(ValueError, match="retain_graph"):
+        stage_backward_weight(stage.parameters(), groups, retain_graph=True)
+    with pytest.raises(ValueError, match="PyTorch's"):
+        stage_backward_weight(stage.parameters(), [{"params": set(), "intermediates": []}])
+
+
+def test_csv_schedule_has_separate_i_and_w_actions_on_every_rank() -> None:
+    rows = io_schedule_rows(4, 2, 2)
+    assert rows[0] == ["0F0", "0F1", "2F0", "2F1", "2I0", "2I1", "0I0", "0I1", "2W0", "2W1", "0W0", "0W1"]
+    assert stage_indices("CSV", 1, 2) == [1, 3]
+    assert stage_indices("ZBVZeroBubble", 0, 2) == [0, 3]
+
+
+def test_import_graphkit_does_not_import_torch_distributed_pipelining() -> None:
+    code = "import sys, graphkit; print('torch.distributed.pipelining' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+def test_across_two_gloo_processes_every_cell_is_exact() -> None:
+    """One spawn: 2 ranks x 2 stages each, every schedule x every cell on one process group."""
+    cases = [
+        PipelineCase(spec(cell), schedule, 4, 1) for cell in pipeline_models.CELLS for schedule in SCHEDULES
+    ]
+    results = run_cases(cases, ranks=2, deadline=240)
+    failures = [
+        (result.case.spec, result.case.schedule, result.error) for result in results if not result.passed
+    ]
+    assert not failures
+    for result in results:
+        assert result.ranks == 2
+        assert result.backward_calls["input"] > 0 and result.backward_calls["weight"] > 0
+
+
+@pytest.mark.slow
+def test_two_pipeline_by_two_data_parallel_ranks_with_ddp_and_fsdp2_average_like_ddp() -> None:
+    cases = [
+        PipelineCase(spec(cell), "ZBVZeroBubble", 4, 2, data_parallel=data_parallel)
+        for data_parallel in ("ddp", "fsdp")
+        for cell in (
+            "mlp",
+            "shared_late",
+            "tied",
+        )  # DDP needs every parameter used (no find_unused_parameters)
+    ]
+    results = run_cases(cases, ranks=4, deadline=300)
+    for result in results:
+        assert result.passed, (result.case, result.error, result.table())
+        assert result.max_relative_error < 1e-12
+
+
+def test_verify_pipeline_command_exits_0_when_exact_and_1_on_pytorchs_stage(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    from graphkit.cli import main
+
+    assert (
+        main(["verify-pipeline", spec("shared_late"), "--schedule", "ZBVZeroBubble", "--microbatches", "4"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "stage1.shared.scale" in out and "bit for bit" in out and "4/4" in out
+    status = main(["verify-pipeline", spec("shared_late"), "--schedule", "zbvzerobubble", "--stage", "torch"])
+    assert status == 1
+    assert "backward through the graph a second time" in capsys.readouterr().out
+    assert main(["verify-pipeline", spec("mlp"), "--schedule", "GPipe"]) == 2
+    assert "unknown schedule 'GPipe'" in capsys.readouterr().err
+
+
+def test_verify_pipeline_json_reports_every_parameter(capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    from graphkit.cli import main
+
+    assert main(["verify-pipeline", spec("loss_parameter"), "--schedule", "CSV", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    names = {parameter["name"] for parameter in payload["parameters"]}
+    assert {"loss_fn.log_scale", "loss_fn.bias", "stage0.linear.weight"} <= names
+    assert payload["passed"] and payload["exact"] and payload["backward_calls"]["weight"] == 4
+
+
+@pytest.mark.slow
+def test_gpt2_cut_into_stages_is_exact_across_two_processes() -> None:
+    result = check_pipeline("hf:gpt2?n_layer=4", schedule="DualPipeV", microbatches=4, ranks=2, deadline=240)
+    assert result.passed, result.error or result.table()
+    assert any(name.endswith("lm_head.weight") for name in (check.name for check in result.parameters))
+
+
+def test_split_state_holds_no_output_so_outputs_may_be_dropped_or_detached_after_b() -> None:
+    """A custom Function's Node is called in W: the state keeps its graph through an empty anchor only."""
+    import gc
+    import weakref
+
+    from graphkit import backward_input, backward_weight
+
+    stage = pipeline_models.custom_function(1, 6).stages[0].double()
+    reference = pipeline_models.custom_function(1, 6).stages[0].double()
+    reference.load_state_dict(stage.state_dict())
+    x = torch.randn(6, pipeline_models.WIDTH, dtype=torch.float64, requires_grad=True)
+    output = stage(x)
+    cotangent = torch.randn_like(output)
+    state = backward_input(output, cotangent, x)
+    assert state.num_node_calls == 1  # W calls the custom Function's Node
+    alive = weakref.ref(output)
+    del output
+    gc.collect()
+    assert alive() is None
+    backward_weight(state)
+    reference(x.detach().clone().requires_grad_()).backward(cotangent)
+    assert torch.equal(stage.weight.grad, reference.weight.grad)
