@@ -166,6 +166,9 @@ def _module_attributes(plan: DiagramPlan, module: CollapsedModule, *, show_saved
     """
     ops = sum(1 for node in module.members if not plan.graph.nodes[node].get("param_names"))
     counts = f"{ops} op" + ("" if ops == 1 else "s")
+    if module.repeats:  # the ×N in the heading says how many; here what each one is
+        shapes = plan.graph.nodes[module.members[0]].get("shapes") or []
+        counts = " ".join(format_shape(shape) for shape in shapes[:2]) or "folded"
     if module.parameters:
         counts += f", {module.parameters} parameter" + ("" if module.parameters == 1 else "s")
     if show_saved and module.saved_bytes:
@@ -184,13 +187,22 @@ def _module_attributes(plan: DiagramPlan, module: CollapsedModule, *, show_saved
     for start in range(1 + _CHIPS_PER_ROW, len(cells), _CHIPS_PER_ROW):
         rows.append("<tr><td></td>" + "".join(cells[start : start + _CHIPS_PER_ROW]) + "</tr>")
     columns = min(len(cells), 1 + _CHIPS_PER_ROW)
+    heading = f'<tr><td colspan="{columns}" align="left"><b>{escape(module.path)}</b></td></tr>'
+    if module.repeats:  # a fold of repeated structure: the op, how many, and the module
+        heading = f'<tr><td colspan="{columns}" align="left"><b>{escape(module.op)} \u00d7{module.repeats}</b></td></tr>'
+        if module.path and module.path != module.op:
+            heading += (
+                f'<tr><td colspan="{columns}" align="left"><font point-size="9" color="{SECONDARY_TEXT}">'
+                f"{escape(module.path)}</font></td></tr>"
+            )
     label = (
         '<<table border="0" cellborder="0" cellspacing="2" cellpadding="1">'
-        f'<tr><td colspan="{columns}" align="left"><b>{escape(module.path)}</b></td></tr>'
+        + heading
         + "".join(rows)
         + "</table>>"
     )
-    classes = ["graphkit-module", *(f"graphkit-group-{index}" for index in module.groups)]
+    kind = "graphkit-fold" if module.repeats else "graphkit-module"
+    classes = [kind, *(f"graphkit-group-{index}" for index in module.groups)]
     attributes = {
         "label": label,
         "shape": "box3d",
@@ -238,6 +250,9 @@ def draw(
     title: str | None = None,
     highlight_group: int | None = None,
     fan_in_limit: int = 8,
+    fold: bool | None = None,
+    legend: bool | str = "auto",
+    notes: Sequence[str] = (),
 ) -> graphviz.Digraph:
     """Draw ``graph`` with its parameter groups as a ``graphviz.Digraph`` (Jupyter displays it inline).
 
@@ -258,6 +273,13 @@ def draw(
             ``graphkit-highlight`` / ``graphkit-faded`` on the clusters).
         fan_in_limit: a node with more consumers than this is drawn once plus one small proxy per
             consumer, instead of one long edge per consumer.
+        fold: draw repeated structure (a loop over one module, a stack of identical blocks) once per
+            class of repeats, with a count (:mod:`graphkit.drawing.folding`, torchview's ``roll`` idea).
+            None folds when the graph has more than ``max_nodes`` nodes and no collapse depth brings it
+            within them; False never folds.
+        legend: True draws the legend of groups and the key of shapes; False draws none (the title and
+            notes stay); ``"auto"`` draws the group rows for at most 24 groups (the key always).
+        notes: more lines of text under the title (after the notes on collapsing and folding).
 
     Returns:
         The diagram; ``.source`` is its DOT text (deterministic), ``.pipe("svg")`` renders it.
@@ -269,7 +291,8 @@ def draw(
     if fan_in_limit < 1:
         raise ValueError(f"fan_in_limit must be >= 1, got {fan_in_limit}")
     resolved = resolve_groups(graph, groups)
-    plan = plan_diagram(graph, resolved, collapse_depth, max_nodes, highlight_group)
+    plan = plan_diagram(graph, resolved, collapse_depth, max_nodes, highlight_group, fold)
+    plan.notes.extend(notes)
     options = {"show_saved": show_saved, "show_module": show_module, "show_shapes": show_shapes}
 
     digraph = graphviz.Digraph("autograd")
@@ -433,7 +456,7 @@ def draw(
             digraph.edge(tail, head, **attributes)
 
     # Last, so that no subgraph above inherits it.
-    label = graph_label(plan, title, proxies=bool(proxied))
+    label = graph_label(plan, title, proxies=bool(proxied), legend=legend)
     if label is not None:
         digraph.attr("graph", label=label)
     return digraph

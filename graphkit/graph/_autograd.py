@@ -32,6 +32,7 @@ __all__ = [
     "HOOKED_SAVED_TENSORS_REASON",
     "GradientMetadata",
     "SavedTensorInfo",
+    "aten_operator_names",
     "forward_op_name",
     "gradient_metadata",
     "is_accumulate_grad",
@@ -40,6 +41,7 @@ __all__ = [
     "run_engine_grad",
     "saved_tensors",
     "sequence_number",
+    "storage_key",
     "uses_saved_tensor_hooks",
 ]
 
@@ -113,6 +115,11 @@ def _aten_names() -> dict[str, str]:
                 names.setdefault(_squashed(name), name)
         _aten_names_by_key = names
     return _aten_names_by_key
+
+
+def aten_operator_names() -> frozenset[str]:
+    """Every ATen operator name, leading underscores dropped (``"max_pool2d_with_indices"``, ``"fft_r2c"``)."""
+    return frozenset(_aten_names().values())
 
 
 def forward_op_name(node: Node) -> str:
@@ -255,6 +262,15 @@ def saved_tensors(node: Node) -> tuple[list[SavedTensorInfo], list[torch.Tensor]
             return None
         raise
     return infos, tensors
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """A number that tells storages apart: the data pointer; for a ``meta`` tensor (no data, pointer 0)
+    the address of its StorageImpl, which views share (private ``UntypedStorage._cdata``)."""
+    storage = tensor.untyped_storage()
+    if tensor.device.type == "meta":
+        return int(storage._cdata)
+    return storage.data_ptr()
 
 
 def run_engine_backward(

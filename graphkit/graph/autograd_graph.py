@@ -457,7 +457,7 @@ def _node_attributes(
         attributes["saved_reason"] = None
         for info, tensor in zip(infos, tensors, strict=True):
             if tensor.numel():
-                seen_storages[(tensor.untyped_storage().data_ptr(), tensor.storage_offset())] = info.bytes
+                seen_storages[(_autograd.storage_key(tensor), tensor.storage_offset())] = info.bytes
     return attributes
 
 
