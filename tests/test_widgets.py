@@ -176,11 +176,14 @@ def test_picking_a_node_outlines_it_and_fills_the_detail_panel() -> None:
     _, _, graph = traced("gpt_stage")
     explorer = explore(graph)
     node = node_by(graph, op="addmm", module_path="blocks.0.attn.proj")
-    labels = dict((value, label) for label, value in explorer.node_picker.options)
-    assert set(labels) == {None, *graph.nodes}
-    assert "intermediate" in labels[node] and "blocks.0.attn.proj" in labels[node]
+    labels = list(explorer.node_search.options)
+    assert len(labels) == graph.number_of_nodes()
+    assert all(label.startswith(f"{node} \u00b7 ") for node, label in zip(graph.nodes, labels, strict=True))
+    (label,) = [label for label in labels if label.startswith(f"{node} \u00b7 ")]
+    assert "intermediate" in label and "blocks.0.attn.proj" in label
 
-    explorer.select_node(node)
+    explorer.node_search.value = label  # as picking it from the suggestions does
+    assert explorer.selected_node == node
     selected = [title for title, classes, _ in svg_groups(explorer.svg) if "graphkit-selected" in classes]
     assert selected == [node]
     assert explorer.node_panel.value == node_html(graph, explorer.groups, node)

@@ -30,7 +30,7 @@ The DOT source is deterministic: the same graph gives byte-identical output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import graphviz
@@ -253,6 +253,7 @@ def draw(
     fold: bool | None = None,
     legend: bool | str = "auto",
     notes: Sequence[str] = (),
+    expand: Collection[str] = (),
 ) -> graphviz.Digraph:
     """Draw ``graph`` with its parameter groups as a ``graphviz.Digraph`` (Jupyter displays it inline).
 
@@ -280,6 +281,8 @@ def draw(
         legend: True draws the legend of groups and the key of shapes; False draws none (the title and
             notes stay); ``"auto"`` draws the group rows for at most 24 groups (the key always).
         notes: more lines of text under the title (after the notes on collapsing and folding).
+        expand: module paths drawn open one level although ``collapse_depth`` collapses them (the
+            explorer's click on a collapsed module).
 
     Returns:
         The diagram; ``.source`` is its DOT text (deterministic), ``.pipe("svg")`` renders it.
@@ -291,7 +294,7 @@ def draw(
     if fan_in_limit < 1:
         raise ValueError(f"fan_in_limit must be >= 1, got {fan_in_limit}")
     resolved = resolve_groups(graph, groups)
-    plan = plan_diagram(graph, resolved, collapse_depth, max_nodes, highlight_group, fold)
+    plan = plan_diagram(graph, resolved, collapse_depth, max_nodes, highlight_group, fold, expand)
     plan.notes.extend(notes)
     options = {"show_saved": show_saved, "show_module": show_module, "show_shapes": show_shapes}
 

@@ -8,7 +8,7 @@ module stands for which nodes (a :class:`DiagramPlan`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,11 +122,13 @@ def plan_diagram(
     max_nodes: int | None,
     highlight: int | None,
     fold: bool | None = None,
+    expanded: Collection[str] = (),
 ) -> DiagramPlan:
     """Decide what :func:`~graphkit.drawing.diagram.draw` shows (see its docstring for the options).
 
     ``fold``: True draws repeated structure once per class of repeats (:mod:`graphkit.drawing.folding`);
     None folds only when no collapse depth brings the graph within ``max_nodes``; False never folds.
+    ``expanded``: collapsed modules drawn open one level (see :func:`~graphkit.drawing.collapsing.collapse_key`).
     """
     notes: list[str] = []
     if collapse_depth is not None and collapse_depth < 1:
@@ -216,7 +218,11 @@ def plan_diagram(
                 )
             key = None
         else:
-            key = collapse_key(collapsible_path(graph, node), collapse_depth) if collapse_depth else None
+            key = (
+                collapse_key(collapsible_path(graph, node), collapse_depth, expanded)
+                if collapse_depth
+                else None
+            )
             if key is None:
                 drawn[node] = node
                 continue
