@@ -49,24 +49,23 @@ window.graphkitAttach = function (view) {
     }
   });
   var focus = host && host.getAttribute('data-focus');
-  if (zoom && focus) {
-    var element = svg.querySelector('[id="' + focus + '"]') || svg.querySelector('g.node.graphkit-selected');
-    if (element) {
-      var box = element.getBoundingClientRect();
-      var frame = svg.getBoundingClientRect();
-      // Zoom so that the element fills at most 60% of the view (never zoom out below the fit), then centre it.
-      var scale = Math.min(frame.width / Math.max(box.width, 1), frame.height / Math.max(box.height, 1)) * 0.6;
-      if (scale > 1) {
-        zoom.zoomAtPointBy(Math.min(scale, 4), {
-          x: box.left + box.width / 2 - frame.left, y: box.top + box.height / 2 - frame.top
-        });
-        box = element.getBoundingClientRect();
-      }
-      zoom.panBy({
-        x: frame.left + frame.width / 2 - (box.left + box.width / 2),
-        y: frame.top + frame.height / 2 - (box.top + box.height / 2)
-      });
-    }
+  var viewport = svg.querySelector('.svg-pan-zoom_viewport');
+  var element = zoom && focus && viewport ? svg.querySelector(focus) : null;
+  if (element) {
+    // The element's centre and size in viewport coordinates (independent of the current pan and zoom,
+    // which svg-pan-zoom applies on the next animation frame), then one zoom and one absolute pan.
+    var matrix = viewport.getCTM().inverse().multiply(element.getCTM());
+    var bbox = element.getBBox();
+    var cx = bbox.x + bbox.width / 2, cy = bbox.y + bbox.height / 2;
+    var ux = matrix.a * cx + matrix.c * cy + matrix.e, uy = matrix.b * cx + matrix.d * cy + matrix.f;
+    var width = Math.abs(matrix.a * bbox.width) || 1, height = Math.abs(matrix.d * bbox.height) || 1;
+    var sizes = zoom.getSizes();
+    var scale = sizes.realZoom;
+    // Zoom in until the element fills about 60% of the view, at most 4 times the fit; never zoom out.
+    var wanted = Math.min(sizes.width / width, sizes.height / height) * 0.6;
+    var target = Math.max(scale, Math.min(wanted, 4 * scale));
+    if (target > scale * 1.01) zoom.zoomBy(target / scale);
+    zoom.pan({ x: sizes.width / 2 - target * ux, y: sizes.height / 2 - target * uy });
   }
   svg.setAttribute('data-graphkit-ready', '1');
 };
