@@ -8,6 +8,7 @@ import math
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -96,7 +97,7 @@ def test_a_layout_past_its_budget_draws_a_smaller_diagram_and_says_so(
     calls: list[int] = []
     real_run_dot = rendering.run_dot
 
-    def slow_first(source: str, output_format: str, timeout_s: float, nodes: int) -> bytes:
+    def slow_first(source: str, output_format: str, timeout_s: float, nodes: int, warn: Any = None) -> bytes:
         calls.append(nodes)
         if len(calls) == 1:
             raise RenderTimeoutError(f"Graphviz 'dot' did not finish laying out {nodes} nodes")
@@ -114,13 +115,20 @@ def test_a_layout_past_its_budget_draws_a_smaller_diagram_and_says_so(
     assert not any("Graphviz missing" in line or "not installed" in line for line in said)
 
 
+def test_a_png_past_graphviz_size_limit_says_it_was_shrunk() -> None:
+    said: list[str] = []
+    chain = "digraph { " + "; ".join(f"n{i} -> n{i + 1}" for i in range(1200)) + " }"
+    png = rendering.run_dot(chain, "png", 60, 1201, said.append)
+    assert png[:4] == b"\x89PNG" and any("shrank the picture" in line and ".svg" in line for line in said)
+
+
 def test_a_timeout_in_inspect_is_reported_as_a_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from graphkit.drawing.report.inspection import collect
     from graphkit.drawing.report.terminal import terminal_rows
 
-    def always_slow(source: str, output_format: str, timeout_s: float, nodes: int) -> bytes:
+    def always_slow(source: str, output_format: str, timeout_s: float, nodes: int, warn: Any = None) -> bytes:
         raise RenderTimeoutError(
             f"Graphviz 'dot' did not finish laying out {nodes} nodes within {timeout_s} s"
         )

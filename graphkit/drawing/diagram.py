@@ -11,7 +11,8 @@ inline); :func:`~graphkit.drawing.rendering.render` writes it to ``.svg``, ``.pn
   in the group's colour; with several forward outputs, the label says whose gradients are captured;
 - **stage inputs and outputs** as dark house shapes (inputs point down, outputs up);
 - **a legend** above the drawing (in the graph label, so its height never stretches the layout): each
-  group's parameters and flags (the first 72 groups), and a key to the colours and shapes in use.
+  group's parameters and flags (with ``legend="auto"``, the default, up to 24 groups; past that one line
+  says how many), and a key to the colours and shapes in use. Groups are numbered in forward order.
 
 Colours come from Paul Tol's *muted* qualitative scheme (:data:`PALETTE`, safe for colour-blind readers);
 past its nine colours, border patterns (dashed, bold, dotted, ...) keep groups apart, and every cluster is
@@ -21,7 +22,9 @@ labelled with its group number.
 with ``d`` dot-separated parts, from :func:`graphkit.trace`) as one node listing the groups inside it; nodes
 without a module path, or in shallower modules, stay as they are. With ``collapse_depth=None`` a graph with
 more than ``max_nodes`` drawn nodes is collapsed automatically to the deepest depth that fits, and the graph
-label says so. A node with more than ``fan_in_limit`` consumers (a weight shared by 100 steps of a
+label says so. When no depth fits (a recurrence over one module, a graph without module paths),
+repeated structure is folded instead (:mod:`graphkit.drawing.folding`): one node per class of repeats,
+marked ``×N``. A node with more than ``fan_in_limit`` consumers (a weight shared by 100 steps of a
 recurrence) is drawn once, plus a small proxy copy next to each consumer: 100 long edges into one node send
 ``dot``'s crossing minimisation into minutes, 100 short ones do not.
 

@@ -35,8 +35,13 @@ _INSTALL_HELP = (
 )
 
 
-def run_dot(source: str, output_format: str, timeout_s: float, nodes: int) -> bytes:
+def run_dot(
+    source: str, output_format: str, timeout_s: float, nodes: int, warn: Callable[[str], Any] | None = None
+) -> bytes:
     """Lay out DOT ``source`` with the ``dot`` program and return the ``output_format`` bytes.
+
+    ``warn`` is called with each warning ``dot`` prints (a bitmap shrunk to Cairo's 32767-pixel limit:
+    write ``.svg`` for full size).
 
     Raises:
         GraphvizNotFoundError: ``dot`` is not on PATH.
@@ -61,9 +66,15 @@ def run_dot(source: str, output_format: str, timeout_s: float, nodes: int) -> by
             "(collapse_depth=, --collapse DEPTH), lower the node budget (max_nodes=, --max-nodes N), or "
             "write .dot and lay it out yourself"
         ) from None
+    message = completed.stderr.decode("utf-8", "replace").strip()
     if completed.returncode != 0:
-        message = completed.stderr.decode("utf-8", "replace").strip()
         raise RuntimeError(f"Graphviz 'dot' failed (exit status {completed.returncode}): {message}")
+    if warn is not None:
+        for line in message.splitlines():
+            if "Scaling" in line or "too large" in line:
+                warn(
+                    f"Graphviz shrank the picture to fit its size limit ({line.strip()}); write .svg for full size"
+                )
     return completed.stdout
 
 
@@ -115,7 +126,7 @@ def render(
     nodes = drawn_nodes(digraph)
     say(f"laying out {nodes} nodes with Graphviz dot (budget {timeout_s:g} s)")
     try:
-        path.write_bytes(run_dot(digraph.source, output_format, timeout_s, nodes))
+        path.write_bytes(run_dot(digraph.source, output_format, timeout_s, nodes, say))
         return path
     except RenderTimeoutError as error:
         smaller = _smaller_options(graph, options, nodes) if fallback else None
@@ -128,7 +139,7 @@ def render(
         digraph = draw(graph, groups, notes=notes, **smaller_options)
         retry_nodes = drawn_nodes(digraph)
         try:
-            path.write_bytes(run_dot(digraph.source, output_format, timeout_s, retry_nodes))
+            path.write_bytes(run_dot(digraph.source, output_format, timeout_s, retry_nodes, say))
         except RenderTimeoutError:
             raise error from None
     return path
