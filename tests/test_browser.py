@@ -421,3 +421,85 @@ def test_picking_a_group_highlights_its_cluster(chromium: str, lab: Lab, fronten
         finally:
             browser.close()
     assert screenshot.stat().st_size > 10_000
+
+
+GPT2_NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": [
+                "from graphkit.drawing.explorer import explore\n",
+                "explorer = explore('hf:gpt2?stage=middle&n_layer=12')\n",
+                "explorer",
+            ],
+        }
+    ],
+    "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def test_the_explorer_stays_responsive_on_a_12_layer_gpt2_stage(chromium: str, lab: Lab) -> None:
+    """Picking a group of a 12-layer GPT-2 middle stage (781 nodes) until the redrawn picture is shown."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    # write the notebook into the server's root folder through its contents API
+    body = json.dumps({"type": "notebook", "content": GPT2_NOTEBOOK}).encode()
+    request = urllib.request.Request(
+        f"{lab.url}/api/contents/gpt2_12.ipynb?token={lab.token}", data=body, method="PUT"
+    )
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{lab.url}/lab/tree/gpt2_12.ipynb?token={lab.token}")
+            page.wait_for_function(NOTEBOOK_READY, timeout=90_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_function(ALL_CELLS_RAN, timeout=120_000, polling=500)
+            assert page.evaluate(CELL_ERRORS) == []
+            diagram = page.locator(".graphkit-diagram").first
+            page.wait_for_function(
+                "(diagram) => diagram.querySelector('svg[data-graphkit-ready]') !== null",
+                arg=diagram.element_handle(),
+            )
+            picker = page.locator(".graphkit-group-picker select").first
+            timings = []
+            for group in (17, 40, 65):
+                started = time.perf_counter()
+                picker.select_option(index=group + 1)
+                page.wait_for_function(
+                    f"(diagram) => diagram.querySelector("
+                    f"'.graphkit-zoom-host[data-focus*=\"graphkit-group-{group},\"] svg[data-graphkit-ready]') !== null",
+                    arg=diagram.element_handle(),
+                    polling=20,
+                )
+                timings.append(time.perf_counter() - started)
+            text = ", ".join(f"{seconds:.3f}" for seconds in timings)
+            print(f"gpt2 12 layers: group pick to redrawn picture {text} s")
+            (ARTIFACTS / "browser-gpt2-12-timing.txt").write_text(f"group pick + redraw: {text} s\n")
+            assert max(timings) < 5
+            search = page.locator(".graphkit-node-search input").first
+            label = search.evaluate("(input) => input.list.options[100].value")
+            search.fill(label)
+            page.wait_for_function(
+                "([diagram, title]) => diagram.querySelector('svg g.node.graphkit-selected') !== null",
+                arg=[diagram.element_handle(), label.split(" ")[0]],
+            )
+            page.locator(".graphkit-explorer").first.screenshot(
+                path=str(ARTIFACTS / "browser-gpt2-12-explorer.png")
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser-gpt2-12-failure.png"), full_page=True)
+            print(f"JupyterLab log:\n{lab.log.read_text()[-4000:]}")
+            raise
+        finally:
+            browser.close()
