@@ -104,6 +104,8 @@ def load_spec_on(spec: str, device: str | None = None) -> tuple[nn.Module, tuple
         raise SpecError(
             f"device {device!r} is not a device name (cpu, cuda, cuda:1, meta): {error}"
         ) from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError(f"device {device!r}: no CUDA device is available to this torch ({torch.__version__})")
     if target.type == "meta":
         try:
             with torch.device("meta"):
