@@ -15,8 +15,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphkit.analysis.flop_coverage import flop_coverage, rnn_backward_flops
 from graphkit.analysis.parameter_groups import param_groups
+from graphkit.analysis.uncounted_flops import flop_coverage, rnn_backward_flops
 from graphkit.cli import main
 from graphkit.drawing import rendering
 from graphkit.drawing.diagram import draw

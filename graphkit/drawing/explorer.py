@@ -176,6 +176,7 @@ class Explorer:
         self.report: Any = None
         self._closure = input_closure(graph)
         self._svg_cache: dict[tuple[Any, ...], str] = {}
+        self._plan_cache: dict[tuple[Any, ...], Any] = {}
         self._current_svg = ""
         self.render_timeout_s = render_timeout_s
 
@@ -463,6 +464,13 @@ class Explorer:
 
     def _plan(self) -> Any:
         options = self.draw_options()
+        key = (options["collapse_depth"], options["highlight_group"], options["fold"], options["expand"])
+        plan = self._plan_cache.get(key)
+        if plan is None:
+            plan = self._plan_cache[key] = self._new_plan(options)
+        return plan
+
+    def _new_plan(self, options: dict[str, Any]) -> Any:
         return plan_diagram(
             self.graph,
             self.groups,

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from graphkit.analysis.flop_coverage import FlopCoverage, flop_coverage
 from graphkit.analysis.parameter_groups import ParamGroups, param_groups
+from graphkit.analysis.uncounted_flops import FlopCoverage, flop_coverage
 from graphkit.graph.autograd_graph import AutogradGraph
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.graph.tracing import trace
@@ -74,7 +74,7 @@ class Inspection:
             no values to compare (:data:`META_VERIFY_NOTE`).
         device, dtype: where and in which dtype the check ran (``"cpu"``, ``"float32"``, ``"meta"``).
         counted_flops: FlopCounterMode's backward FLOPs ``{"full", "b", "w"}`` (-1: not counted).
-        coverage: what those counts miss (:func:`graphkit.analysis.flop_coverage.flop_coverage`).
+        coverage: what those counts miss (:func:`graphkit.analysis.uncounted_flops.flop_coverage`).
         dot_source: DOT source of the diagram.
         svg: the laid-out diagram, or None when Graphviz is missing, too slow or failed.
         diagram_note: why ``svg`` is None (install instructions), else None.
