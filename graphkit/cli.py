@@ -45,11 +45,17 @@ def _load(spec: str) -> tuple[torch.nn.Module, Any]:
 
 def _trace(spec: str, device: str | None = None) -> tuple[torch.nn.Module, Any, Any]:
     from graphkit.graph.tracing import trace
-    from graphkit.models.specs import load_spec_on, spec_inputs_as_call
+    from graphkit.models.specs import load_spec_on, meta_forward_error, spec_inputs_as_call
 
     module, inputs = load_spec_on(spec, device) if device is not None else _load(spec)
     args, kwargs = spec_inputs_as_call(inputs)
-    outputs, graph = trace(module, *args, **kwargs)
+    try:
+        outputs, graph = trace(module, *args, **kwargs)
+    except RuntimeError as error:
+        clear = meta_forward_error(spec, error) if device is not None else None
+        if clear is None:
+            raise
+        raise clear from error
     return module, outputs, graph
 
 

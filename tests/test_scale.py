@@ -320,3 +320,12 @@ def test_a_llama_3_8b_sized_stage_on_meta_uses_no_memory_for_its_weights(capsys,
     _, graph = trace(module, *args, **kwargs)
     hidden = math.prod((1, 2048, 4096)) * 4
     assert graph.graph["saved_bytes_total"] > 10 * hidden  # the activations a real run would keep
+
+
+def test_a_forward_that_reads_values_on_meta_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, _, err = run(
+        capsys, "render", "hf:gpt2?n_layer=1", "--device", "meta", "-o", str(tmp_path / "g.dot")
+    )
+    assert status == 2 and "reads tensor values" in err and "stage=middle" in err

@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["SpecError", "load_spec", "load_spec_on", "spec_inputs_as_call"]
+__all__ = ["SpecError", "load_spec", "load_spec_on", "meta_forward_error", "spec_inputs_as_call"]
 
 _FORMS = "zoo:NAME, path/to/file.py:function, package.module:function or hf:ARCH"
 
@@ -129,6 +129,21 @@ def load_spec_on(spec: str, device: str | None = None) -> tuple[nn.Module, tuple
         return value
 
     return module.to(target), moved(inputs)
+
+
+def meta_forward_error(spec: str, error: BaseException) -> SpecError | None:
+    """The clear error for a forward on the meta device that read tensor values, else None.
+
+    ``error`` is what the forward raised; PyTorch says "... cannot be called on meta tensors" (``.item()``,
+    data-dependent control flow: the whole Hugging Face models look for packed sequences that way).
+    """
+    if "meta tensor" not in str(error):
+        return None
+    return SpecError(
+        f"the forward of {spec!r} reads tensor values ({error}), which the meta device does not have: "
+        "--device meta works for models whose forward depends on shapes alone (hf:ARCH?stage=middle, "
+        "the zoo); run this one on cpu, with a smaller config if it is too large"
+    )
 
 
 def spec_inputs_as_call(

@@ -26,7 +26,7 @@ from graphkit.analysis.uncounted_flops import FlopCoverage, flop_coverage
 from graphkit.graph.autograd_graph import AutogradGraph
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.graph.tracing import trace
-from graphkit.models.specs import load_spec, load_spec_on, spec_inputs_as_call
+from graphkit.models.specs import load_spec, load_spec_on, meta_forward_error, spec_inputs_as_call
 from graphkit.models.zoo import DEFAULT_MODEL
 from graphkit.split.verification import VerifyReport, verify_split
 
@@ -327,7 +327,13 @@ def collect(
             traced_module = module.to(dtype=dtype)
             traced_inputs = _cast(inputs, None, dtype)
         args, kwargs = spec_inputs_as_call(traced_inputs)
-        outputs, graph = trace(traced_module, *args, **kwargs)
+        try:
+            outputs, graph = trace(traced_module, *args, **kwargs)
+        except RuntimeError as error:
+            clear = meta_forward_error(spec, error) if on_meta else None
+            if clear is None:
+                raise
+            raise clear from error
     with timed(STEPS[2]):
         groups = param_groups(graph)
         coverage = flop_coverage(graph)
