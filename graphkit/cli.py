@@ -5,8 +5,11 @@ Subcommands::
     graphkit capture SPEC [--json | --graphml FILE | --dot FILE]
     graphkit groups  SPEC [--json]
     graphkit verify  SPEC [--dtype float32|float64] [--device cpu|cuda] [--seed N] [--autocast bfloat16] [--json]
-    graphkit render  SPEC -o OUT.{svg,png,pdf,dot} [--collapse DEPTH] [--max-nodes N]
-    graphkit inspect [SPEC] [-o DIR] [--device ...] [--dtype ...] [--collapse DEPTH]
+    graphkit render  SPEC -o OUT.{svg,png,pdf,dot} [--collapse DEPTH] [--max-nodes N] [--fold | --no-fold]
+                     [--highlight GROUP] [--plain] [--saved] [--module-paths] [--no-shapes]
+                     [--direction BT|TB|LR|RL] [--legend auto|on|off] [--device cpu|meta|...] [--timeout S]
+    graphkit inspect [SPEC] [-o DIR] [--device cpu|cuda|meta] [--dtype ...] [--collapse DEPTH] [--max-nodes N]
+    graphkit list    [--json]
     graphkit bench   SPEC [--repeat N] [--threads N] [--json]
     graphkit costs   SPEC [--device ...] [--repeat N] [--warmup N] [--threads N] [--json]
     graphkit timeline PIPELINE --schedule NAME [--microbatches N] [--ranks R] -o OUT.{svg,png,html,json}
@@ -46,13 +49,19 @@ def _load(spec: str) -> tuple[torch.nn.Module, Any]:
     return load_spec(spec)
 
 
-def _trace(spec: str) -> tuple[torch.nn.Module, Any, Any]:
+def _trace(spec: str, device: str | None = None) -> tuple[torch.nn.Module, Any, Any]:
     from graphkit.graph.tracing import trace
-    from graphkit.models.specs import spec_inputs_as_call
+    from graphkit.models.specs import load_spec_on, meta_forward_error, spec_inputs_as_call
 
-    module, inputs = _load(spec)
+    module, inputs = load_spec_on(spec, device) if device is not None else _load(spec)
     args, kwargs = spec_inputs_as_call(inputs)
-    outputs, graph = trace(module, *args, **kwargs)
+    try:
+        outputs, graph = trace(module, *args, **kwargs)
+    except RuntimeError as error:
+        clear = meta_forward_error(spec, error) if device is not None else None
+        if clear is None:
+            raise
+        raise clear from error
     return module, outputs, graph
 
 
@@ -141,6 +150,12 @@ def _groups(arguments: argparse.Namespace) -> int:
 def _verify(arguments: argparse.Namespace) -> int:
     from graphkit.split.verification import verify_split
 
+    if arguments.device is not None and torch.device(arguments.device).type == "meta":
+        raise ValueError(
+            "verify compares gradient values, and tensors on the meta device have shapes but no values: "
+            "run it on cpu or cuda. 'graphkit inspect SPEC --device meta' shows the graph, groups and FLOPs"
+        )
+
     module, inputs = _load(arguments.spec)
     report = verify_split(
         module,
@@ -157,11 +172,51 @@ def _verify(arguments: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _progress(command: str) -> Any:
+    """A function that prints one progress line (with the seconds since the command started) to stderr."""
+    import time
+
+    start = time.perf_counter()
+
+    def say(text: str) -> None:
+        print(
+            f"graphkit {command}: [{time.perf_counter() - start:6.2f} s] {text}", file=sys.stderr, flush=True
+        )
+
+    return say
+
+
+_LEGEND = {"auto": "auto", "on": True, "off": False}
+
+
 def _render(arguments: argparse.Namespace) -> int:
     from graphkit.drawing.rendering import render
 
-    _, _, graph = _trace(arguments.spec)
-    path = render(graph, arguments.output, collapse_depth=arguments.collapse, max_nodes=arguments.max_nodes)
+    say = _progress("render")
+    say(f"loading {arguments.spec}" + (f" on {arguments.device}" if arguments.device else ""))
+    _, _, graph = _trace(arguments.spec, arguments.device)
+    say(f"captured {graph.number_of_nodes()} nodes; drawing")
+    groups = False if arguments.plain else None
+    if arguments.plain and arguments.highlight is not None:
+        raise ValueError("--highlight needs the groups: leave out --plain")
+    path = render(
+        graph,
+        arguments.output,
+        groups,
+        timeout_s=arguments.timeout,
+        progress=say,
+        collapse_depth=arguments.collapse,
+        max_nodes=arguments.max_nodes,
+        fold=arguments.fold,
+        highlight_group=arguments.highlight,
+        show_saved=arguments.saved,
+        show_module=arguments.module_paths,
+        show_shapes=not arguments.no_shapes,
+        rankdir=arguments.direction,
+        legend=_LEGEND[arguments.legend],
+        title=arguments.title,
+    )
+    say("done")
     print(f"wrote {path}")
     return 0
 
@@ -175,6 +230,57 @@ def _inspect(arguments: argparse.Namespace) -> int:
         device=arguments.device,
         dtype=DTYPES[arguments.dtype] if arguments.dtype else None,
         collapse_depth=arguments.collapse,
+        max_nodes=arguments.max_nodes,
+        fold=arguments.fold,
+        timeout_s=arguments.timeout,
+    )
+
+
+def _list(arguments: argparse.Namespace) -> int:
+    from graphkit.models import zoo
+    from graphkit.models.huggingface import KNOWN_ARCHITECTURES
+
+    zoo_rows = [(f"zoo:{name}", model.description) for name, model in zoo.MODELS.items()]
+    hf_rows = [(f"hf:{name}", description) for name, description in KNOWN_ARCHITECTURES.items()]
+    if arguments.json:
+        print(json.dumps({"zoo": dict(zoo_rows), "hf": dict(hf_rows)}, indent=1))
+        return 0
+    print("built-in models (zoo:NAME):")
+    _print_table([("spec", "what it is"), *zoo_rows])
+    print()
+    print("Hugging Face architectures (hf:ARCH[?key=value&...], needs the 'models' extra; no download):")
+    _print_table([("spec", "what it is"), *hf_rows])
+    print()
+    print("Also: path/to/file.py:function or package.module:function returning (module, inputs).")
+    print(
+        "Examples: graphkit inspect zoo:gpt_stage; graphkit render 'hf:llama?stage=middle&n_layer=2' -o llama.svg"
+    )
+    return 0
+
+
+def _fold_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-nodes",
+        type=int,
+        default=400,
+        metavar="N",
+        help="past N drawn nodes, collapse modules (or fold repeated structure) automatically (default 400)",
+    )
+    folding = parser.add_mutually_exclusive_group()
+    folding.add_argument(
+        "--fold",
+        dest="fold",
+        action="store_true",
+        default=None,
+        help="draw repeated structure (a loop over one module, identical blocks) once, with a count",
+    )
+    folding.add_argument("--no-fold", dest="fold", action="store_false", help="never fold repeated structure")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds Graphviz may take to lay out the diagram before a smaller one is drawn (default 60)",
     )
 
 
@@ -368,12 +474,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     render = commands.add_parser("render", help="draw the graph with its parameter groups")
     render.add_argument("spec", metavar="SPEC")
-    render.add_argument("-o", "--output", required=True, help="OUT.svg, .png, .pdf or .dot")
+    render.add_argument(
+        "-o", "--output", required=True, help="OUT.svg, .png, .pdf or .dot (missing folders are created)"
+    )
     render.add_argument(
         "--collapse", type=int, default=None, metavar="DEPTH", help="collapse modules deeper than DEPTH"
     )
+    _fold_options(render)
     render.add_argument(
-        "--max-nodes", type=int, default=400, metavar="N", help="collapse automatically past N nodes"
+        "--highlight", type=int, default=None, metavar="GROUP", help="paint group GROUP, grey the others"
+    )
+    render.add_argument("--plain", action="store_true", help="the plain graph: no parameter groups")
+    render.add_argument("--saved", action="store_true", help="add the bytes of each node's saved tensors")
+    render.add_argument("--module-paths", action="store_true", help="add each node's module path")
+    render.add_argument("--no-shapes", action="store_true", help="leave out the output shapes")
+    render.add_argument(
+        "--direction",
+        choices=["BT", "TB", "LR", "RL"],
+        default="BT",
+        help="layout direction (default BT: stage inputs at the bottom)",
+    )
+    render.add_argument(
+        "--legend",
+        choices=list(_LEGEND),
+        default="auto",
+        help="the legend of groups and the key: auto (groups listed up to 24), on, off",
+    )
+    render.add_argument("--title", default=None, help="a heading on top of the diagram")
+    render.add_argument(
+        "--device", default=None, help="build the model there: cpu, cuda, meta (shapes only, no memory)"
     )
     render.set_defaults(run=_render)
 
@@ -386,12 +515,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="model spec (default: the zoo's GPT-style stage)",
     )
     inspect.add_argument("-o", "--output", default="graphkit-report", metavar="DIR", help="report folder")
-    inspect.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: where the model is)")
+    inspect.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda, cuda:1 ... (default: where the model is); meta: shapes only, no memory, no verify",
+    )
     inspect.add_argument("--dtype", choices=["float32", "float64"], help="cast the model and inputs")
     inspect.add_argument(
         "--collapse", type=int, default=None, metavar="DEPTH", help="collapse modules deeper than DEPTH"
     )
+    _fold_options(inspect)
     inspect.set_defaults(run=_inspect)
+
+    listing = commands.add_parser("list", help="list the zoo models and the hf: architectures")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(run=_list)
 
     bench = commands.add_parser("bench", help="time full backward against B and W")
     bench.add_argument("spec", metavar="SPEC")

@@ -1038,7 +1038,14 @@ def check_param_groups(module: nn.Module, inputs: dict[str, Any], outputs: Any) 
         )
         for group in groups
     ]
-    assert got == [(ref.params, ref.intermediates, ref.output_entries, ref.shared) for ref in reference]
+    expected = [(ref.params, ref.intermediates, ref.output_entries, ref.shared) for ref in reference]
+    assert sorted(got, key=lambda row: sorted(row[0])) == expected
+    # Forward order: a group with intermediates precedes another when the forward created its first
+    # intermediate earlier (autograd sequence numbers count Node creation); those without follow.
+    firsts = [min((node._sequence_nr() for node in row[1]), default=None) for row in got]
+    with_intermediates = [first for first in firsts if first is not None]
+    assert with_intermediates == sorted(with_intermediates)
+    assert firsts[: len(with_intermediates)] == with_intermediates
     for group in groups:
         assert (GroupFlag.SHARED_PARAMETER in group.flags) == bool(group.shared_params)
         assert (GroupFlag.PARAMETER_ONLY_OUTPUT in group.flags) == bool(group.output_entries)

@@ -5,8 +5,10 @@ copy of the notebook), opens the notebook in headless Chromium driven by Playwri
 Notebook 7, the same server's classic-style interface - runs all cells, picks a
 group in the explorer's group dropdown and checks that the diagram changed: the picked group's cluster now
 has the class ``graphkit-highlight`` and its colours, every other cluster ``graphkit-faded`` and grey. Then
-it picks that group's intermediate in the node dropdown (outlined in the diagram, described in the panel)
-and presses the verify button (the table says OK). Screenshots are saved under ``test-artifacts/`` (also
+it zooms (mouse wheel) and pans (drag) the diagram, clicks a node in the picture (selected, outlined,
+described), searches a node by typing its name into the node search box, times a group pick until the
+redrawn picture shows it, checks that the picked group and node are brought into view and that the legend
+starts folded, and presses the verify button (the table says OK). Screenshots are saved under ``test-artifacts/`` (also
 when the test fails).
 
 It uses Debian's Chromium (``apt-get install chromium``); Playwright never downloads a browser here. It runs
@@ -228,6 +230,41 @@ CLUSTERS = """(diagram) => Array.from(diagram.querySelectorAll('svg g.cluster'))
 })"""
 
 
+VIEWPORT = """(diagram) => {
+    const viewport = diagram.querySelector('svg .svg-pan-zoom_viewport');
+    const matrix = viewport.transform.baseVal.consolidate().matrix;
+    return {scale: matrix.a, x: matrix.e, y: matrix.f};
+}"""
+
+FIT = """(diagram) => { const svg = diagram.querySelector('svg'); svg.graphkitZoom.fit(); svg.graphkitZoom.center(); }"""
+
+# A white input-path op in the middle of the picture, and its label text (what a person clicks on).
+NODE_TO_CLICK = """(diagram) => {
+    const frame = diagram.querySelector('svg').getBoundingClientRect();
+    for (const node of diagram.querySelectorAll('svg g.node.graphkit-input-path')) {
+        const box = node.getBoundingClientRect();
+        const text = node.querySelector('text');
+        if (text && box.top > frame.top + 20 && box.bottom < frame.bottom - 20 && box.width > 8)
+            return {title: node.querySelector('title').textContent, text: text.textContent,
+                    x: box.left + box.width / 2, y: box.top + box.height / 2};
+    }
+    return null;
+}"""
+
+INSIDE = """(element, diagram) => {
+    const frame = diagram.querySelector('svg').getBoundingClientRect();
+    const box = element.getBoundingClientRect();
+    const x = box.left + box.width / 2, y = box.top + box.height / 2;
+    return x > frame.left && x < frame.right && y > frame.top && y < frame.bottom;
+}"""
+
+GROUP_IN_VIEW = "(diagram) => (" + INSIDE + ")(diagram.querySelector('svg #graphkit-group-GROUP'), diagram)"
+
+SELECTED_IN_VIEW = (
+    "(diagram) => (" + INSIDE + ")(diagram.querySelector('svg g.node.graphkit-selected'), diagram)"
+)
+
+
 # The same server serves JupyterLab and Notebook 7 (the classic Notebook's successor): test both.
 FRONTENDS = {"jupyterlab": "lab/tree", "notebook": "notebooks"}
 
@@ -287,19 +324,88 @@ def test_picking_a_group_highlights_its_cluster(chromium: str, lab: Lab, fronten
             diagram.locator("g.cluster.graphkit-highlight").scroll_into_view_if_needed()
             page.screenshot(path=str(screenshot))
 
-            # The node picker and the verify button work through the same widget messages.
-            nodes = page.locator(".graphkit-node-picker select").first
-            labels = [text.replace("\xa0", " ") for text in nodes.locator("option").all_text_contents()]
-            (position,) = [
-                i for i, label in enumerate(labels) if f"[group {PICKED_GROUP} intermediate]" in label
-            ]
-            nodes.select_option(index=position)
+            # Zoom and pan: the mouse wheel scales the diagram, a drag moves it (svg-pan-zoom's viewport).
             page.wait_for_function(
-                "(diagram) => diagram.querySelector('svg g.node.graphkit-selected') !== null",
+                "(diagram) => diagram.querySelector('svg[data-graphkit-ready]') !== null",
                 arg=diagram.element_handle(),
+            )
+            assert diagram.evaluate(GROUP_IN_VIEW.replace("GROUP", str(PICKED_GROUP)))
+            view = diagram.locator("svg").first
+            box = view.bounding_box()
+            assert box is not None
+            centre = (box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+            before_zoom = diagram.evaluate(VIEWPORT)
+            page.mouse.move(*centre)
+            page.mouse.wheel(0, -400)
+            page.wait_for_function(
+                f"(diagram) => ({VIEWPORT})(diagram).scale > {before_zoom['scale'] * 1.05}",
+                arg=diagram.element_handle(),
+            )
+            zoomed = diagram.evaluate(VIEWPORT)
+            page.mouse.move(*centre)
+            page.mouse.down()
+            page.mouse.move(centre[0] + 120, centre[1] + 60, steps=8)
+            page.mouse.up()
+            panned = diagram.evaluate(VIEWPORT)
+            assert panned["scale"] == pytest.approx(zoomed["scale"])
+            assert abs(panned["x"] - zoomed["x"]) > 50 and abs(panned["y"] - zoomed["y"]) > 20
+
+            # Clicking a node in the picture selects it (outlined, described, named in the search box).
+            diagram.evaluate(FIT)
+            target = diagram.evaluate(NODE_TO_CLICK)
+            assert target is not None
+            page.mouse.click(target["x"], target["y"])
+            page.wait_for_function(
+                "([diagram, title]) => { const n = diagram.querySelector('svg g.node.graphkit-selected title');"
+                " return n !== null && n.textContent === title; }",
+                arg=[diagram.element_handle(), target["title"]],
+            )
+            assert page.locator(".graphkit-node-panel").first.inner_text().count(target["title"]) >= 1
+            search = page.locator(".graphkit-node-search input").first
+            assert search.input_value().startswith(f"{target['title']} \u00b7")
+
+            # The search box: type part of a name, pick the suggestion (a datalist option), see it selected.
+            options = search.evaluate(
+                "(input) => Array.from(input.list.options).map((option) => option.value)"
+            )
+            (wanted,) = [label for label in options if f"[group {PICKED_GROUP} intermediate]" in label]
+            search.fill("")
+            search.fill(wanted)
+            search.press("Enter")
+            wanted_id = wanted.split(" ")[0]
+            page.wait_for_function(
+                "([diagram, title]) => { const n = diagram.querySelector('svg g.node.graphkit-selected title');"
+                " return n !== null && n.textContent === title; }",
+                arg=[diagram.element_handle(), wanted_id],
             )
             node_panel = page.locator(".graphkit-node-panel").first.inner_text()
             assert f"group {PICKED_GROUP}: intermediate" in node_panel and "mat1" in node_panel
+            assert diagram.evaluate(SELECTED_IN_VIEW)
+
+            # Picking a group and redrawing, timed from the pick to the highlighted picture.
+            picker.select_option(index=1)
+            page.wait_for_function(
+                "(diagram) => diagram.querySelector('svg[data-graphkit-ready] g.cluster.graphkit-highlight"
+                "#graphkit-group-0') !== null",
+                arg=diagram.element_handle(),
+            )
+            started = time.perf_counter()
+            picker.select_option(index=PICKED_GROUP + 1)
+            page.wait_for_function(
+                f"(diagram) => diagram.querySelector('svg[data-graphkit-ready] "
+                f"g.cluster.graphkit-highlight#graphkit-group-{PICKED_GROUP}') !== null",
+                arg=diagram.element_handle(),
+                polling=20,
+            )
+            seconds = time.perf_counter() - started
+            print(f"{frontend}: group pick to redrawn picture {seconds:.3f} s")
+            (ARTIFACTS / f"browser-{frontend}-timing.txt").write_text(
+                f"group pick + redraw {seconds:.3f} s\n"
+            )
+            assert seconds < 5
+
+            # The legend starts folded.
+            assert page.locator(".graphkit-legend").first.evaluate("(details) => details.open") is False
             page.locator(".graphkit-verify-button").first.click()
             page.wait_for_selector(".graphkit-verify-report", timeout=60_000)
             report = page.locator(".graphkit-verify-report").first.inner_text()
@@ -315,3 +421,85 @@ def test_picking_a_group_highlights_its_cluster(chromium: str, lab: Lab, fronten
         finally:
             browser.close()
     assert screenshot.stat().st_size > 10_000
+
+
+GPT2_NOTEBOOK = {
+    "cells": [
+        {
+            "cell_type": "code",
+            "execution_count": None,
+            "metadata": {},
+            "outputs": [],
+            "source": [
+                "from graphkit.drawing.explorer import explore\n",
+                "explorer = explore('hf:gpt2?stage=middle&n_layer=12')\n",
+                "explorer",
+            ],
+        }
+    ],
+    "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+    "nbformat": 4,
+    "nbformat_minor": 5,
+}
+
+
+def test_the_explorer_stays_responsive_on_a_12_layer_gpt2_stage(chromium: str, lab: Lab) -> None:
+    """Picking a group of a 12-layer GPT-2 middle stage (781 nodes) until the redrawn picture is shown."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    # write the notebook into the server's root folder through its contents API
+    body = json.dumps({"type": "notebook", "content": GPT2_NOTEBOOK}).encode()
+    request = urllib.request.Request(
+        f"{lab.url}/api/contents/gpt2_12.ipynb?token={lab.token}", data=body, method="PUT"
+    )
+    with urllib.request.urlopen(request, timeout=10):
+        pass
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1500, "height": 1100})
+        page.set_default_timeout(60_000)
+        try:
+            page.goto(f"{lab.url}/lab/tree/gpt2_12.ipynb?token={lab.token}")
+            page.wait_for_function(NOTEBOOK_READY, timeout=90_000)
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.wait_for_function(ALL_CELLS_RAN, timeout=120_000, polling=500)
+            assert page.evaluate(CELL_ERRORS) == []
+            diagram = page.locator(".graphkit-diagram").first
+            page.wait_for_function(
+                "(diagram) => diagram.querySelector('svg[data-graphkit-ready]') !== null",
+                arg=diagram.element_handle(),
+            )
+            picker = page.locator(".graphkit-group-picker select").first
+            timings = []
+            for group in (17, 40, 65):
+                started = time.perf_counter()
+                picker.select_option(index=group + 1)
+                page.wait_for_function(
+                    f"(diagram) => diagram.querySelector("
+                    f"'.graphkit-zoom-host[data-focus*=\"graphkit-group-{group},\"] svg[data-graphkit-ready]') !== null",
+                    arg=diagram.element_handle(),
+                    polling=20,
+                )
+                timings.append(time.perf_counter() - started)
+            text = ", ".join(f"{seconds:.3f}" for seconds in timings)
+            print(f"gpt2 12 layers: group pick to redrawn picture {text} s")
+            (ARTIFACTS / "browser-gpt2-12-timing.txt").write_text(f"group pick + redraw: {text} s\n")
+            assert max(timings) < 5
+            search = page.locator(".graphkit-node-search input").first
+            label = search.evaluate("(input) => input.list.options[100].value")
+            search.fill(label)
+            page.wait_for_function(
+                "([diagram, title]) => diagram.querySelector('svg g.node.graphkit-selected') !== null",
+                arg=[diagram.element_handle(), label.split(" ")[0]],
+            )
+            page.locator(".graphkit-explorer").first.screenshot(
+                path=str(ARTIFACTS / "browser-gpt2-12-explorer.png")
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                page.screenshot(path=str(ARTIFACTS / "browser-gpt2-12-failure.png"), full_page=True)
+            print(f"JupyterLab log:\n{lab.log.read_text()[-4000:]}")
+            raise
+        finally:
+            browser.close()

@@ -71,12 +71,13 @@ def test_a_shared_parameter_registered_after_the_layers_forms_its_own_group(shar
     names = [name for name, _ in module.named_parameters()]
     assert names.index("shared.scale") == (0 if shared_first else 4)
 
+    # forward order: first layer, the scale after it, the second layer, the scale again
     assert summary(graph, groups) == [
         (("first.bias", "first.weight"), ["addmm"], ()),
-        (("second.bias", "second.weight"), ["addmm"], ()),
         (("shared.scale",), ["mul", "mul"], (SHARED,)),
+        (("second.bias", "second.weight"), ["addmm"], ()),
     ]
-    scale = groups[2]
+    scale = groups[1]
     outer_mul = outputs.grad_fn
     inner_mul = outer_mul.next_functions[0][0].next_functions[1][0].next_functions[0][0]
     assert type(inner_mul).__name__ == "MulBackward0"
@@ -368,8 +369,8 @@ def test_repr_is_a_table_and_html_escapes() -> None:
     lines = repr(groups).splitlines()
     assert lines[0].split() == ["group", "parameters", "intermediates", "flags"]
     assert set(lines[1].replace(" ", "")) == {"-"}
-    assert lines[4].split()[:2] == ["2", "shared.scale"]
-    assert lines[4].split()[-1] == "shared-parameter"
+    assert lines[3].split()[:2] == ["1", "shared.scale"]
+    assert lines[3].split()[-1] == "shared-parameter"
     html = groups._repr_html_()
     assert html.count("<tr>") == 1 + len(groups)
     assert "<td>first.bias, first.weight</td>" in html

@@ -125,7 +125,7 @@ def test_inspect_without_a_spec_reports_the_default_model(tmp_path):
         assert (run.folder / name).is_file(), name
         assert (run.folder / name).stat().st_size > 0, name
     report = run.report
-    assert set(report) == {"spec", "summary", "groups", "unused_params", "verify", "files"}
+    assert set(report) == {"spec", "summary", "groups", "unused_params", "verify", "flops", "files"}
     assert report["spec"] == "zoo:gpt_ends"
     assert report["files"] == FILES
     # the tied weight reaches the head's intermediate and the embedding output: both flags show
@@ -144,7 +144,7 @@ def test_inspect_writes_every_file_and_exits_0(default_run):
         assert (default_run.folder / name).is_file(), name
         assert (default_run.folder / name).stat().st_size > 0, name
     report = default_run.report
-    assert set(report) == {"spec", "summary", "groups", "unused_params", "verify", "files"}
+    assert set(report) == {"spec", "summary", "groups", "unused_params", "verify", "flops", "files"}
     assert report["spec"] == "zoo:gpt"
     assert report["files"] == FILES
 

@@ -176,11 +176,14 @@ def test_picking_a_node_outlines_it_and_fills_the_detail_panel() -> None:
     _, _, graph = traced("gpt_stage")
     explorer = explore(graph)
     node = node_by(graph, op="addmm", module_path="blocks.0.attn.proj")
-    labels = dict((value, label) for label, value in explorer.node_picker.options)
-    assert set(labels) == {None, *graph.nodes}
-    assert "intermediate" in labels[node] and "blocks.0.attn.proj" in labels[node]
+    labels = list(explorer.node_search.options)
+    assert len(labels) == graph.number_of_nodes()
+    assert all(label.startswith(f"{node} \u00b7 ") for node, label in zip(graph.nodes, labels, strict=True))
+    (label,) = [label for label in labels if label.startswith(f"{node} \u00b7 ")]
+    assert "intermediate" in label and "blocks.0.attn.proj" in label
 
-    explorer.select_node(node)
+    explorer.node_search.value = label  # as picking it from the suggestions does
+    assert explorer.selected_node == node
     selected = [title for title, classes, _ in svg_groups(explorer.svg) if "graphkit-selected" in classes]
     assert selected == [node]
     assert explorer.node_panel.value == node_html(graph, explorer.groups, node)
@@ -295,3 +298,88 @@ def test_without_graphviz_the_diagram_says_how_to_install_it(monkeypatch: pytest
     assert explorer.svg == ""
     explorer.select_group(0)  # the controls keep working
     assert "0.weight" in explorer.info_panel.value
+
+
+# --- the explorer at real-model scale --------------------------------------------------------------------
+def drawn_titles(svg: str) -> set[str]:
+    return {title for title, classes, _ in svg_groups(svg) if "node" in classes}
+
+
+def test_the_explorer_starts_on_every_group_and_the_stage_output() -> None:
+    _, _, graph = traced("gpt_stage")
+    explorer = explore(graph)
+    assert explorer.group_picker.index == 0 and explorer.group_picker.label == "all groups"
+    (output,) = graph.outputs
+    assert explorer.selected_node == output.node
+    assert explorer.node_search.value.startswith(f"{output.node} \u00b7 ")
+    assert explorer.node_panel.value == node_html(graph, explorer.groups, output.node)
+    legend = explorer.legend_panel.value
+    assert legend.startswith("<details class='graphkit-legend'") and " open" not in legend.split(">")[0]
+    assert legend.count("<tr>") == len(explorer.groups)
+    assert "parameter groups" not in explorer.svg  # the legend is beside the picture, not in it
+
+
+def test_clicks_in_the_picture_select_nodes_and_groups_and_open_modules() -> None:
+    _, _, graph = traced("gpt_stage")
+    explorer = explore(graph, collapse_depth=1)
+    assert "module.blocks" in drawn_titles(explorer.svg)
+
+    explorer.click_target.value = "node:module.blocks@1"  # what the diagram's script writes on a click
+    assert explorer.expanded == {"blocks"}
+    titles = drawn_titles(explorer.svg)
+    assert {"module.blocks.0", "module.blocks.1"} <= titles and "module.blocks" not in titles
+
+    node = node_by(graph, op="addmm", module_path="blocks.0.attn.proj")
+    explorer.collapse_slider.value = 0  # a new depth closes what was opened
+    assert explorer.expanded == set()
+    explorer.click_target.value = f"node:{node}@2"
+    assert explorer.selected_node == node
+    selected = [title for title, classes, _ in svg_groups(explorer.svg) if "graphkit-selected" in classes]
+    assert selected == [node]
+
+    explorer.click_target.value = "group:3@3"
+    assert explorer.group_picker.value == 3
+    assert 'data-focus="#graphkit-group-3, .graphkit-group-3"' in explorer.diagram.value
+    explorer.click("output.0")
+    assert explorer.selected_node == graph.outputs[0].node
+    with pytest.raises(KeyError, match="not a node"):
+        explorer.select_node("n99999")
+
+
+def test_the_diagram_carries_its_zoom_library_and_click_script() -> None:
+    from graphkit.drawing.templating import TEMPLATES
+
+    _, _, graph = traced("mlp")
+    explorer = explore(graph)
+    html = explorer.diagram.value
+    library = (TEMPLATES / "svg-pan-zoom.min.js").read_text()
+    assert "<script type='text/plain' class='graphkit-library'>" in html and library[-200:] in html
+    assert "window.graphkitAttach" in html and 'onerror="' in html
+    assert (
+        html.count("</script") == 2
+    )  # the two text elements end where they should: nothing inside ends them
+    assert 'src="data:,"' in html  # the handler's image fetches nothing
+
+
+def test_a_long_recurrence_opens_folded() -> None:
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "bench"))
+    from scale_models import Recurrence
+
+    torch.manual_seed(0)
+    _, graph = graphkit.trace(Recurrence(600), torch.randn(2, 16, requires_grad=True))
+    explorer = explore(graph)
+    assert explorer.fold_toggle.value is True
+    assert len(drawn_titles(explorer.svg)) < 40
+    assert any(title.startswith("fold.") for title in drawn_titles(explorer.svg))
+    fold = next(title for title in drawn_titles(explorer.svg) if title.startswith("fold."))
+    explorer.click(fold)  # a fold selects the first node it stands for
+    assert explorer.selected_node is not None
+    assert [t for t, c, _ in svg_groups(explorer.svg) if "graphkit-selected" in c] == [fold]
+
+
+def test_verify_is_disabled_on_the_meta_device() -> None:
+    from graphkit.models.specs import load_spec_on
+
+    module, inputs = load_spec_on("zoo:mlp", "meta")
+    explorer = explore((module, inputs))
+    assert explorer.verify_button.disabled and "meta device" in explorer.verify_button.tooltip

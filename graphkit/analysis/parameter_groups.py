@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import html
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,15 @@ from graphkit.analysis.closures import (
 )
 from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind
 
-__all__ = ["FLAG_MEANINGS", "GroupFlag", "ParamGroup", "ParamGroups", "param_groups"]
+__all__ = [
+    "FLAG_MEANINGS",
+    "GroupFlag",
+    "ParamGroup",
+    "ParamGroups",
+    "forward_ranks",
+    "natural_key",
+    "param_groups",
+]
 
 
 class GroupFlag(enum.StrEnum):
@@ -79,8 +88,8 @@ class ParamGroup:
     """One parameter group.
 
     Attributes:
-        index: position in the sorted group list.
-        params: parameter names, sorted (a shared parameter lists every name; an unnamed leaf is
+        index: position in the group list (forward order, see :func:`param_groups`).
+        params: parameter names, in natural order (a shared parameter lists every name; an unnamed leaf is
             ``"<leaf nK>"``).
         param_nodes: ids of the weight leaves (AccumulateGrad nodes).
         intermediates: ids of the intermediates where the group's gradient leaves the input path.
@@ -127,7 +136,7 @@ class ParamGroup:
 
 
 class ParamGroups(list):
-    """The sorted list of :class:`ParamGroup` of a graph, plus what belongs to no group.
+    """The list of :class:`ParamGroup` (forward order) of a graph, plus what belongs to no group.
 
     Attributes:
         unused_params: parameter names that require grad but reach no output.
@@ -259,8 +268,10 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
         graph: a graph from :func:`graphkit.capture` (its ``stage_input`` nodes define the input closure).
 
     Returns:
-        A :class:`ParamGroups` list sorted by parameter names; ``unused_params`` lists parameters with no
-        path to any output.
+        A :class:`ParamGroups` list in forward order: a group comes before another when the stage computes
+        its first intermediate (where its gradient leaves the input path) earlier, from stage input to
+        output (:func:`forward_ranks`); ties go by natural order of the parameter names (``h.2`` before
+        ``h.10``). ``unused_params`` lists parameters with no path to any output.
 
     The algorithm (union-find over weight-only edges and weight-side edges) is described in the module
     docstring; it is one pass, O(nodes + edges).
@@ -289,7 +300,7 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
         leaves = [node for node in nodes if graph.nodes[node]["kind"] in (NodeKind.PARAMETER, NodeKind.LEAF)]
         if not leaves:
             continue
-        names = sorted(_leaf_names(graph, leaves))
+        names = sorted(_leaf_names(graph, leaves), key=natural_key)
         group_intermediates = [node for node in nodes if node in found]
         shared = sorted(
             name for leaf in leaves if len(reached.get(leaf, ())) >= 2 for name in _leaf_names(graph, [leaf])
@@ -318,9 +329,59 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
                 shared_params=tuple(shared),
             )
         )
-    groups.sort(key=lambda group: group.params)
+    rank = forward_ranks(graph)
+    groups.sort(key=lambda group: _forward_key(group, rank))
     numbered = [dataclasses.replace(group, index=index) for index, group in enumerate(groups)]
     return ParamGroups(numbered, graph.graph.get("unused_params", []), found, graph)
+
+
+_NUMBER = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[Any, ...]:
+    """Sort key that orders the numbers inside names by value: ``h.2`` before ``h.10``."""
+    return tuple(int(part) if part.isdigit() else part for part in _NUMBER.split(name))
+
+
+def forward_ranks(graph: AutogradGraph) -> dict[str, int]:
+    """When the forward computed each node: larger is later.
+
+    With the live autograd Nodes at hand (``graph.autograd_nodes``, as :func:`graphkit.capture` leaves
+    them) this is each op's autograd sequence number, the creation counter the engine gives every Node
+    (``torch/csrc/autograd/function.h``): exactly the order the stage ran its ops. A graph without them
+    (exported and read back) gets the longest path from a graph source instead: stage inputs and leaves
+    0, an op one more than its latest producer. Leaves are never keys of an order, and get 0 or -1.
+    Iterative, O(nodes + edges).
+    """
+    from graphkit.graph._autograd import is_accumulate_grad, sequence_number
+
+    live = graph.autograd_nodes
+    ranks: dict[str, int] = {}
+    if live and len(live) == graph.number_of_nodes():
+        for node, autograd_node in live.items():
+            ranks[node] = -1 if is_accumulate_grad(autograd_node) else sequence_number(autograd_node)
+        return ranks
+    for node in nx.topological_sort(graph):
+        ranks[node] = max((ranks[producer] + 1 for producer in graph.predecessors(node)), default=0)
+    return ranks
+
+
+def _forward_key(group: ParamGroup, rank: dict[str, int]) -> tuple[Any, ...]:
+    """Where the stage computes ``group``: its first intermediate; groups with none (parameter-only
+    outputs, stages without an input that requires grad) follow, by their first output entry or op."""
+    candidates = (
+        group.intermediates,
+        [entry.node for entry in group.output_entries],
+        group.weight_only_nodes,
+    )
+    for tier, nodes in enumerate(candidates):
+        if nodes:
+            return (
+                tier,
+                min(rank[node] for node in nodes),
+                tuple(natural_key(name) for name in group.params),
+            )
+    return (len(candidates), 0, tuple(natural_key(name) for name in group.params))
 
 
 def _leaf_names(graph: AutogradGraph, leaves: list[str]) -> list[str]:

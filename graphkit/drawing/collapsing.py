@@ -6,22 +6,30 @@ depth whose drawing fits a node budget. Module paths come from :func:`graphkit.t
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
 
 __all__ = ["choose_collapse_depth", "collapse_key", "collapsible_path", "drawn_node_count"]
 
 
 # --- collapse by module path --------------------------------------------------------------------------------
-def collapse_key(module_path: str | None, depth: int) -> str | None:
+def collapse_key(module_path: str | None, depth: int, expanded: Collection[str] = ()) -> str | None:
     """The module a node collapses into at ``depth``: the first ``depth`` parts of its module path.
 
     None when the node stays as it is: no module path, the top-level module (``""``) or a module shallower
-    than ``depth``. ``collapse_key("blocks.0.attn.qkv", 2) == "blocks.0"``.
+    than ``depth``. ``collapse_key("blocks.0.attn.qkv", 2) == "blocks.0"``. A module in ``expanded`` is
+    opened one level: its submodules collapse instead (``"blocks.0.attn"`` with ``expanded={"blocks.0"}``),
+    and nodes made by the expanded module itself are drawn as they are.
     """
     if not module_path:
         return None
     parts = module_path.split(".")
     if len(parts) < depth:
+        return None
+    while depth <= len(parts) and ".".join(parts[:depth]) in expanded:
+        depth += 1
+    if depth > len(parts):
         return None
     return ".".join(parts[:depth])
 
@@ -33,7 +41,7 @@ def collapsible_path(graph: AutogradGraph, node: str) -> str | None:
     return data.get("module_path")
 
 
-def drawn_node_count(graph: AutogradGraph, collapse_depth: int | None) -> int:
+def drawn_node_count(graph: AutogradGraph, collapse_depth: int | None, expanded: Collection[str] = ()) -> int:
     """Nodes :func:`~graphkit.drawing.diagram.draw` lays out at ``collapse_depth`` (None: no collapse), stage-output markers included.
 
     Proxy copies of shared nodes and the legend are not counted.
@@ -41,7 +49,9 @@ def drawn_node_count(graph: AutogradGraph, collapse_depth: int | None) -> int:
     keys: set[str] = set()
     kept = 0
     for node in graph.nodes:
-        key = collapse_key(collapsible_path(graph, node), collapse_depth) if collapse_depth else None
+        key = (
+            collapse_key(collapsible_path(graph, node), collapse_depth, expanded) if collapse_depth else None
+        )
         if key is None:
             kept += 1
         else:

@@ -11,7 +11,8 @@ inline); :func:`~graphkit.drawing.rendering.render` writes it to ``.svg``, ``.pn
   in the group's colour; with several forward outputs, the label says whose gradients are captured;
 - **stage inputs and outputs** as dark house shapes (inputs point down, outputs up);
 - **a legend** above the drawing (in the graph label, so its height never stretches the layout): each
-  group's parameters and flags (the first 72 groups), and a key to the colours and shapes in use.
+  group's parameters and flags (with ``legend="auto"``, the default, up to 24 groups; past that one line
+  says how many), and a key to the colours and shapes in use. Groups are numbered in forward order.
 
 Colours come from Paul Tol's *muted* qualitative scheme (:data:`PALETTE`, safe for colour-blind readers);
 past its nine colours, border patterns (dashed, bold, dotted, ...) keep groups apart, and every cluster is
@@ -21,7 +22,9 @@ labelled with its group number.
 with ``d`` dot-separated parts, from :func:`graphkit.trace`) as one node listing the groups inside it; nodes
 without a module path, or in shallower modules, stay as they are. With ``collapse_depth=None`` a graph with
 more than ``max_nodes`` drawn nodes is collapsed automatically to the deepest depth that fits, and the graph
-label says so. A node with more than ``fan_in_limit`` consumers (a weight shared by 100 steps of a
+label says so. When no depth fits (a recurrence over one module, a graph without module paths),
+repeated structure is folded instead (:mod:`graphkit.drawing.folding`): one node per class of repeats,
+marked ``×N``. A node with more than ``fan_in_limit`` consumers (a weight shared by 100 steps of a
 recurrence) is drawn once, plus a small proxy copy next to each consumer: 100 long edges into one node send
 ``dot``'s crossing minimisation into minutes, 100 short ones do not.
 
@@ -30,7 +33,7 @@ The DOT source is deterministic: the same graph gives byte-identical output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import graphviz
@@ -166,6 +169,9 @@ def _module_attributes(plan: DiagramPlan, module: CollapsedModule, *, show_saved
     """
     ops = sum(1 for node in module.members if not plan.graph.nodes[node].get("param_names"))
     counts = f"{ops} op" + ("" if ops == 1 else "s")
+    if module.repeats:  # the ×N in the heading says how many; here what each one is
+        shapes = plan.graph.nodes[module.members[0]].get("shapes") or []
+        counts = " ".join(format_shape(shape) for shape in shapes[:2]) or "folded"
     if module.parameters:
         counts += f", {module.parameters} parameter" + ("" if module.parameters == 1 else "s")
     if show_saved and module.saved_bytes:
@@ -184,13 +190,22 @@ def _module_attributes(plan: DiagramPlan, module: CollapsedModule, *, show_saved
     for start in range(1 + _CHIPS_PER_ROW, len(cells), _CHIPS_PER_ROW):
         rows.append("<tr><td></td>" + "".join(cells[start : start + _CHIPS_PER_ROW]) + "</tr>")
     columns = min(len(cells), 1 + _CHIPS_PER_ROW)
+    heading = f'<tr><td colspan="{columns}" align="left"><b>{escape(module.path)}</b></td></tr>'
+    if module.repeats:  # a fold of repeated structure: the op, how many, and the module
+        heading = f'<tr><td colspan="{columns}" align="left"><b>{escape(module.op)} \u00d7{module.repeats}</b></td></tr>'
+        if module.path and module.path != module.op:
+            heading += (
+                f'<tr><td colspan="{columns}" align="left"><font point-size="9" color="{SECONDARY_TEXT}">'
+                f"{escape(module.path)}</font></td></tr>"
+            )
     label = (
         '<<table border="0" cellborder="0" cellspacing="2" cellpadding="1">'
-        f'<tr><td colspan="{columns}" align="left"><b>{escape(module.path)}</b></td></tr>'
+        + heading
         + "".join(rows)
         + "</table>>"
     )
-    classes = ["graphkit-module", *(f"graphkit-group-{index}" for index in module.groups)]
+    kind = "graphkit-fold" if module.repeats else "graphkit-module"
+    classes = [kind, *(f"graphkit-group-{index}" for index in module.groups)]
     attributes = {
         "label": label,
         "shape": "box3d",
@@ -238,6 +253,10 @@ def draw(
     title: str | None = None,
     highlight_group: int | None = None,
     fan_in_limit: int = 8,
+    fold: bool | None = None,
+    legend: bool | str = "auto",
+    notes: Sequence[str] = (),
+    expand: Collection[str] = (),
 ) -> graphviz.Digraph:
     """Draw ``graph`` with its parameter groups as a ``graphviz.Digraph`` (Jupyter displays it inline).
 
@@ -258,6 +277,15 @@ def draw(
             ``graphkit-highlight`` / ``graphkit-faded`` on the clusters).
         fan_in_limit: a node with more consumers than this is drawn once plus one small proxy per
             consumer, instead of one long edge per consumer.
+        fold: draw repeated structure (a loop over one module, a stack of identical blocks) once per
+            class of repeats, with a count (:mod:`graphkit.drawing.folding`, torchview's ``roll`` idea).
+            None folds when the graph has more than ``max_nodes`` nodes and no collapse depth brings it
+            within them; False never folds.
+        legend: True draws the legend of groups and the key of shapes; False draws none (the title and
+            notes stay); ``"auto"`` draws the group rows for at most 24 groups (the key always).
+        notes: more lines of text under the title (after the notes on collapsing and folding).
+        expand: module paths drawn open one level although ``collapse_depth`` collapses them (the
+            explorer's click on a collapsed module).
 
     Returns:
         The diagram; ``.source`` is its DOT text (deterministic), ``.pipe("svg")`` renders it.
@@ -269,7 +297,8 @@ def draw(
     if fan_in_limit < 1:
         raise ValueError(f"fan_in_limit must be >= 1, got {fan_in_limit}")
     resolved = resolve_groups(graph, groups)
-    plan = plan_diagram(graph, resolved, collapse_depth, max_nodes, highlight_group)
+    plan = plan_diagram(graph, resolved, collapse_depth, max_nodes, highlight_group, fold, expand)
+    plan.notes.extend(notes)
     options = {"show_saved": show_saved, "show_module": show_module, "show_shapes": show_shapes}
 
     digraph = graphviz.Digraph("autograd")
@@ -433,7 +462,7 @@ def draw(
             digraph.edge(tail, head, **attributes)
 
     # Last, so that no subgraph above inherits it.
-    label = graph_label(plan, title, proxies=bool(proxied))
+    label = graph_label(plan, title, proxies=bool(proxied), legend=legend)
     if label is not None:
         digraph.attr("graph", label=label)
     return digraph

@@ -2,21 +2,30 @@
 
 :func:`explore` shows the diagram of :func:`graphkit.drawing.diagram.draw` with controls around it:
 
-- **group picker**: paints one parameter group in colour and fades the others (``highlight_group``), and
-  lists the group's parameters, intermediates and flags;
-- **node picker**: outlines the node in the diagram and shows what it is - op, autograd class, shapes and
-  dtypes, saved tensors and their bytes, module path, parameter names - and which group it belongs to and
-  why (parameter leaf, weight-only node, intermediate, input path);
+- **the diagram** zooms (mouse wheel, or the +/- buttons) and pans (drag) - svg-pan-zoom, vendored in
+  ``graphkit/drawing/templates``, nothing fetched at run time. Clicking a node selects it; clicking a
+  collapsed module opens it one level; clicking a group's box selects the group;
+- **group picker**: paints one parameter group in colour and fades the others (``highlight_group``),
+  brings it into view, and lists the group's parameters, intermediates and flags;
+- **node search**: a text box that suggests matching nodes as you type (op, parameter name, module path
+  or id); the picked node is outlined, brought into view and described - op, autograd class, shapes and
+  dtypes, saved tensors and their bytes, module path, parameter names - with its group and why (parameter
+  leaf, weight-only node, intermediate, input path);
 - **collapse depth** slider: draw every module at that depth of the module tree as one node (0: no
-  collapsing);
+  collapsing); **fold repeats**: draw repeated structure (a loop over one module, identical blocks) once,
+  with a count;
 - **label toggles**: shapes, saved bytes and module paths on the node labels;
+- **legend**, folded until clicked, beside the diagram;
 - **verify** button: runs :func:`graphkit.verify_split` (split B then W against a full backward) and shows
   its table of gradient errors and FLOPs per phase. It needs the module and its inputs, so it is enabled
-  when ``explore`` was given a model spec, a ``(module, inputs)`` pair, or ``module=`` and ``inputs=``.
+  when ``explore`` was given a model spec, a ``(module, inputs)`` pair, or ``module=`` and ``inputs=``
+  (and not on the meta device, which has no values to compare).
 
-Only plain ipywidgets are used (no custom JavaScript), so the app works in JupyterLab, classic Notebook
-(7 and later), VS Code and voila. The pieces that are not widgets - :func:`~graphkit.analysis.node_roles.node_role`
-and the HTML panels of :mod:`graphkit.drawing.panels` - are plain functions and work without ipywidgets.
+Only plain ipywidgets are used; the diagram's zoom and clicks are a small script that travels with the
+diagram's HTML (see :func:`graphkit.drawing.panels.diagram_html`), so the app works in JupyterLab and
+Notebook 7; where a front end does not run it, the pickers still do everything. The pieces that are not
+widgets - :func:`~graphkit.analysis.node_roles.node_role` and the HTML panels of
+:mod:`graphkit.drawing.panels` - are plain functions and work without ipywidgets.
 
 ipywidgets is an optional dependency: ``pip install 'graphkit[notebook]'``.
 """
@@ -36,9 +45,11 @@ from graphkit.analysis.closures import input_closure
 from graphkit.analysis.node_roles import node_role
 from graphkit.analysis.parameter_groups import ParamGroup, param_groups
 from graphkit.drawing import panels
-from graphkit.drawing.collapsing import choose_collapse_depth, collapse_key, drawn_node_count
+from graphkit.drawing.collapsing import choose_collapse_depth, drawn_node_count
+from graphkit.drawing.folding import folded_node_count
+from graphkit.drawing.plan import plan_diagram
 from graphkit.drawing.rendering import render
-from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
+from graphkit.graph.autograd_graph import AutogradGraph
 
 __all__ = ["Explorer", "explore"]
 
@@ -121,8 +132,12 @@ class Explorer:
         groups: its parameter groups.
         module, inputs: what the verify button runs (None when not given).
         app: the top-level ``ipywidgets.VBox``.
-        group_picker, node_picker: ``Dropdown`` widgets (values: group index / node id, or None).
-        collapse_slider: ``IntSlider`` (0: no collapsing).
+        group_picker: ``Dropdown`` (values: group index, or None for every group).
+        node_search: ``Combobox`` of node labels (filters as one types); :attr:`selected_node` is the id.
+        click_target: a hidden ``Text`` the diagram's script writes clicks into (``node:ID``, ``group:N``).
+        collapse_slider: ``IntSlider`` (0: no collapsing); fold_toggle: ``Checkbox`` (fold repeats).
+        expanded: module paths opened by a click although the slider collapses them.
+        legend_panel: the folded legend.
         shapes_toggle, saved_toggle, module_toggle: ``Checkbox`` widgets for the label lines.
         verify_button: ``Button``; disabled without a module and inputs.
         diagram: ``HTML`` holding the SVG.
@@ -161,6 +176,7 @@ class Explorer:
         self.report: Any = None
         self._closure = input_closure(graph)
         self._svg_cache: dict[tuple[Any, ...], str] = {}
+        self._plan_cache: dict[tuple[Any, ...], Any] = {}
         self._current_svg = ""
         self.render_timeout_s = render_timeout_s
 
@@ -183,11 +199,22 @@ class Explorer:
         )
         self.group_picker.add_class("graphkit-group-picker")
 
-        node_options: list[tuple[str, str | None]] = [("(pick a node)", None)]
-        for node in graph.nodes:
-            node_options.append((self._node_label(node), node))
-        self.node_picker = widgets.Dropdown(options=node_options, value=None, description="node", layout=wide)
-        self.node_picker.add_class("graphkit-node-picker")
+        self.group_picker.index = 0  # "all groups" shown, not a blank box
+        self._label_of = {node: self._node_label(node) for node in graph.nodes}
+        self._node_of = {label: node for node, label in self._label_of.items()}
+        self.selected_node: str | None = None
+        self.node_search = widgets.Combobox(
+            options=list(self._label_of.values()),
+            placeholder="search nodes: op, parameter, module or id",
+            ensure_option=True,
+            description="node",
+            layout=wide,
+        )
+        self.node_search.add_class("graphkit-node-search")
+        self.click_target = widgets.Text(layout=widgets.Layout(display="none"))
+        self.click_target.add_class("graphkit-click-target")
+        self.expanded: set[str] = set()
+        self._focus: str | None = None
 
         self.collapse_slider = widgets.IntSlider(
             value=initial_depth,
@@ -201,12 +228,22 @@ class Explorer:
             layout=widgets.Layout(width="260px"),
         )
         self.collapse_slider.add_class("graphkit-collapse-slider")
+        fold = bool(
+            max_nodes
+            and drawn_node_count(graph, collapse_depth) > max_nodes
+            and folded_node_count(graph) < drawn_node_count(graph, collapse_depth)
+        )
+        self.fold_toggle = widgets.Checkbox(
+            value=fold, description="fold repeats", indent=False, layout=widgets.Layout(width="auto")
+        )
+        self.fold_toggle.add_class("graphkit-fold-toggle")
         self.shapes_toggle = widgets.Checkbox(value=show_shapes, description="shapes", indent=False)
         self.saved_toggle = widgets.Checkbox(value=show_saved, description="saved bytes", indent=False)
         self.module_toggle = widgets.Checkbox(value=show_module, description="module paths", indent=False)
         for toggle in (self.shapes_toggle, self.saved_toggle, self.module_toggle):
             toggle.layout = widgets.Layout(width="auto", margin="0 12px 0 0")
-        can_verify = module is not None and inputs is not None
+        on_meta = module is not None and any(parameter.is_meta for parameter in module.parameters())
+        can_verify = module is not None and inputs is not None and not on_meta
         self.verify_button = widgets.Button(
             description="verify split",
             icon="check",
@@ -215,6 +252,8 @@ class Explorer:
             tooltip=(
                 "run B then W and a full backward, and compare every gradient"
                 if can_verify
+                else "the module is on the meta device: shapes only, no values to compare"
+                if on_meta
                 else "needs the module and its inputs: explore('zoo:NAME'), explore((module, inputs)) or "
                 "explore(graph, module=..., inputs=...)"
             ),
@@ -225,11 +264,7 @@ class Explorer:
 
         self.diagram = widgets.HTML(
             layout=widgets.Layout(
-                flex="3 1 480px",
-                overflow="auto",
-                max_height="720px",
-                border="1px solid #DDDDDD",
-                padding="4px",
+                flex="3 1 480px", overflow="hidden", border="1px solid #DDDDDD", padding="4px"
             )
         )
         self.diagram.add_class("graphkit-diagram")
@@ -239,13 +274,16 @@ class Explorer:
         self.node_panel.add_class("graphkit-node-panel")
         self.verify_panel = widgets.HTML()
         self.verify_panel.add_class("graphkit-verify-panel")
+        self.legend_panel = widgets.HTML(panels.legend_html(self.groups))
+        self.legend_panel.add_class("graphkit-legend-panel")
         side = widgets.VBox(
-            [self.info_panel, self.node_panel, self.verify_panel],
+            [self.legend_panel, self.info_panel, self.node_panel, self.verify_panel],
             layout=widgets.Layout(flex="2 1 300px", overflow="auto", max_height="720px", padding="0 0 0 8px"),
         )
         controls = widgets.HBox(
             [
                 self.collapse_slider,
+                self.fold_toggle,
                 self.shapes_toggle,
                 self.saved_toggle,
                 self.module_toggle,
@@ -255,21 +293,26 @@ class Explorer:
             layout=widgets.Layout(flex_flow="row wrap", align_items="center"),
         )
         pickers = widgets.HBox(
-            [self.group_picker, self.node_picker], layout=widgets.Layout(flex_flow="row wrap")
+            [self.group_picker, self.node_search], layout=widgets.Layout(flex_flow="row wrap")
         )
         body = widgets.HBox([self.diagram, side], layout=widgets.Layout(flex_flow="row wrap", width="100%"))
-        self.app = widgets.VBox([pickers, controls, body])
+        self.app = widgets.VBox([pickers, controls, body, self.click_target])
         self.app.add_class("graphkit-explorer")
 
         self.group_picker.observe(self._on_group, names="value")
-        self.node_picker.observe(self._on_node, names="value")
-        for control in (self.collapse_slider, self.shapes_toggle, self.saved_toggle, self.module_toggle):
+        self.node_search.observe(self._on_search, names="value")
+        self.click_target.observe(self._on_click, names="value")
+        for control in (self.shapes_toggle, self.saved_toggle, self.module_toggle, self.fold_toggle):
             control.observe(self._on_redraw, names="value")
+        self.collapse_slider.observe(self._on_collapse, names="value")
         self.verify_button.on_click(lambda _button: self.verify())
 
         self.info_panel.value = panels.overview_html(graph, self.groups, self.unused_params)
         self.node_panel.value = ""
         self._redraw()
+        outputs = graph.outputs
+        if outputs:  # start on the stage output: where the backward begins
+            self.select_node(outputs[0].node)
 
     # --- public -------------------------------------------------------------------------------------
     def draw_options(self) -> dict[str, Any]:
@@ -278,6 +321,9 @@ class Explorer:
             "rankdir": self.rankdir,
             "collapse_depth": self.collapse_slider.value or None,
             "max_nodes": None,
+            "fold": self.fold_toggle.value,
+            "legend": False,
+            "expand": tuple(sorted(self.expanded)),
             "show_saved": self.saved_toggle.value,
             "show_module": self.module_toggle.value,
             "show_shapes": self.shapes_toggle.value,
@@ -290,8 +336,49 @@ class Explorer:
         self.group_picker.value = index
 
     def select_node(self, node: str | None) -> None:
-        """Show node ``node`` in the detail panel and outline it in the diagram, as the node picker does."""
-        self.node_picker.value = node
+        """Show node ``node`` in the detail panel, outline it and bring it into view, as the node search does.
+
+        Raises:
+            KeyError: ``node`` is not a node of the graph.
+        """
+        if node is not None and node not in self._label_of:
+            raise KeyError(f"{node!r} is not a node of this graph (ids look like 'n12')")
+        self.selected_node = node
+        label = self._label_of[node] if node is not None else ""
+        if self.node_search.value != label:
+            self.node_search.value = label  # _on_search sees the same node and does nothing more
+        self.node_panel.value = (
+            "" if node is None else panels.node_html(self.graph, self.groups, node, self._closure)
+        )
+        self._focus = "g.node.graphkit-selected" if node is not None else None
+        self._redraw()
+
+    def expand(self, module_path: str) -> None:
+        """Open the collapsed module ``module_path`` one level (its submodules collapse instead), as a click does."""
+        self.expanded.add(module_path)
+        self._focus = None
+        self._redraw()
+
+    def click(self, drawn_id: str) -> None:
+        """What clicking the drawn node ``drawn_id`` does: select a node, open a module, select a group.
+
+        A collapsed module (``module.blocks.0``) opens one level; a fold of repeats (``fold.3``) selects
+        the first node it stands for; a copy of a shared node (``n5.use2``) selects the node; a stage
+        output marker (``output.0``) selects the node that produces the output.
+        """
+        plan = self._plan()
+        if drawn_id.startswith("output."):
+            position = int(drawn_id.removeprefix("output."))
+            self.select_node(self.graph.outputs[position].node)
+            return
+        base = re.sub(r"\.use\d+$", "", drawn_id)
+        module = plan.modules.get(base)
+        if module is not None and not module.repeats:
+            self.expand(module.path)
+        elif module is not None:
+            self.select_node(module.members[0])
+        elif base in self._label_of:
+            self.select_node(base)
 
     def verify(self) -> Any:
         """Run :func:`graphkit.verify_split` on the module and inputs and show its table.
@@ -339,15 +426,27 @@ class Explorer:
         index = change["new"]
         if index is None:
             self.info_panel.value = panels.overview_html(self.graph, self.groups, self.unused_params)
+            self._focus = None
         else:
             self.info_panel.value = panels.group_html(self.graph, self.groups[index])
+            self._focus = f"#graphkit-group-{index}, .graphkit-group-{index}"
         self._redraw()
 
-    def _on_node(self, change: Mapping[str, Any]) -> None:
-        node = change["new"]
-        self.node_panel.value = (
-            "" if node is None else panels.node_html(self.graph, self.groups, node, self._closure)
-        )
+    def _on_search(self, change: Mapping[str, Any]) -> None:
+        node = self._node_of.get(change["new"])
+        if node is not None and node != self.selected_node:
+            self.select_node(node)
+
+    def _on_click(self, change: Mapping[str, Any]) -> None:
+        value = str(change["new"]).rpartition("@")[0] or str(change["new"])
+        kind, _, target = value.partition(":")
+        if kind == "node" and target:
+            self.click(target)
+        elif kind == "group" and target.isdigit() and int(target) < len(self.groups):
+            self.select_group(int(target))
+
+    def _on_collapse(self, _change: Mapping[str, Any]) -> None:
+        self.expanded.clear()  # a new depth: what was opened at the old one no longer applies
         self._redraw()
 
     def _on_redraw(self, _change: Mapping[str, Any]) -> None:
@@ -363,13 +462,27 @@ class Explorer:
         module = f" \u00b7 {data['module_path']}" if data.get("module_path") and not names else ""
         return f"{node} \u00b7 {what}{module} [{where}]"
 
-    def _drawn_id(self, node: str, depth: int | None) -> str:
-        data = self.graph.nodes[node]
-        if depth and str(data["kind"]) != NodeKind.STAGE_INPUT.value:
-            key = collapse_key(data.get("module_path"), depth)
-            if key is not None:
-                return f"module.{key}"
-        return node
+    def _plan(self) -> Any:
+        options = self.draw_options()
+        key = (options["collapse_depth"], options["highlight_group"], options["fold"], options["expand"])
+        plan = self._plan_cache.get(key)
+        if plan is None:
+            plan = self._plan_cache[key] = self._new_plan(options)
+        return plan
+
+    def _new_plan(self, options: dict[str, Any]) -> Any:
+        return plan_diagram(
+            self.graph,
+            self.groups,
+            options["collapse_depth"],
+            None,
+            options["highlight_group"],
+            options["fold"],
+            options["expand"],
+        )
+
+    def _drawn_id(self, node: str) -> str:
+        return self._plan().drawn[node]
 
     def _render_svg(self, options: dict[str, Any]) -> str:
         """Lay the diagram out with ``dot``, stopped after :attr:`render_timeout_s` seconds."""
@@ -396,12 +509,12 @@ class Explorer:
                 return
             svg = svg[svg.find("<svg") :]  # drop the XML prologue and DOCTYPE
             self._svg_cache[key] = svg
-        node = self.node_picker.value
+        node = self.selected_node
         if node is not None:
-            svg = _mark_selected(svg, {self._drawn_id(node, options["collapse_depth"])})
+            svg = _mark_selected(svg, {self._drawn_id(node)})
         self._current_svg = svg
-        self.diagram.value = panels.selection_style_html() + svg
-        drawn = drawn_node_count(self.graph, options["collapse_depth"])
+        self.diagram.value = panels.diagram_html(svg, focus=self._focus)
+        drawn = sum(1 for line in svg.split("\n") if line.startswith('<g id="node'))
         highlight = options["highlight_group"]
         self.status.value = panels.status_html(drawn, highlight)
 

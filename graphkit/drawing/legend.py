@@ -11,7 +11,7 @@ from graphkit.drawing.palette import ENDPOINT_FILL, MODULE_FILL, SECONDARY_TEXT,
 from graphkit.drawing.plan import DiagramPlan
 from graphkit.graph.autograd_graph import NodeKind
 
-__all__ = ["graph_label"]
+__all__ = ["AUTO_LEGEND_GROUPS", "graph_label"]
 
 
 _MAX_LEGEND_MODULES = 3
@@ -112,7 +112,12 @@ def _key_rows(plan: DiagramPlan, *, proxies: bool, pairs_per_row: int = 1) -> li
         )
     if plan.modules:
         key.append(
-            (f'<td bgcolor="{MODULE_FILL}" border="1">module</td>', "collapsed module; chips: groups inside")
+            (
+                f'<td bgcolor="{MODULE_FILL}" border="1">module</td>',
+                "folded repeats (\u00d7N: how many nodes); chips: groups inside"
+                if any(module.repeats for module in plan.modules.values())
+                else "collapsed module; chips: groups inside",
+            )
         )
     if proxies:
         key.append(
@@ -148,12 +153,25 @@ def _table(sections: list[tuple[str, list[str]]], columns: int = 2) -> str:
     return f'<table border="0" cellborder="1" cellspacing="0" cellpadding="3" color="#BBBBBB">{body}</table>'
 
 
-def graph_label(plan: DiagramPlan, title: str | None, *, proxies: bool) -> str | None:
+AUTO_LEGEND_GROUPS = _LEGEND_ROWS
+"""With ``legend="auto"``, the groups are listed up to this many; past it the legend is one line and the key."""
+
+
+def graph_label(
+    plan: DiagramPlan, title: str | None, *, proxies: bool, legend: bool | str = True
+) -> str | None:
     """The graph's HTML label, above the drawing: title, notes, and the legend.
 
     The legend lives in the graph label rather than in a node so that its height never stretches a rank
-    of the layout. Groups are listed in columns of at most ``_LEGEND_ROWS`` rows.
+    of the layout. Groups are listed in columns of at most ``_LEGEND_ROWS`` rows. ``legend``: True lists
+    the groups (the first 72) and the key; ``"auto"`` lists them only up to :data:`AUTO_LEGEND_GROUPS`
+    groups, else says how many there are (each cluster and chip carries its number); False: no legend.
+
+    Raises:
+        ValueError: ``legend`` is none of True, False, ``"auto"``.
     """
+    if legend not in (True, False, "auto"):
+        raise ValueError(f"legend must be True, False or 'auto', got {legend!r}")
     rows = []
     if title:
         rows.append(f'<tr><td align="left"><font point-size="14"><b>{escape(title)}</b></font></td></tr>')
@@ -162,7 +180,17 @@ def graph_label(plan: DiagramPlan, title: str | None, *, proxies: bool) -> str |
             f'<tr><td align="left"><font point-size="11" color="{SECONDARY_TEXT}">{escape(note)}</font></td></tr>'
         )
     key_header = "<b>key</b>"
-    if plan.groups:
+    if legend is False:
+        pass
+    elif legend == "auto" and len(plan.groups) > AUTO_LEGEND_GROUPS:
+        header = (
+            f'<b>{len(plan.groups)} parameter groups</b> <font point-size="9">(numbered in forward order on '
+            "each box and chip; graphkit groups SPEC lists them)</font>"
+        )
+        rows.append(
+            f'<tr><td align="left">{_table([(header, []), (key_header, _key_rows(plan, proxies=proxies))])}</td></tr>'
+        )
+    elif plan.groups:
         group_rows = _group_rows(plan)[:_MAX_LEGEND_GROUPS]
         header = f'<b>parameter groups</b> <font point-size="9">({len(plan.groups)})</font>'
         columns = -(-len(group_rows) // _LEGEND_ROWS)
@@ -190,7 +218,7 @@ def graph_label(plan: DiagramPlan, title: str | None, *, proxies: bool) -> str |
                     "graphkit.param_groups(graph) for all of them</font></td></tr>"
                 )
             rows.append(f'<tr><td align="left">{_table([(key_header, key)], 2 * columns)}</td></tr>')
-    elif plan.modules:
+    elif plan.modules and legend is not False:
         rows.append(
             f'<tr><td align="left">{_table([(key_header, _key_rows(plan, proxies=proxies))])}</td></tr>'
         )

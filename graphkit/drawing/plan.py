@@ -7,7 +7,8 @@ module stands for which nodes (a :class:`DiagramPlan`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,7 @@ from graphkit.drawing.collapsing import (
     collapsible_path,
     drawn_node_count,
 )
+from graphkit.drawing.folding import folded_node_count, repeat_keys
 from graphkit.drawing.palette import GroupStyle, group_style
 from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
 
@@ -33,6 +35,9 @@ __all__ = [
 ]
 
 
+_NUMBER = re.compile(r"\d+")
+
+
 # --- what each node is --------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class CollapsedModule:
@@ -45,6 +50,8 @@ class CollapsedModule:
     parameters: int = 0
     saved_bytes: int = 0
     weight_only_group: int | None = None  # the group, when every member is a weight-only node or leaf of it
+    repeats: int = 0  # a fold of repeated structure: how many nodes it stands for (0: a collapsed module)
+    op: str = ""  # a fold's op
 
 
 @dataclass(slots=True)
@@ -114,7 +121,15 @@ def plan_diagram(
     collapse_depth: int | None,
     max_nodes: int | None,
     highlight: int | None,
+    fold: bool | None = None,
+    expanded: Collection[str] = (),
 ) -> DiagramPlan:
+    """Decide what :func:`~graphkit.drawing.diagram.draw` shows (see its docstring for the options).
+
+    ``fold``: True draws repeated structure once per class of repeats (:mod:`graphkit.drawing.folding`);
+    None folds only when no collapse depth brings the graph within ``max_nodes``; False never folds.
+    ``expanded``: collapsed modules drawn open one level (see :func:`~graphkit.drawing.collapsing.collapse_key`).
+    """
     notes: list[str] = []
     if collapse_depth is not None and collapse_depth < 1:
         raise ValueError(
@@ -127,10 +142,30 @@ def plan_diagram(
         raise ValueError(
             f"highlight_group={highlight} is not a group index (the graph has {len(groups)} groups)"
         )
-    if collapse_depth is None and max_nodes is not None:
+    fold_keys: dict[str, str] | None = None
+    if fold:
+        fold_keys = repeat_keys(graph)
+        total = drawn_node_count(graph, None)
+        notes.append(
+            f"repeated structure folded: {total} nodes drawn as {folded_node_count(graph, fold_keys)}"
+        )
+        collapse_depth = None
+    elif collapse_depth is None and max_nodes is not None:
         depth, count = choose_collapse_depth(graph, max_nodes)
         total = drawn_node_count(graph, None)
-        if depth is not None:
+        keys = (
+            repeat_keys(graph)
+            if total > max_nodes and fold is None and (depth is None or count > max_nodes)
+            else None
+        )
+        folded = folded_node_count(graph, keys) if keys is not None else None
+        if folded is not None and folded < min(count, total):
+            fold_keys = keys
+            fits = "" if folded <= max_nodes else ", still over the budget: collapse by hand"
+            notes.append(
+                f"{total} nodes > max_nodes={max_nodes}: repeated structure folded ({folded} nodes drawn{fits})"
+            )
+        elif depth is not None:
             fits = (
                 "" if count <= max_nodes else ", still over the budget: raise max_nodes or collapse by hand"
             )
@@ -159,15 +194,42 @@ def plan_diagram(
 
     drawn: dict[str, str] = {}
     modules: dict[str, CollapsedModule] = {}
+    repeat_count: dict[str, int] = {}
+    for key in (fold_keys or {}).values():
+        repeat_count[key] = repeat_count.get(key, 0) + 1
+    fold_ids: dict[str, str] = {}
     for node in graph.nodes:
-        key = collapse_key(collapsible_path(graph, node), collapse_depth) if collapse_depth else None
-        if key is None:
-            drawn[node] = node
-            continue
-        drawn_id = f"module.{key}"
-        module = modules.get(drawn_id)
-        if module is None:
-            module = modules[drawn_id] = CollapsedModule(key, drawn_id)
+        if fold_keys is not None:
+            fold_key = fold_keys[node]
+            if repeat_count[fold_key] < 2:
+                drawn[node] = node
+                continue
+            drawn_id = fold_ids.setdefault(fold_key, f"fold.{len(fold_ids)}")
+            module = modules.get(drawn_id)
+            if module is None:
+                data = graph.nodes[node]
+                path = data.get("module_path") or ""
+                names = data.get("param_names") or []
+                module = modules[drawn_id] = CollapsedModule(
+                    names[0] if names else path,
+                    drawn_id,
+                    repeats=repeat_count[fold_key],
+                    op=names[0] if names else (data.get("op") or ""),
+                )
+            key = None
+        else:
+            key = (
+                collapse_key(collapsible_path(graph, node), collapse_depth, expanded)
+                if collapse_depth
+                else None
+            )
+            if key is None:
+                drawn[node] = node
+                continue
+            drawn_id = f"module.{key}"
+            module = modules.get(drawn_id)
+            if module is None:
+                module = modules[drawn_id] = CollapsedModule(key, drawn_id)
         module.members.append(node)
         drawn[node] = drawn_id
         data = graph.nodes[node]
@@ -177,6 +239,10 @@ def plan_diagram(
         module.saved_bytes += data.get("saved_bytes") or 0
     for module in modules.values():
         module.groups.sort()
+        if module.repeats and graph.nodes[module.members[0]].get("param_names"):
+            names = {graph.nodes[member]["param_names"][0] for member in module.members}
+            if len(names) > 1:  # the same parameter of repeated blocks: h.0.mlp.fc.weight, h.1.mlp...
+                module.path = module.op = _NUMBER.sub("*", module.path)
         if len(module.groups) == 1 and all(
             node in node_group and node not in intermediates for node in module.members
         ):

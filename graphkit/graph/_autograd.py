@@ -34,6 +34,7 @@ __all__ = [
     "GradientMetadata",
     "SavedTensorInfo",
     "any_custom_function",
+    "aten_operator_names",
     "forward_op_name",
     "gradient_edge",
     "gradient_metadata",
@@ -43,6 +44,7 @@ __all__ = [
     "run_engine_grad",
     "saved_tensors",
     "sequence_number",
+    "storage_key",
     "uses_saved_tensor_hooks",
 ]
 
@@ -94,22 +96,58 @@ def any_custom_function(nodes: Sequence[Node]) -> bool:
 
 
 _op_names_by_class: dict[type, str] = {}
+_aten_names_by_key: dict[str, str] | None = None
+
+
+def _squashed(name: str) -> str:
+    return name.replace("_", "").lower()
+
+
+def _aten_names() -> dict[str, str]:
+    """Every ATen operator name (leading underscores dropped), keyed by its lower-case letters and digits.
+
+    ``"maxpool2dwithindices" -> "max_pool2d_with_indices"``. PyTorch names a backward Node after its op in
+    ``tools/autograd/derivatives.yaml`` by dropping the underscores and capitalising each word
+    (``max_pool2d_with_indices`` -> ``MaxPool2DWithIndicesBackward0``), which cannot be undone by splitting
+    at capitals; the registered op names tell where the underscores were.
+    """
+    global _aten_names_by_key
+    if _aten_names_by_key is None:
+        names: dict[str, str] = {}
+        for qualified in sorted(torch._C._dispatch_get_all_op_names()):
+            namespace, _, name = qualified.partition("::")
+            if namespace != "aten":
+                continue
+            name = name.partition(".")[0].lstrip("_")
+            if name:
+                names.setdefault(_squashed(name), name)
+        _aten_names_by_key = names
+    return _aten_names_by_key
+
+
+def aten_operator_names() -> frozenset[str]:
+    """Every ATen operator name, leading underscores dropped (``"max_pool2d_with_indices"``, ``"fft_r2c"``)."""
+    return frozenset(_aten_names().values())
 
 
 def forward_op_name(node: Node) -> str:
-    """Short name of the forward op a Node differentiates: ``AddmmBackward0`` -> ``addmm``.
+    """Name of the forward op a Node differentiates, spelled as PyTorch's op: ``AddmmBackward0`` -> ``addmm``.
 
-    AccumulateGrad becomes ``accumulate_grad``; a custom Function keeps its class name (``MyFunction``).
+    ``MaxPool2DWithIndicesBackward0`` -> ``max_pool2d_with_indices``, ``FftR2CBackward0`` -> ``fft_r2c``
+    (the ATen name, leading underscores dropped). AccumulateGrad becomes ``accumulate_grad``; a custom
+    Function keeps its class name (``MyFunction``); a Node that no ATen op matches is split at its capitals.
     The name depends on the Node's class alone and is cached per class.
     """
     cls = type(node)
     name = _op_names_by_class.get(cls)
     if name is None:
         class_name = cls.__name__
+        stem = _BACKWARD_SUFFIX.sub("", class_name) or class_name
         if is_custom_function(node):
-            name = _BACKWARD_SUFFIX.sub("", class_name) or class_name
+            name = stem
         else:
-            name = _CAMEL_BOUNDARY.sub("_", _BACKWARD_SUFFIX.sub("", class_name)).lower()
+            split = _CAMEL_BOUNDARY.sub("_", stem).lower()
+            name = _aten_names().get(_squashed(stem), split)
         _op_names_by_class[cls] = name
     return name
 
@@ -256,6 +294,15 @@ def saved_tensors(node: Node) -> tuple[list[SavedTensorInfo], list[torch.Tensor]
             return None
         raise
     return infos, tensors
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """A number that tells storages apart: the data pointer; for a ``meta`` tensor (no data, pointer 0)
+    the address of its StorageImpl, which views share (private ``UntypedStorage._cdata``)."""
+    storage = tensor.untyped_storage()
+    if tensor.device.type == "meta":
+        return int(storage._cdata)
+    return storage.data_ptr()
 
 
 def run_engine_backward(

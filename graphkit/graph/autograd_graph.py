@@ -325,7 +325,10 @@ def capture(
         inputs: the stage inputs, in the same forms; those that require grad become ``stage_input``
             nodes and the walk stops at them (what produced a non-leaf input belongs to an earlier stage).
         module: the module whose ``named_parameters()`` name the parameter leaves; parameters that require
-            grad but have no path to an output are listed in ``graph.graph["unused_params"]``.
+            grad but have no path to an output are listed in ``graph.graph["unused_params"]``. Op nodes
+            get a ``module_path`` only where :func:`graphkit.trace` (which runs the forward itself)
+            stamped one: after the forward nothing tells which submodule made an op, so to collapse
+            diagrams by module, run the forward through :func:`graphkit.trace` instead.
         details: read saved tensors, shapes and dtypes (False gives only the structure, faster).
 
     Returns:
@@ -454,7 +457,7 @@ def _node_attributes(
         attributes["saved_reason"] = None
         for info, tensor in zip(infos, tensors, strict=True):
             if tensor.numel():
-                seen_storages[(tensor.untyped_storage().data_ptr(), tensor.storage_offset())] = info.bytes
+                seen_storages[(_autograd.storage_key(tensor), tensor.storage_offset())] = info.bytes
     return attributes
 
 

@@ -570,13 +570,17 @@ def _causal_mask(make_mask: Any, config: Any, hidden_states: Tensor, position_id
     """Call a ``transformers.masking_utils`` mask builder for a stage without a KV cache.
 
     transformers 5.17 names the cache argument ``past_key_values``; later releases name it ``cache``.
+    The positions of a stage are always ``0 .. seq-1`` (one unpadded sequence per row), so they are not
+    passed: with them, the builder looks for packed sequences by reading values (``.item()``), which
+    tensors on the ``meta`` device do not have.
     """
+    del position_ids  # 0 .. seq-1: the builder's default
     cache_argument = "cache" if "cache" in inspect.signature(make_mask).parameters else "past_key_values"
     return make_mask(
         config=config,
         inputs_embeds=hidden_states,
         attention_mask=None,
-        position_ids=position_ids,
+        position_ids=None,
         **{cache_argument: None},
     )
 

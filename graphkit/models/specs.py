@@ -34,7 +34,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["SpecError", "load_spec", "spec_inputs_as_call"]
+__all__ = ["SpecError", "load_spec", "load_spec_on", "meta_forward_error", "spec_inputs_as_call"]
 
 _FORMS = "zoo:NAME, path/to/file.py:function, package.module:function or hf:ARCH"
 
@@ -79,6 +79,71 @@ def load_spec(spec: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
             return _call_spec_function(spec, module, function_name)
     module = _import_module(spec, target)
     return _call_spec_function(spec, module, function_name)
+
+
+def load_spec_on(spec: str, device: str | None = None) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
+    """:func:`load_spec`, with the module and its input tensors on ``device`` (None: where the spec puts them).
+
+    ``device="meta"`` builds the model *on* the meta device (under ``with torch.device("meta")``): its
+    parameters and inputs have shapes and dtypes but no memory and no values, so a stage of any size
+    loads in seconds and the autograd graph, parameter groups, saved bytes and FLOPs follow from shapes
+    alone (torchview's ``device='meta'`` idea). Anything that needs values (verifying gradients) cannot
+    run there. Other devices build on the CPU, then move the module and every input tensor.
+
+    Raises:
+        SpecError: as :func:`load_spec`; the device name is unknown; the spec reads values while it is
+            built (``.item()``, data-dependent shapes), which the meta device cannot give.
+    """
+    import torch
+
+    if device is None:
+        return load_spec(spec)
+    try:
+        target = torch.device(device)
+    except RuntimeError as error:
+        raise SpecError(
+            f"device {device!r} is not a device name (cpu, cuda, cuda:1, meta): {error}"
+        ) from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError(f"device {device!r}: no CUDA device is available to this torch ({torch.__version__})")
+    if target.type == "meta":
+        try:
+            with torch.device("meta"):
+                return load_spec(spec)
+        except SpecError as error:
+            if "meta tensors" in str(error) or "meta" in str(error.__cause__ or ""):
+                raise SpecError(
+                    f"spec {spec!r} cannot be built on the meta device: it reads tensor values while it is "
+                    f"built ({error.__cause__ or error}); run it on cpu"
+                ) from error
+            raise
+    module, inputs = load_spec(spec)
+
+    def moved(value: Any) -> Any:  # depth bounded by the nesting of the spec's inputs
+        if isinstance(value, torch.Tensor):
+            return value.detach().to(target).requires_grad_(value.requires_grad)
+        if isinstance(value, Mapping):
+            return {key: moved(item) for key, item in value.items()}
+        if isinstance(value, tuple | list):
+            return type(value)(moved(item) for item in value)
+        return value
+
+    return module.to(target), moved(inputs)
+
+
+def meta_forward_error(spec: str, error: BaseException) -> SpecError | None:
+    """The clear error for a forward on the meta device that read tensor values, else None.
+
+    ``error`` is what the forward raised; PyTorch says "... cannot be called on meta tensors" (``.item()``,
+    data-dependent control flow: the whole Hugging Face models look for packed sequences that way).
+    """
+    if "meta tensor" not in str(error):
+        return None
+    return SpecError(
+        f"the forward of {spec!r} reads tensor values ({error}), which the meta device does not have: "
+        "--device meta works for models whose forward depends on shapes alone (hf:ARCH?stage=middle, "
+        "the zoo); run this one on cpu, with a smaller config if it is too large"
+    )
 
 
 def spec_inputs_as_call(

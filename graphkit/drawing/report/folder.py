@@ -15,7 +15,15 @@ from typing import Any
 
 import torch
 
-from graphkit.drawing.report.inspection import DEFAULT_SPEC, FILES, STEPS, Inspection, collect
+from graphkit.drawing.report.inspection import (
+    DEFAULT_SPEC,
+    FILES,
+    MAX_NODES,
+    META_VERIFY_NOTE,
+    STEPS,
+    Inspection,
+    collect,
+)
 from graphkit.drawing.report.page import report_html
 from graphkit.drawing.report.terminal import Progress, print_summary
 
@@ -27,8 +35,11 @@ def report_json(inspection: Inspection, files: Mapping[str, str | None] | None =
 
     Keys: ``spec``; ``summary`` (:meth:`Inspection.summary`); ``groups`` (one dict per group, as
     ``graphkit groups --json`` prints them); ``unused_params``; ``verify`` (exactly
-    :meth:`graphkit.split.verification.VerifyReport.to_dict`, as ``graphkit verify --json`` prints it); ``files`` (file
-    name of each kind, relative to the report folder; None for a file that was not written).
+    :meth:`graphkit.split.verification.VerifyReport.to_dict`, as ``graphkit verify --json`` prints it; None
+    on the meta device); ``flops`` (``counted`` by FlopCounterMode, ``total`` with the estimates from
+    shapes, ``partial``, ``estimated_from_shapes``, ``not_counted``: one dict per node whose backward the
+    counter misses, ``note``); ``files`` (file name of each kind, relative to the report folder; None for a
+    file that was not written).
     """
     groups = inspection.groups.to_dict()
     return {
@@ -36,7 +47,8 @@ def report_json(inspection: Inspection, files: Mapping[str, str | None] | None =
         "summary": inspection.summary(),
         "groups": groups["groups"],
         "unused_params": groups["unused_params"],
-        "verify": inspection.verify.to_dict(),
+        "verify": inspection.verify.to_dict() if inspection.verify is not None else None,
+        "flops": inspection.summary()["flops"],
         "files": dict(files) if files is not None else dict(FILES),
     }
 
@@ -71,6 +83,9 @@ def inspect(
     device: str | None = None,
     dtype: torch.dtype | None = None,
     collapse_depth: int | None = None,
+    max_nodes: int = MAX_NODES,
+    fold: bool | None = None,
+    timeout_s: float = 60.0,
 ) -> int:
     """Capture, group, verify, measure and draw the model ``spec`` names; write a report folder.
 
@@ -80,11 +95,14 @@ def inspect(
         output: the report folder (created; existing report files in it are replaced).
         device: where to run (``"cpu"``, ``"cuda"``, ...; default: where the model is).
         dtype: cast parameters and floating inputs (``torch.float32``, ``torch.float64``).
-        collapse_depth: draw modules at this depth of the module tree as one node each; None collapses only
-            graphs of more than :data:`MAX_NODES` nodes.
+        collapse_depth: draw modules at this depth of the module tree as one node each; None collapses (or
+            folds repeated structure) only graphs of more than ``max_nodes`` nodes.
+        max_nodes, fold, timeout_s: the diagram's node budget, folding and layout time budget (see
+            :func:`~graphkit.drawing.report.inspection.collect`).
 
     Returns:
-        The exit status: 0 when the split backward matches the full backward, 1 when a gradient differs
+        The exit status: 0 when the split backward matches the full backward (or, on the meta device,
+        when graph, groups and FLOPs were found: nothing is verified there), 1 when a gradient differs
         (the wrong ones are printed). A missing Graphviz is a warning, not a failure: the report is written
         without the diagram's SVG.
 
@@ -105,6 +123,9 @@ def inspect(
             device=device,
             dtype=dtype,
             collapse_depth=collapse_depth,
+            max_nodes=max_nodes,
+            fold=fold,
+            timeout_s=timeout_s,
             step=progress.step,
         )
         with progress.step(STEPS[5]):
@@ -112,12 +133,13 @@ def inspect(
             write_report(inspection, output)
             inspection.timings[STEPS[5]] = time.perf_counter() - start
     if inspection.diagram_note is not None:
-        print(
-            f"graphkit inspect: warning: no diagram in the report: {inspection.diagram_note}",
-            file=sys.stderr,
-        )
+        what = "the diagram is smaller" if inspection.svg is not None else "no diagram in the report"
+        print(f"graphkit inspect: warning: {what}: {inspection.diagram_note}", file=sys.stderr)
     print_summary(inspection, output, sys.stdout)
     verify = inspection.verify
+    if verify is None:
+        print(f"Split backward {META_VERIFY_NOTE}. Open {output / FILES['html']}")
+        return 0
     if verify.ok:
         print(f"OK: split backward (B then W) matches the full backward. Open {output / FILES['html']}")
         return 0

@@ -22,14 +22,15 @@ from typing import Any
 import torch
 
 from graphkit.analysis.parameter_groups import ParamGroups, param_groups
+from graphkit.analysis.uncounted_flops import FlopCoverage, flop_coverage
 from graphkit.graph.autograd_graph import AutogradGraph
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.graph.tracing import trace
-from graphkit.models.specs import load_spec, spec_inputs_as_call
+from graphkit.models.specs import load_spec, load_spec_on, meta_forward_error, spec_inputs_as_call
 from graphkit.models.zoo import DEFAULT_MODEL
 from graphkit.split.verification import VerifyReport, verify_split
 
-__all__ = ["DEFAULT_SPEC", "FILES", "MAX_NODES", "STEPS", "Inspection", "collect"]
+__all__ = ["DEFAULT_SPEC", "FILES", "MAX_NODES", "META_VERIFY_NOTE", "STEPS", "Inspection", "collect"]
 
 DEFAULT_SPEC = f"zoo:{DEFAULT_MODEL}"
 """The model :func:`inspect` looks at when no spec is given."""
@@ -48,7 +49,13 @@ MAX_NODES = 400
 
 STEPS = ("load model", "capture graph", "parameter groups", "verify split", "draw diagram", "write files")
 
-_DOT_TIMEOUT_S = 120.0
+META_VERIFY_NOTE = (
+    "not run: on the meta device tensors have shapes but no values, and verifying the split compares "
+    "gradient values. Run without --device meta (on cpu or cuda) to verify"
+)
+"""Why an inspection on the ``meta`` device has no verification."""
+
+_DOT_TIMEOUT_S = 60.0
 
 
 @dataclass(slots=True)
@@ -63,8 +70,11 @@ class Inspection:
             ``shape`` (list of ints), ``dtype`` (str), ``requires_grad`` (stage inputs require grad).
         graph: the captured graph (:func:`graphkit.trace`).
         groups: its parameter groups.
-        verify: the split-versus-full check, with FLOPs per phase.
-        device, dtype: where and in which dtype the check ran (``"cpu"``, ``"float32"``).
+        verify: the split-versus-full check, with FLOPs per phase; None on the ``meta`` device, which has
+            no values to compare (:data:`META_VERIFY_NOTE`).
+        device, dtype: where and in which dtype the check ran (``"cpu"``, ``"float32"``, ``"meta"``).
+        counted_flops: FlopCounterMode's backward FLOPs ``{"full", "b", "w"}`` (-1: not counted).
+        coverage: what those counts miss (:func:`graphkit.analysis.uncounted_flops.flop_coverage`).
         dot_source: DOT source of the diagram.
         svg: the laid-out diagram, or None when Graphviz is missing, too slow or failed.
         diagram_note: why ``svg`` is None (install instructions), else None.
@@ -77,9 +87,11 @@ class Inspection:
     inputs: list[dict[str, Any]]
     graph: AutogradGraph
     groups: ParamGroups
-    verify: VerifyReport
+    verify: VerifyReport | None
     device: str
     dtype: str
+    counted_flops: dict[str, int] = field(default_factory=lambda: {"full": -1, "b": -1, "w": -1})
+    coverage: FlopCoverage = field(default_factory=FlopCoverage)
     dot_source: str = ""
     svg: str | None = None
     diagram_note: str | None = None
@@ -87,6 +99,16 @@ class Inspection:
     timings: dict[str, float] = field(default_factory=dict)
 
     # --- derived facts ------------------------------------------------------------------------------
+    @property
+    def flops(self) -> dict[str, int]:
+        """Backward FLOPs ``{"full", "b", "w"}``: counted plus estimated from shapes (-1: not counted)."""
+        return self.coverage.totals(self.counted_flops)
+
+    @property
+    def verified(self) -> bool:
+        """True when the split was checked (not on the meta device)."""
+        return self.verify is not None
+
     def parameter_sizes(self) -> dict[str, int]:
         """Number of values of each parameter tensor, keyed by its node id (a tied parameter counts once)."""
         sizes: dict[str, int] = {}
@@ -129,9 +151,11 @@ class Inspection:
             "saved_bytes_total": graph_summary["saved_bytes_total"],
             "device": self.device,
             "dtype": self.dtype,
-            "ok": self.verify.ok,
-            "verdict": "OK" if self.verify.ok else "FAILED",
-            "wrong": [check.name for check in self.verify.failures],
+            "ok": self.verify.ok if self.verify is not None else None,
+            "verdict": ("OK" if self.verify.ok else "FAILED") if self.verify is not None else "NOT RUN",
+            "verify_note": None if self.verify is not None else META_VERIFY_NOTE,
+            "wrong": [check.name for check in self.verify.failures] if self.verify is not None else [],
+            "flops": {"counted": dict(self.counted_flops), "total": self.flops, **self.coverage.to_dict()},
             "diagram": {
                 "svg": self.svg is not None,
                 "collapse_depth": self.collapse_depth,
@@ -149,6 +173,8 @@ def _check_device(device: str | None) -> None:
         raise ValueError(
             f"--device {device!r} is not a device name (cpu, cuda, cuda:1, ...): {error}"
         ) from None
+    if parsed.type not in ("cpu", "cuda", "meta", "mps", "xpu"):
+        raise ValueError(f"--device {device}: graphkit inspect runs on cpu, cuda or meta, not {parsed.type}")
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(
             f"--device {device}: no CUDA device is available to this torch ({torch.__version__}); "
@@ -205,12 +231,45 @@ def _describe_inputs(
     return described
 
 
+def _meta_backward_flops(
+    outputs: Any, module: torch.nn.Module, stage_inputs: list[torch.Tensor]
+) -> dict[str, int]:
+    """Backward FLOPs on the meta device, counted by FlopCounterMode from shapes: ``{"full", "b", "w"}``.
+
+    A full backward (ones as cotangents, the graph kept), then the split's B and W phases
+    (:func:`graphkit.backward_input`, :func:`graphkit.backward_weight`) on the same graph; no value is
+    read, so nothing is verified. B and W are -1 when the split cannot run there.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from graphkit.split.backward import backward_input, backward_weight
+
+    roots = [tensor for _, tensor in flatten_tensors(outputs) if tensor.requires_grad]
+    leaves = [parameter for parameter in module.parameters() if parameter.requires_grad] + stage_inputs
+    cotangents = [torch.ones_like(root) for root in roots]
+    with FlopCounterMode(display=False) as full:
+        torch.autograd.grad(roots, leaves, cotangents, retain_graph=True, allow_unused=True)
+    counted = {"full": int(full.get_total_flops()), "b": -1, "w": -1}
+    try:
+        with FlopCounterMode(display=False) as input_phase:
+            state = backward_input(roots, cotangents, inputs=stage_inputs or None, params=module)
+        with FlopCounterMode(display=False) as weight_phase:
+            backward_weight(state)
+    except Exception:  # noqa: BLE001 - a split that cannot run on meta leaves B and W uncounted
+        return counted
+    counted.update(b=int(input_phase.get_total_flops()), w=int(weight_phase.get_total_flops()))
+    return counted
+
+
 def collect(
     spec: str | None = None,
     *,
     device: str | None = None,
     dtype: torch.dtype | None = None,
     collapse_depth: int | None = None,
+    max_nodes: int = MAX_NODES,
+    fold: bool | None = None,
+    timeout_s: float = _DOT_TIMEOUT_S,
     step: Callable[[str], Any] | None = None,
 ) -> Inspection:
     """Run every step of :func:`inspect` except writing the report.
@@ -218,17 +277,22 @@ def collect(
     Args:
         spec: a model spec (default :data:`DEFAULT_SPEC`).
         device: run the trace and the check there (``"cpu"``, ``"cuda"``, ...; default: where the model is).
+            ``"meta"`` builds the model on the meta device: graph, groups, saved bytes, FLOPs and the
+            diagram come from shapes alone (no memory used), and the split is not verified.
         dtype: cast the parameters and floating inputs (``torch.float32`` or ``torch.float64``).
         collapse_depth: draw modules at this depth of the module tree as one node each (>= 1); None
-            collapses only past :data:`MAX_NODES` nodes.
+            collapses (or folds repeated structure) only past ``max_nodes`` nodes.
+        max_nodes: node budget of the diagram (>= 1).
+        fold: fold repeated structure (see :func:`graphkit.drawing.diagram.draw`); None: when needed.
+        timeout_s: seconds Graphviz may lay out the diagram before a smaller one is drawn (then again).
         step: a context-manager factory called with each step name (progress reporting); None: silent.
 
     Returns:
         An :class:`Inspection`.
 
     Raises:
-        graphkit.models.specs.SpecError: the spec cannot be loaded.
-        ValueError: ``collapse_depth < 1``, or ``device`` is unknown or unavailable.
+        graphkit.models.specs.SpecError: the spec cannot be loaded (or not on the meta device).
+        ValueError: ``collapse_depth < 1``, ``max_nodes < 1``, or ``device`` is unknown or unavailable.
         graphkit.graph.tensors.GraphkitInputError: the model's outputs have no autograd graph.
     """
     from graphkit.drawing.collapsing import choose_collapse_depth
@@ -238,7 +302,10 @@ def collect(
     spec = spec or DEFAULT_SPEC
     if collapse_depth is not None and collapse_depth < 1:
         raise ValueError(f"--collapse must be a module depth >= 1, got {collapse_depth}")
+    if max_nodes < 1:
+        raise ValueError(f"--max-nodes must be >= 1, got {max_nodes}")
     _check_device(device)
+    on_meta = device is not None and torch.device(device).type == "meta"
     step = step or (lambda _name: contextmanager(lambda: (yield))())
     timings: dict[str, float] = {}
 
@@ -250,18 +317,38 @@ def collect(
         timings[name] = time.perf_counter() - start
 
     with timed(STEPS[0]):
-        module, inputs = load_spec(spec)
+        module, inputs = load_spec_on(spec, "meta") if on_meta else load_spec(spec)
     with timed(STEPS[1]):
         traced_module, traced_inputs = module, inputs
-        if device is not None or dtype is not None:
+        if not on_meta and (device is not None or dtype is not None):
             traced_module = copy.deepcopy(module).to(device=device, dtype=dtype)
             traced_inputs = _cast(inputs, device, dtype)
+        elif on_meta and dtype is not None:
+            traced_module = module.to(dtype=dtype)
+            traced_inputs = _cast(inputs, None, dtype)
         args, kwargs = spec_inputs_as_call(traced_inputs)
-        _, graph = trace(traced_module, *args, **kwargs)
+        try:
+            outputs, graph = trace(traced_module, *args, **kwargs)
+        except RuntimeError as error:
+            clear = meta_forward_error(spec, error) if on_meta else None
+            if clear is None:
+                raise
+            raise clear from error
     with timed(STEPS[2]):
         groups = param_groups(graph)
+        coverage = flop_coverage(graph)
     with timed(STEPS[3]):
-        report = verify_split(module, inputs, dtype=dtype, device=device)
+        if on_meta:
+            report = None
+            stage_inputs = [tensor for _, tensor in flatten_tensors((args, kwargs)) if tensor.requires_grad]
+            counted = _meta_backward_flops(outputs, traced_module, stage_inputs)
+            parameter = next(iter(traced_module.parameters()), None)
+            run_dtype = str(parameter.dtype if parameter is not None else torch.float32).removeprefix(
+                "torch."
+            )
+        else:
+            report = verify_split(module, inputs, dtype=dtype, device=device)
+            counted = dict(report.flops)
     inspection = Inspection(
         spec=spec,
         module_class=type(module).__name__,
@@ -269,22 +356,39 @@ def collect(
         graph=graph,
         groups=groups,
         verify=report,
-        device=report.device,
-        dtype=report.dtype,
+        device=report.device if report is not None else "meta",
+        dtype=report.dtype if report is not None else run_dtype,
+        counted_flops=counted,
+        coverage=coverage,
         timings=timings,
     )
     with timed(STEPS[4]):
-        inspection.collapse_depth = (
-            collapse_depth if collapse_depth is not None else choose_collapse_depth(graph, MAX_NODES)[0]
-        )
-        options = {"collapse_depth": collapse_depth, "max_nodes": MAX_NODES, "title": spec}
-        inspection.dot_source = draw(graph, list(groups), **options).source
+        if fold:
+            inspection.collapse_depth = None
+        elif collapse_depth is not None:
+            inspection.collapse_depth = collapse_depth
+        else:
+            inspection.collapse_depth = choose_collapse_depth(graph, max_nodes)[0]
+        options = {"collapse_depth": collapse_depth, "max_nodes": max_nodes, "fold": fold, "title": spec}
+        digraph = draw(graph, list(groups), **options)
+        inspection.dot_source = digraph.source
+        if "repeated structure folded" in digraph.source:
+            inspection.collapse_depth = None
+        notes: list[str] = []
         try:
             with tempfile.TemporaryDirectory(prefix="graphkit-") as scratch:
                 path = render(
-                    graph, Path(scratch) / FILES["svg"], list(groups), timeout_s=_DOT_TIMEOUT_S, **options
+                    graph,
+                    Path(scratch) / FILES["svg"],
+                    list(groups),
+                    timeout_s=timeout_s,
+                    progress=notes.append,
+                    **options,
                 )
                 inspection.svg = path.read_text(encoding="utf-8")
+            fallback = [note for note in notes if "did not lay out" in note]
+            if fallback:
+                inspection.diagram_note = fallback[-1]
         except (GraphvizNotFoundError, RenderTimeoutError) as error:
             inspection.diagram_note = str(error)
         except RuntimeError as error:  # dot itself failed: keep the rest of the report

@@ -17,7 +17,7 @@ import jinja2
 from graphkit.analysis.parameter_groups import FLAG_MEANINGS, GroupFlag
 from graphkit.drawing.palette import group_style
 from graphkit.drawing.report import formatting
-from graphkit.drawing.report.inspection import FILES, Inspection
+from graphkit.drawing.report.inspection import FILES, META_VERIFY_NOTE, Inspection
 from graphkit.drawing.templating import environment
 
 __all__ = ["report_html"]
@@ -96,7 +96,7 @@ def _flops_bars(flops: Mapping[str, int]) -> dict[str, Any] | None:
 def _extra_flops(inspection: Inspection) -> dict[str, Any] | None:
     """How much more B + W costs than the full backward, when noticeably more, and whether a custom
     Function is the likely reason."""
-    flops = inspection.verify.flops
+    flops = inspection.flops
     extra = flops["b"] + flops["w"] - flops["full"]
     if flops["full"] <= 0 or flops["b"] < 0 or extra <= 0.05 * flops["full"]:
         return None
@@ -165,10 +165,14 @@ def report_html(inspection: Inspection, files: Mapping[str, str | None] | None =
         has_stage_inputs=bool(inspection.graph.inputs),
         summary=inspection.summary(),
         verify=verify,
-        checks=[("input", check) for check in verify.inputs] + [("param", check) for check in verify.params],
-        flops=verify.flops,
-        flops_bars=_flops_bars(verify.flops),
+        verify_note=META_VERIFY_NOTE,
+        checks=[("input", check) for check in verify.inputs] + [("param", check) for check in verify.params]
+        if verify is not None
+        else [],
+        flops=inspection.flops,
+        flops_bars=_flops_bars(inspection.flops),
         extra_flops=_extra_flops(inspection),
+        coverage=inspection.coverage,
         unused_params=list(inspection.groups.unused_params),
         group_rows=_group_rows(inspection),
         flag_legend=[(flag, FLAG_MEANINGS.get(flag, "")) for flag in used_flags],

@@ -88,13 +88,57 @@ def _plain_input(item: Mapping[str, Any]) -> str:
     return f"{name} {item['dtype']} {shape_text(item['shape'])} {grad}"
 
 
+def _flops_row(inspection: Inspection) -> str:
+    flops = inspection.flops
+    share = (
+        (lambda value: f" ({100 * value / flops['full']:.0f}%)") if flops["full"] > 0 else (lambda value: "")
+    )
+    if flops["b"] >= 0:
+        text = (
+            f"full backward {flop_text(flops['full'])}, B {flop_text(flops['b'])}{share(flops['b'])}, "
+            f"W {flop_text(flops['w'])}{share(flops['w'])}"
+        )
+        if inspection.verify is None:
+            text += " (counted from shapes on the meta device)"
+    elif inspection.verify is None:
+        text = f"full backward {flop_text(flops['full'])} (from shapes on the meta device); B and W not run"
+    else:
+        text = f"full backward {flop_text(flops['full'])}; B and W not counted (activation checkpointing)"
+    note = inspection.coverage.note()
+    if note:
+        text += f"; {note}"
+        missing = [item for item in inspection.coverage.not_counted if item.estimated is None]
+        if missing:
+            listed = ", ".join(f"{item.node} {item.op}" for item in missing[:4])
+            more = f" (+{len(missing) - 4})" if len(missing) > 4 else ""
+            text += f"; not counted: {listed}{more}"
+    return text
+
+
+def _diagram_row(inspection: Inspection) -> str:
+    if inspection.svg is not None:
+        return "graph.svg" + (f" ({inspection.diagram_note})" if inspection.diagram_note else "")
+    note = inspection.diagram_note or ""
+    if "not installed" in note:
+        return "none (Graphviz missing): graph.dot only"
+    if "did not finish" in note:
+        return "none (the layout ran past its time budget): graph.dot only; try --fold or --collapse 1"
+    return "none (Graphviz failed): graph.dot only"
+
+
 def terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]]:
     summary = inspection.summary()
     verify = inspection.verify
-    flops = verify.flops
-    share = (lambda value: f" ({100 * value / flops['full']:.0f}%)") if flops["full"] else (lambda value: "")
-    checked = len(verify.inputs) + len(verify.params)
     tied = "; tied: " + "; ".join(" = ".join(names) for names in summary["tied_parameters"])
+    if verify is None:
+        verdict = f"NOT RUN ({inspection.device}): needs real values; run without --device meta to verify"
+    else:
+        checked = len(verify.inputs) + len(verify.params)
+        verdict = (
+            f"{'OK' if verify.ok else 'FAILED'}: {checked - len(verify.failures)} of {checked} gradients match "
+            f"({verify.dtype}, {verify.device}, rel tol {tolerance_text(verify.tolerance)})"
+        )
+    saved = summary["saved_bytes_total"]
     rows = [
         ("model", f"{inspection.spec} ({inspection.module_class})"),
         ("inputs", "; ".join(_plain_input(item) for item in inspection.inputs) or "none"),
@@ -105,19 +149,10 @@ def terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]]
             + (tied if summary["tied_parameters"] else ""),
         ),
         ("groups", str(summary["groups"])),
-        (
-            "FLOPs",
-            f"full backward {flop_text(flops['full'])}, B {flop_text(flops['b'])}{share(flops['b'])}, "
-            f"W {flop_text(flops['w'])}{share(flops['w'])}"
-            if flops["b"] >= 0
-            else f"full backward {flop_text(flops['full'])}; B and W not counted (activation checkpointing)",
-        ),
-        (
-            "verify",
-            f"{'OK' if verify.ok else 'FAILED'}: {checked - len(verify.failures)} of {checked} gradients match "
-            f"({verify.dtype}, {verify.device}, rel tol {tolerance_text(verify.tolerance)})",
-        ),
-        ("diagram", "graph.svg" if inspection.svg is not None else "none (Graphviz missing): graph.dot only"),
+        ("saved", f"{saved:,} bytes of saved tensors" if saved is not None else "unknown"),
+        ("FLOPs", _flops_row(inspection)),
+        ("verify", verdict),
+        ("diagram", _diagram_row(inspection)),
         ("report", str(output / FILES["html"])),
     ]
     if inspection.groups.unused_params:
