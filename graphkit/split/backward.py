@@ -49,7 +49,7 @@ from __future__ import annotations
 import enum
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -60,11 +60,14 @@ from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import _Walk, _walk
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.split.checkpointing import CheckpointedRegions, Recompute, recompute_policy, regions_of
+from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
     "GraphFreedError",
     "Phase",
+    "Recompute",
     "SplitError",
     "SplitState",
     "backward_full",
@@ -172,6 +175,10 @@ class SplitState:
     _keep_alive: tuple[torch.Tensor, ...] = field(default=(), repr=False)
     _used: bool = False
     _failure: str | None = field(default=None, repr=False)  # why W failed, when it did
+    # the non-reentrant checkpointed regions W reads, with one GraphExecGroup per phase (checkpointing.py)
+    _checkpoints: CheckpointedRegions | None = field(default=None, repr=False)
+    # reentrant checkpoints and compiled regions W still runs (run_once.py)
+    _run_once: RunOnceNodes | None = field(default=None, repr=False)
 
     @property
     def used(self) -> bool:
@@ -208,6 +215,10 @@ class SplitState:
         self._output_roots = []
         self._weight_tensors = []
         self._keep_alive = ()
+        if self._checkpoints is not None:
+            self._checkpoints.release()
+            self._checkpoints = None
+        self._run_once = None
 
 
 # --- argument handling ------------------------------------------------------------------------------------
@@ -435,6 +446,8 @@ def backward_input(
     grad_outputs: Any = None,
     inputs: Any = None,
     params: Iterable[torch.Tensor] | torch.nn.Module | None = None,
+    *,
+    recompute: Recompute | str = Recompute.IN_W,
 ) -> SplitState:
     """B phase: compute the stage-input gradients and capture what the W phase needs.
 
@@ -445,15 +458,23 @@ def backward_input(
         inputs: the stage inputs (same forms); those that require grad get gradients.
         params: restrict the W phase to these parameters (a module or an iterable of tensors); by default
             every leaf that requires grad and is not a stage input, like a full backward.
+        recompute: when W gets the saved tensors of non-reentrant activation checkpoints
+            (:class:`~graphkit.split.checkpointing.Recompute`): ``"in-w"`` (default) recomputes them in W,
+            so between B and W a region holds only its checkpoint inputs; ``"keep-from-b"`` keeps B's
+            recomputation for W (one recomputation instead of two, more memory between B and W).
 
     Returns:
         A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
-        No ``.grad`` is touched.
+        No ``.grad`` is touched - except by a reentrant checkpoint (``use_reentrant=True``), whose nested
+        backward gives the parameters inside it their ``.grad`` in B (with a warning; see
+        :mod:`graphkit.split.run_once`).
 
     Raises:
         graphkit.graph.tensors.GraphkitInputError: outputs without a graph, mismatched ``grad_outputs``.
         GraphFreedError: the graph was already freed by an earlier backward.
+        ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
+    recompute = recompute_policy(recompute)
     pairs = _pair_outputs(outputs, grad_outputs)
     if not pairs:
         raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
@@ -499,11 +520,13 @@ def backward_input(
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
     handles = []
+    run_once = _run_once_nodes(plan, nodes)
+    checkpoints = _checkpointed_regions(plan, nodes, run_once, recompute)
     try:
         for index, _ in plan.intermediates:
             handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
         if stage_inputs and closure_outputs:
-            with _running(Phase.INPUT):
+            with _running(Phase.INPUT), _opaque_input_phase(run_once, checkpoints):
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
                     [grad for _, grad in closure_outputs],
@@ -517,6 +540,9 @@ def backward_input(
             handle.remove()
 
     work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
+    if run_once is not None:
+        _use_kept_gradients(plan, work, run_once)
+        run_once.warn_about_reentrant(stacklevel=2)
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     input_grads = tuple(
         _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
@@ -537,7 +563,75 @@ def backward_input(
             for item in work
         )
         else (),
+        _checkpoints=checkpoints,
+        # W runs what B did not (a stage without inputs that require grad runs them all in W)
+        _run_once=run_once if run_once is not None and not run_once.all_ran() else None,
     )
+
+
+# --- activation checkpointing, compiled regions (checkpointing.py, run_once.py) ---------------------------
+def _run_once_nodes(plan: _Plan, nodes: list[Node]) -> RunOnceNodes | None:
+    """The reentrant checkpoints and compiled regions of the walked graph, or None when it has none."""
+    found = [(index, node, kind) for index, node in enumerate(nodes) if (kind := run_once_kind(node))]
+    if not found:
+        return None
+    weight_input_nrs = {
+        index: input_nrs
+        for (index, _), input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True)
+    }
+    return RunOnceNodes(found, weight_input_nrs, partial(_phase_stack.append, Phase.FULL), _phase_stack.pop)
+
+
+def _checkpointed_regions(
+    plan: _Plan, nodes: list[Node], run_once: RunOnceNodes | None, recompute: Recompute
+) -> CheckpointedRegions | None:
+    """The non-reentrant checkpointed regions behind the Nodes W will unpack, or None.
+
+    Those Nodes are the intermediates (W calls the ones whose saved tensors are hooked) and the
+    weight-only Nodes (W's engine call runs them); a run-once Node is never called in W.
+    """
+    skip = {index for index, _, _ in run_once.nodes} if run_once is not None else set()
+    candidates = [nodes[index] for index, _ in plan.intermediates if index not in skip]
+    candidates += [nodes[index] for index, flag in enumerate(plan.weight_only) if flag]
+    hooked = [node for node in candidates if _autograd.uses_saved_tensor_hooks(node)]
+    return regions_of(hooked, recompute) if hooked else None
+
+
+def _opaque_input_phase(
+    run_once: RunOnceNodes | None, checkpoints: CheckpointedRegions | None
+) -> ExitStack | nullcontext[None]:
+    """What B's engine call runs under for run-once Nodes and checkpointed regions (if any)."""
+    if run_once is None and checkpoints is None:
+        return nullcontext()
+    stack = ExitStack()
+    if checkpoints is not None:
+        stack.enter_context(checkpoints.input_phase())
+    if run_once is not None:
+        stack.enter_context(run_once.engine_call())
+    return stack
+
+
+def _opaque_weight_phase(state: SplitState) -> ExitStack | nullcontext[None]:
+    """What the W phase runs under: one recomputation group, and the run-once Nodes B did not run."""
+    if state._checkpoints is None and state._run_once is None:
+        return nullcontext()
+    stack = ExitStack()
+    if state._checkpoints is not None:
+        stack.enter_context(state._checkpoints.weight_phase())
+    if state._run_once is not None:
+        stack.enter_context(state._run_once.engine_call())
+    return stack
+
+
+def _use_kept_gradients(plan: _Plan, work: list[_WeightWork | None], run_once: RunOnceNodes) -> None:
+    """W feeds in what a run-once intermediate returned in B instead of calling it again."""
+    for position, (index, _) in enumerate(plan.intermediates):
+        item = work[position]
+        if item is None or index not in run_once.kept:
+            continue
+        work[position] = _WeightWork(
+            (), item.edges, kept_gradient(run_once.kept[index]), None, (), item.sequence_nr
+        )
 
 
 def _weight_work(
@@ -678,7 +772,8 @@ def backward_weight(state: SplitState) -> None:
             "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
         )
     try:
-        _run_weight_phase(state)
+        with _opaque_weight_phase(state):
+            _run_weight_phase(state)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
         raise
