@@ -187,12 +187,12 @@ def test_a_callers_graph_exec_group_is_restored_and_does_not_change_the_counts()
     assert (result["b"], result["w"]) == (4, 4)
 
 
-def test_checkpoint_debug_mode_is_found_too():
-    # checkpoint(debug=True) wraps the unpack hook; its recomputation context can be entered only
-    # once (torch/utils/checkpoint.py), so such regions need the policy that recomputes once
+def test_checkpoint_debug_mode_is_found_and_recomputed_once():
+    # checkpoint(debug=True) wraps the unpack hook, and its recomputation context can be entered only
+    # once (torch/utils/checkpoint.py): B's recomputation is kept for W whatever the policy
     stage = _stage(debug=True)
     expected, *_ = _full_backward(stage)
-    result = _split(stage, Recompute.KEEP_FROM_B)
+    result = _split(stage, Recompute.IN_W)
     _assert_exact(expected, result["grads"])
     assert (result["b"], result["w"]) == (4, 0)
 

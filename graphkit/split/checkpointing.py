@@ -21,6 +21,9 @@ recomputes is a choice (:class:`Recompute`):
   cost of holding those saved tensors (about what these Nodes would save without checkpointing)
   between B and W.
 
+A region checkpointed with ``debug=True`` can be recomputed only once (its logging context is single
+use), so B's recomputation is kept for W there under either policy.
+
 Both policies drop what PyTorch's frames keep after a phase (tensors recomputed for Nodes the phase
 never ran), so nothing recomputed outlives the phase that needs it.
 
@@ -222,7 +225,10 @@ class CheckpointedRegions:
         return [tensor for frame in self.frames for tensor in frame_tensors(frame)]
 
     def _counted(self, frame: Any, recompute: Any, phase: str) -> Any:
-        keep = phase == "b" and self.policy is Recompute.KEEP_FROM_B
+        # checkpoint(debug=True) recomputes under a logging context that can be entered only once, so W
+        # could not recompute such a region: B's recomputation is kept for W whatever the policy
+        single_use = getattr(frame, "unpack_error_cb", None) is not None
+        keep = phase == "b" and (self.policy is Recompute.KEEP_FROM_B or single_use)
         stop = _checkpoint_module()._StopRecomputationError
 
         def recompute_region(*args: Any) -> None:

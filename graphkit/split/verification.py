@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import html
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -384,7 +385,9 @@ def verify_split(
         del graph
         input_counter = FlopCounter() if count_flops else contextlib.nullcontext()
         weight_counter = FlopCounter() if count_flops else contextlib.nullcontext()
-        with input_counter, _per_node(input_counter, watched) as b_nodes:
+        with input_counter, _per_node(input_counter, watched) as b_nodes, warnings.catch_warnings():
+            # the report names the parameters a reentrant checkpoint serves in B (grads_in_b)
+            warnings.filterwarnings("ignore", message=".*reentrant activation checkpoint")
             state = backward_input(outputs, cotangent_structure, prepared, recompute=recompute)
         grads_in_b[:] = [name for name, p in parameters if p.grad is not None]
         regions = state._checkpoints
