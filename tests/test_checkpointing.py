@@ -257,3 +257,21 @@ def test_pinned_private_details_of_torch_utils_checkpoint():
     ):
         assert hasattr(frame, attribute), attribute
     assert any(reference() is saved.data for reference in frame.weak_holders)
+
+
+@pytest.mark.parametrize("recompute", list(Recompute))
+def test_stage_compute_passes_the_recompute_policy_on(recompute):
+    from graphkit.split.stage_compute import StageCompute
+
+    stage = _stage()
+    expected, *_ = _full_backward(stage)
+    compute = StageCompute(stage, recompute=recompute)
+    x, grad = _inputs()
+    compute.forward(0, {"x": x.requires_grad_()})
+    RECOMPUTATIONS["count"] = 0
+    compute.backward_input(0, {"output": grad})
+    compute.backward_weight(0)
+    assert RECOMPUTATIONS["count"] == (8 if recompute is Recompute.IN_W else 4)
+    _assert_exact(expected, {name: p.grad for name, p in stage.named_parameters()})
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        StageCompute(stage, recompute="never")
