@@ -194,6 +194,10 @@ class ParamGroups(list):
             "opaque_nodes": [opaque.to_dict() for opaque in self.opaque_nodes.values()],
         }
 
+    def opaque_lines(self) -> list[str]:
+        """A heading, one line per opaque Node and one per kind saying what it costs (none without any)."""
+        return _opaque_lines(self.opaque_nodes)
+
     def _rows(self) -> list[tuple[str, str, str, str]]:
         return [
             (
@@ -215,7 +219,7 @@ class ParamGroups(list):
         lines.insert(1, "  ".join("-" * width for width in widths))
         if self.unused_params:
             lines.append(f"unused parameters: {', '.join(self.unused_params)}")
-        lines.extend(_opaque_lines(self.opaque_nodes))
+        lines.extend(self.opaque_lines())
         return "\n".join(line.rstrip() for line in lines)
 
     def _repr_html_(self) -> str:
@@ -229,8 +233,7 @@ class ParamGroups(list):
             else ""
         )
         opaque = "".join(
-            f"<li>{html.escape(line.removeprefix('  '))}</li>"
-            for line in _opaque_lines(self.opaque_nodes)[1:]
+            f"<li>{html.escape(line.removeprefix('  '))}</li>" for line in self.opaque_lines()[1:]
         )
         return (
             "<table class='graphkit-groups'><thead><tr><th>group</th><th>parameters</th>"
