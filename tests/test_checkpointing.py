@@ -16,42 +16,12 @@ from graphkit.split.benchmark import memory_kept
 from graphkit.split.checkpointing import Recompute
 from graphkit.split.flops import FlopCounter
 from graphkit.split.verification import verify_split
-
-RECOMPUTATIONS = {"count": 0}
-
-
-class Block(nn.Module):
-    """A pre-norm residual MLP block; its forward counts how often it runs."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.first = nn.Linear(width, 2 * width)
-        self.second = nn.Linear(2 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        RECOMPUTATIONS["count"] += 1
-        return x + self.second(torch.tanh(self.first(self.norm(x))))
-
-
-class Stage(nn.Module):
-    """Four blocks, each wrapped in ``checkpoint(..., use_reentrant=False)`` (or not at all)."""
-
-    def __init__(self, width: int = 8, checkpointed: bool = True, **checkpoint_options) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(width) for _ in range(4))
-        self.checkpointed = checkpointed
-        self.options = checkpoint_options
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=False, **self.options) if self.checkpointed else block(x)
-        return x
+from tests.opaque_models import FORWARDS, CheckpointedStage
 
 
 def _stage(**options):
     torch.manual_seed(0)
-    return Stage(**options).double()
+    return CheckpointedStage(**options).double()
 
 
 def _inputs():
@@ -67,11 +37,11 @@ def _full_backward(stage):
     x, grad = _inputs()
     x.requires_grad_()
     out = stage(x)
-    RECOMPUTATIONS["count"] = 0
+    FORWARDS["count"] = 0
     with FlopCounter() as counter:
         out.backward(grad)
     grads = {name: p.grad for name, p in stage.named_parameters()}
-    return grads, x.grad, RECOMPUTATIONS["count"], counter.get_total_flops()
+    return grads, x.grad, FORWARDS["count"], counter.get_total_flops()
 
 
 def _split(stage, recompute=Recompute.IN_W):
@@ -79,10 +49,10 @@ def _split(stage, recompute=Recompute.IN_W):
     x, grad = _inputs()
     x.requires_grad_()
     out = stage(x)
-    RECOMPUTATIONS["count"] = 0
+    FORWARDS["count"] = 0
     with FlopCounter() as b_counter:
         state = backward_input(out, grad, x, recompute=recompute)
-    b_recomputations = RECOMPUTATIONS["count"]
+    b_recomputations = FORWARDS["count"]
     del out
     retained, _ = memory_kept(state)
     with FlopCounter() as w_counter:
@@ -91,7 +61,7 @@ def _split(stage, recompute=Recompute.IN_W):
         "grads": {name: p.grad for name, p in stage.named_parameters()},
         "input_grad": state.input_grads[0],
         "b": b_recomputations,
-        "w": RECOMPUTATIONS["count"] - b_recomputations,
+        "w": FORWARDS["count"] - b_recomputations,
         "b_flops": b_counter.get_total_flops(),
         "w_flops": w_counter.get_total_flops(),
         "retained_bytes": retained,
@@ -268,10 +238,10 @@ def test_stage_compute_passes_the_recompute_policy_on(recompute):
     compute = StageCompute(stage, recompute=recompute)
     x, grad = _inputs()
     compute.forward(0, {"x": x.requires_grad_()})
-    RECOMPUTATIONS["count"] = 0
+    FORWARDS["count"] = 0
     compute.backward_input(0, {"output": grad})
     compute.backward_weight(0)
-    assert RECOMPUTATIONS["count"] == (8 if recompute is Recompute.IN_W else 4)
+    assert FORWARDS["count"] == (8 if recompute is Recompute.IN_W else 4)
     _assert_exact(expected, {name: p.grad for name, p in stage.named_parameters()})
     with pytest.raises(ValueError, match="recompute must be one of"):
         StageCompute(stage, recompute="never")

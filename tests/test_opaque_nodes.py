@@ -9,8 +9,7 @@ from graphkit.analysis.opaque_nodes import OpaqueKind, opaque_nodes
 from graphkit.analysis.parameter_groups import GroupFlag, param_groups
 from graphkit.graph.autograd_graph import capture
 from graphkit.split.verification import verify_split
-from tests.test_checkpointing import Stage as CheckpointedStage
-from tests.test_run_once import CompiledStage, ReentrantStage
+from tests.opaque_models import CheckpointedStage, CompiledStage, ReentrantStage
 
 
 class SolveStage(nn.Module):

@@ -13,36 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from graphkit.split.backward import Phase, backward_input, backward_weight, current_phase
 from graphkit.split.flops import FlopCounter
-
-CALLS = {"count": 0}
-
-
-class Block(nn.Module):
-    def __init__(self, width: int = 8) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(width)
-        self.first = nn.Linear(width, 2 * width)
-        self.second = nn.Linear(2 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        CALLS["count"] += 1
-        return x + self.second(torch.tanh(self.first(self.norm(x))))
-
-
-class ReentrantStage(nn.Module):
-    """A Linear, then four blocks under checkpoint(..., use_reentrant=True), then a Linear."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.before = nn.Linear(8, 8)
-        self.blocks = nn.ModuleList(Block() for _ in range(4))
-        self.after = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.before(x)
-        for block in self.blocks:
-            x = checkpoint(block, x, use_reentrant=True)
-        return self.after(x)
+from tests.opaque_models import FORWARDS, CompiledStage, ReentrantStage
 
 
 def _data(requires_grad: bool = True):
@@ -55,22 +26,22 @@ def _full(module, requires_grad: bool = True):
     module = copy.deepcopy(module)
     x, grad = _data(requires_grad)
     out = module(x)
-    CALLS["count"] = 0
+    FORWARDS["count"] = 0
     with FlopCounter() as counter:
         out.backward(grad)
     grads = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
-    return grads, x.grad, CALLS["count"], counter.get_total_flops()
+    return grads, x.grad, FORWARDS["count"], counter.get_total_flops()
 
 
 def _split(module, requires_grad: bool = True):
     x, grad = _data(requires_grad)
     out = module(x)
-    CALLS["count"] = 0
+    FORWARDS["count"] = 0
     with FlopCounter() as b_counter, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         state = backward_input(out, grad, x if requires_grad else None)
     after_b = {name: p.grad.clone() for name, p in module.named_parameters() if p.grad is not None}
-    b_calls = CALLS["count"]
+    b_calls = FORWARDS["count"]
     del out
     with FlopCounter() as w_counter:
         backward_weight(state)
@@ -80,7 +51,7 @@ def _split(module, requires_grad: bool = True):
         "input_grad": state.input_grads[0] if requires_grad else None,
         "warnings": [str(record.message) for record in caught],
         "b": b_calls,
-        "w": CALLS["count"] - b_calls,
+        "w": FORWARDS["count"] - b_calls,
         "flops": (b_counter.get_total_flops(), w_counter.get_total_flops()),
     }
 
@@ -189,20 +160,6 @@ def test_inside_a_reentrant_region_the_phase_is_full():
 
 
 # --- torch.compile'd submodules ---------------------------------------------------------------------------
-class CompiledStage(nn.Module):
-    """Linear, a compiled Linear-Tanh-Linear, Linear."""
-
-    def __init__(self, backend: str) -> None:
-        super().__init__()
-        self.before = nn.Linear(8, 8)
-        self.inner = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8))
-        self.compiled = torch.compile(self.inner, backend=backend)
-        self.after = nn.Linear(8, 8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.after(self.compiled(self.before(x)))
-
-
 def _compiled_node(out: torch.Tensor):
     stack, seen = [out.grad_fn], set()
     while stack:
