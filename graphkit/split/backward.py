@@ -49,7 +49,7 @@ from __future__ import annotations
 import enum
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -60,7 +60,13 @@ from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import _Walk, _walk
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
-from graphkit.split.checkpointing import CheckpointedRegions, Recompute, recompute_policy, regions_of
+from graphkit.split.checkpointing import (
+    CheckpointedRegions,
+    Recompute,
+    recompute_policy,
+    regions_of,
+    saves_tensors,
+)
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
@@ -520,8 +526,9 @@ def backward_input(
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
     handles = []
-    run_once = _run_once_nodes(plan, nodes)
-    checkpoints = _checkpointed_regions(plan, nodes, run_once, recompute)
+    run_once_positions, hook_candidates = _opaque_positions(plan, nodes)
+    run_once = _run_once_nodes(plan, nodes, run_once_positions)
+    checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
     try:
         for index, _ in plan.intermediates:
             handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
@@ -570,11 +577,32 @@ def backward_input(
 
 
 # --- activation checkpointing, compiled regions (checkpointing.py, run_once.py) ---------------------------
-def _run_once_nodes(plan: _Plan, nodes: list[Node]) -> RunOnceNodes | None:
+_OPAQUE_POSITIONS: dict[int, tuple[_Plan, tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _opaque_positions(plan: _Plan, nodes: list[Node]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """For ``plan``'s structure: the indices of run-once Nodes, and of the Nodes W may unpack hooked
+    saved tensors of (intermediates and weight-only Nodes of classes that save tensors). Cached per plan:
+    both depend on Node classes alone, and checkpointing adds no Node."""
+    cached = _OPAQUE_POSITIONS.get(id(plan))
+    if cached is not None and cached[0] is plan:
+        return cached[1], cached[2]
+    run_once = tuple(index for index, node in enumerate(nodes) if run_once_kind(node) is not None)
+    skip = set(run_once)
+    candidates = [index for index, _ in plan.intermediates if index not in skip]
+    candidates += [index for index, flag in enumerate(plan.weight_only) if flag]
+    saving = tuple(index for index in candidates if saves_tensors(nodes[index]))
+    if len(_OPAQUE_POSITIONS) >= _PLAN_CACHE_SIZE:
+        _OPAQUE_POSITIONS.pop(next(iter(_OPAQUE_POSITIONS)))
+    _OPAQUE_POSITIONS[id(plan)] = (plan, run_once, saving)
+    return run_once, saving
+
+
+def _run_once_nodes(plan: _Plan, nodes: list[Node], positions: tuple[int, ...]) -> RunOnceNodes | None:
     """The reentrant checkpoints and compiled regions of the walked graph, or None when it has none."""
-    found = [(index, node, kind) for index, node in enumerate(nodes) if (kind := run_once_kind(node))]
-    if not found:
+    if not positions:
         return None
+    found = [(index, nodes[index], run_once_kind(nodes[index])) for index in positions]
     weight_input_nrs = {
         index: input_nrs
         for (index, _), input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True)
@@ -583,44 +611,39 @@ def _run_once_nodes(plan: _Plan, nodes: list[Node]) -> RunOnceNodes | None:
 
 
 def _checkpointed_regions(
-    plan: _Plan, nodes: list[Node], run_once: RunOnceNodes | None, recompute: Recompute
+    nodes: list[Node], candidates: tuple[int, ...], recompute: Recompute
 ) -> CheckpointedRegions | None:
     """The non-reentrant checkpointed regions behind the Nodes W will unpack, or None.
 
-    Those Nodes are the intermediates (W calls the ones whose saved tensors are hooked) and the
-    weight-only Nodes (W's engine call runs them); a run-once Node is never called in W.
+    ``candidates`` (:func:`_opaque_positions`): the intermediates W may call and the weight-only Nodes
+    W's engine call runs, of classes that save tensors; a run-once Node is never called in W.
     """
-    skip = {index for index, _, _ in run_once.nodes} if run_once is not None else set()
-    candidates = [nodes[index] for index, _ in plan.intermediates if index not in skip]
-    candidates += [nodes[index] for index, flag in enumerate(plan.weight_only) if flag]
-    hooked = [node for node in candidates if _autograd.uses_saved_tensor_hooks(node)]
+    hooked = [nodes[index] for index in candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
     return regions_of(hooked, recompute) if hooked else None
 
 
+@contextmanager
 def _opaque_input_phase(
     run_once: RunOnceNodes | None, checkpoints: CheckpointedRegions | None
-) -> ExitStack | nullcontext[None]:
+) -> Iterator[None]:
     """What B's engine call runs under for run-once Nodes and checkpointed regions (if any)."""
-    if run_once is None and checkpoints is None:
-        return nullcontext()
-    stack = ExitStack()
-    if checkpoints is not None:
-        stack.enter_context(checkpoints.input_phase())
-    if run_once is not None:
-        stack.enter_context(run_once.engine_call())
-    return stack
+    with ExitStack() as stack:
+        if checkpoints is not None:
+            stack.enter_context(checkpoints.input_phase())
+        if run_once is not None:
+            stack.enter_context(run_once.engine_call())
+        yield
 
 
-def _opaque_weight_phase(state: SplitState) -> ExitStack | nullcontext[None]:
+@contextmanager
+def _opaque_weight_phase(state: SplitState) -> Iterator[None]:
     """What the W phase runs under: one recomputation group, and the run-once Nodes B did not run."""
-    if state._checkpoints is None and state._run_once is None:
-        return nullcontext()
-    stack = ExitStack()
-    if state._checkpoints is not None:
-        stack.enter_context(state._checkpoints.weight_phase())
-    if state._run_once is not None:
-        stack.enter_context(state._run_once.engine_call())
-    return stack
+    with ExitStack() as stack:
+        if state._checkpoints is not None:
+            stack.enter_context(state._checkpoints.weight_phase())
+        if state._run_once is not None:
+            stack.enter_context(state._run_once.engine_call())
+        yield
 
 
 def _use_kept_gradients(plan: _Plan, work: list[_WeightWork | None], run_once: RunOnceNodes) -> None:

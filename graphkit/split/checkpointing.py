@@ -53,6 +53,7 @@ __all__ = [
     "frame_tensors",
     "recompute_policy",
     "regions_of",
+    "saves_tensors",
 ]
 
 
@@ -98,14 +99,23 @@ def checkpoint_frame(saved: Any) -> Any | None:
 _raw_names_by_class: dict[type, tuple[str, ...]] = {}
 
 
-def _raw_saved(node: Node) -> list[Any]:
-    """Every ``SavedTensor`` ``node`` holds (its ``_raw_saved_<name>`` attributes, lists flattened)."""
+def _raw_names(node: Node) -> tuple[str, ...]:
     cls = type(node)
     names = _raw_names_by_class.get(cls)
     if names is None:
         names = _raw_names_by_class[cls] = tuple(name for name in dir(node) if name.startswith("_raw_saved_"))
+    return names
+
+
+def saves_tensors(node: Node) -> bool:
+    """Whether ``node``'s class has saved tensors at all (``_raw_saved_<name>`` attributes; cached)."""
+    return bool(_raw_names(node))
+
+
+def _raw_saved(node: Node) -> list[Any]:
+    """Every ``SavedTensor`` ``node`` holds (its ``_raw_saved_<name>`` attributes, lists flattened)."""
     found = []
-    for name in names:
+    for name in _raw_names(node):
         try:
             value = getattr(node, name)
         except RuntimeError:  # freed
