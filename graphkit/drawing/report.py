@@ -547,6 +547,20 @@ def _flops_note(inspection: Inspection) -> str:
         if custom
         else "Some ops compute more than the gradients their phase needs."
     )
+    repeating = sorted(
+        (cost for cost in inspection.verify.opaque if cost.repeated > 0), key=lambda cost: -cost.repeated
+    )
+    if repeating:  # verify_split measured where: name the Nodes, the costliest first
+        items = "".join(
+            f"<li><code>{_e(cost.node)} {_e(cost.op)}</code> [{_e(cost.kind)}] repeats "
+            f"{_flop(cost.repeated)}</li>"
+            for cost in repeating[:_LISTED_NAMES]
+        )
+        meanings = "".join(
+            f"<li><b>{_e(kind)}</b>: {_e(meaning)}</li>"
+            for kind, meaning in {cost.kind: cost.meaning for cost in repeating}.items()
+        )
+        reason = f"The work repeated, by Node:<ul>{items}</ul><ul>{meanings}</ul>"
     return (
         f'<div class="callout">B + W costs {_flop(extra)} ({100 * extra / flops["full"]:.0f}%) more than one '
         f"full backward. {reason}</div>"
