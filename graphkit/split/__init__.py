@@ -20,7 +20,6 @@ from __future__ import annotations
 from graphkit.split.backward import (
     GraphFreedError,
     Phase,
-    Recompute,
     SplitError,
     SplitState,
     backward_full,
@@ -28,6 +27,7 @@ from graphkit.split.backward import (
     backward_weight,
     current_phase,
 )
+from graphkit.split.checkpointing import Recompute
 from graphkit.split.stage_compute import StageCompute, StageError
 
 __all__ = [

@@ -73,7 +73,6 @@ from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 __all__ = [
     "GraphFreedError",
     "Phase",
-    "Recompute",
     "SplitError",
     "SplitState",
     "backward_full",
