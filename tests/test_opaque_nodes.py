@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from graphkit.analysis.opaque_nodes import OpaqueKind, opaque_nodes
+from graphkit.analysis.opaque import OpaqueKind, opaque_nodes
 from graphkit.analysis.parameter_groups import GroupFlag, param_groups
 from graphkit.graph.autograd_graph import capture
 from graphkit.split.verification import verify_split

@@ -3,7 +3,9 @@
 - :mod:`graphkit.analysis.closures`: reverse adjacency, the input and parameter closures, the weight-only
   subgraph and the intermediates where weight gradients leave the input path;
 - :mod:`graphkit.analysis.parameter_groups`: :func:`param_groups`, the parameters with the intermediates
-  that feed them.
+  that feed them;
+- :mod:`graphkit.analysis.opaque`: :func:`opaque_nodes`, the Nodes whose work the split cannot divide
+  between B and W.
 
 Analysis imports the graph layer only; the display hooks of :class:`ParamGroups` reach for drawing lazily.
 """
@@ -21,17 +23,22 @@ from graphkit.analysis.closures import (
     weight_only_nodes,
     weight_only_subgraph,
 )
+from graphkit.analysis.opaque import OPAQUE_MEANINGS, OpaqueKind, OpaqueNode, opaque_nodes
 from graphkit.analysis.parameter_groups import FLAG_MEANINGS, GroupFlag, ParamGroup, ParamGroups, param_groups
 
 __all__ = [
     "FLAG_MEANINGS",
+    "OPAQUE_MEANINGS",
     "GroupFlag",
     "Intermediate",
+    "OpaqueKind",
+    "OpaqueNode",
     "ParamGroup",
     "ParamGroups",
     "WeightSideEdge",
     "input_closure",
     "intermediates",
+    "opaque_nodes",
     "param_groups",
     "parameter_closure",
     "reverse_adjacency",

@@ -23,7 +23,7 @@ Flags a user can act on (:class:`GroupFlag`):
   :func:`graphkit.split.current_phase` in its backward to skip work.
 - ``opaque-node``: an intermediate whose work the split cannot divide between B and W (activation
   checkpointing, a compiled region, a custom Function, ``linalg.solve`` with a learned matrix; see
-  :mod:`graphkit.analysis.opaque_nodes`): ``ParamGroup.opaque_nodes`` names them, and
+  :mod:`graphkit.analysis.opaque`): ``ParamGroup.opaque_nodes`` names them, and
   ``ParamGroups.opaque_nodes`` lists every opaque Node of the graph, in a group or not (a reentrant
   checkpoint's parameters are in no group: its nested backward gives them ``.grad`` in B).
 """
@@ -45,7 +45,7 @@ from graphkit.analysis.closures import (
     intermediates,
     weight_only_nodes,
 )
-from graphkit.analysis.opaque_nodes import OpaqueKind, OpaqueNode, opaque_nodes
+from graphkit.analysis.opaque import OpaqueKind, OpaqueNode, opaque_nodes
 from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind
 
 __all__ = ["FLAG_MEANINGS", "GroupFlag", "ParamGroup", "ParamGroups", "param_groups"]
@@ -101,7 +101,7 @@ class ParamGroup:
         output_entries: stage outputs in the weight-only subgraph that feed this group.
         flags: :class:`GroupFlag` values that apply.
         shared_params: names of the parameters that reach two or more entries.
-        opaque_nodes: the group's opaque intermediates (:mod:`graphkit.analysis.opaque_nodes`).
+        opaque_nodes: the group's opaque intermediates (:mod:`graphkit.analysis.opaque`).
     """
 
     index: int
@@ -150,7 +150,7 @@ class ParamGroups(list):
         node_group: group index of every node a group colours.
         graph: the graph the groups were computed from (None for a list built by hand).
         opaque_nodes: every opaque Node of the graph by node id, in a group or not
-            (:mod:`graphkit.analysis.opaque_nodes`).
+            (:mod:`graphkit.analysis.opaque`).
 
     In Jupyter the list shows as a table followed by the diagram of its graph (``graphkit.draw``).
     """

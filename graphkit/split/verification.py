@@ -5,7 +5,7 @@ by an ordinary full backward (the reference), once followed by :func:`graphkit.s
 and :func:`graphkit.split.backward_weight`. Every floating output that requires grad receives the same
 seeded random cotangent in both runs. Every stage-input gradient and every parameter gradient is
 compared, and the FLOPs of each phase are counted (:class:`graphkit.split.flops.FlopCounter`), also per
-*opaque Node* (:mod:`graphkit.analysis.opaque_nodes`: activation checkpoints, compiled regions, custom
+*opaque Node* (:mod:`graphkit.analysis.opaque`: activation checkpoints, compiled regions, custom
 Functions, ``linalg.solve`` with a learned matrix): the report names each one with its FLOPs in the full
 backward, in B and in W, so a user sees where B + W costs more than a full backward, and which
 parameters received their gradient in B already (reentrant checkpoints).
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from graphkit.analysis.opaque_nodes import opaque_nodes
+from graphkit.analysis.opaque import opaque_nodes
 from graphkit.analysis.parameter_groups import param_groups
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
@@ -80,7 +80,7 @@ class GradientCheck:
 
 @dataclass(slots=True, frozen=True)
 class OpaqueNodeCost:
-    """An opaque Node (:mod:`graphkit.analysis.opaque_nodes`) and the FLOPs its backward cost in each run.
+    """An opaque Node (:mod:`graphkit.analysis.opaque`) and the FLOPs its backward cost in each run.
 
     ``flops`` has ``full``, ``b`` and ``w`` (FLOPs a Node triggers inside its backward, such as a
     checkpoint's recomputation, count for it); ``repeated`` is ``b + w - full``, the work B + W does twice.
