@@ -77,6 +77,7 @@ def test_time_account_refuses_no_repeats():
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*reentrant activation checkpoint")
 def test_checkpointing_bench_counts_forwards_flops_and_memory_for_every_variant():
     import importlib.util
     from pathlib import Path
