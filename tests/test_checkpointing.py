@@ -245,3 +245,69 @@ def test_stage_compute_passes_the_recompute_policy_on(recompute):
     _assert_exact(expected, {name: p.grad for name, p in stage.named_parameters()})
     with pytest.raises(ValueError, match="recompute must be one of"):
         StageCompute(stage, recompute="never")
+
+
+class _HonoursNeedsInputGrad(torch.autograd.Function):
+    """``x @ weight`` computing only what ``ctx.needs_input_grad`` asks for; counts forwards and records
+    the flags of each backward."""
+
+    forwards = 0
+    seen: list = []
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        _HonoursNeedsInputGrad.forwards += 1
+        ctx.save_for_backward(x, weight)
+        return x @ weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        _HonoursNeedsInputGrad.seen.append(tuple(ctx.needs_input_grad))
+        grad_x = grad @ weight.t() if ctx.needs_input_grad[0] else None
+        grad_weight = x.t() @ grad if ctx.needs_input_grad[1] else None
+        return grad_x, grad_weight
+
+
+class _CheckpointedCustomFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+        self.second = nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+
+    def block(self, h):
+        return torch.tanh(_HonoursNeedsInputGrad.apply(torch.sin(h), self.first)) @ self.second
+
+    def forward(self, x):
+        return checkpoint(self.block, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize(("recompute", "forwards_in_w"), [("in-w", 1), ("keep-from-b", 0)])
+def test_a_custom_function_inside_a_checkpoint_is_asked_per_phase_and_recomputed_as_the_policy_says(
+    recompute, forwards_in_w
+):
+    torch.manual_seed(0)
+    stage = _CheckpointedCustomFunction()
+    reference = copy.deepcopy(stage)
+    x, grad = _inputs()
+    reference_x = x.clone().requires_grad_()
+    reference(reference_x).backward(grad)
+    x.requires_grad_()
+    out = stage(x)
+    _HonoursNeedsInputGrad.forwards, _HonoursNeedsInputGrad.seen = 0, []
+    state = backward_input(out, grad, x, recompute=recompute)
+    assert (_HonoursNeedsInputGrad.forwards, _HonoursNeedsInputGrad.seen) == (1, [(True, False)])
+    del out
+    backward_weight(state)
+    assert _HonoursNeedsInputGrad.forwards == 1 + forwards_in_w
+    assert _HonoursNeedsInputGrad.seen == [(True, False), (False, True)]  # B: the input path; W: the weight
+    torch.testing.assert_close(state.input_grads[0], reference_x.grad, rtol=1e-12, atol=1e-12)
+    for parameter, expected in zip(stage.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(parameter.grad, expected.grad, rtol=1e-12, atol=1e-12)
+    # verify_split counts the custom Function's W call (made outside the engine) for its Node: it does
+    # each half once, so it repeats nothing
+    report = verify_split(_CheckpointedCustomFunction(), (x.detach().requires_grad_(),), recompute=recompute)
+    assert report.ok
+    [custom] = [cost for cost in report.opaque if cost.op == "_HonoursNeedsInputGrad"]
+    assert custom.flops["w"] > 0 and custom.flops["b"] > 0
+    assert custom.repeated == 0 and custom.flops["b"] + custom.flops["w"] == custom.flops["full"]
