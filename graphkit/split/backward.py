@@ -772,9 +772,10 @@ def _opaque_positions(plan: _Plan, nodes: list[Node]) -> tuple[tuple[int, ...], 
     candidates = [index for index, _ in plan.intermediates if index not in skip]
     candidates += [index for index, flag in enumerate(plan.weight_only) if flag]
     saving = tuple(index for index in candidates if saves_tensors(nodes[index]))
-    if len(_OPAQUE_POSITIONS) >= _PLAN_CACHE_SIZE:
-        _OPAQUE_POSITIONS.pop(next(iter(_OPAQUE_POSITIONS)))
-    _OPAQUE_POSITIONS[id(plan)] = (plan, run_once, saving)
+    with _PLAN_CACHE_LOCK:  # split backwards may run on several threads at once
+        if len(_OPAQUE_POSITIONS) >= _PLAN_CACHE_SIZE:
+            _OPAQUE_POSITIONS.pop(next(iter(_OPAQUE_POSITIONS)))
+        _OPAQUE_POSITIONS[id(plan)] = (plan, run_once, saving)
     return run_once, saving
 
 
