@@ -4,7 +4,8 @@ Subcommands::
 
     graphkit capture SPEC [--json | --graphml FILE | --dot FILE]
     graphkit groups  SPEC [--json]
-    graphkit verify  SPEC [--dtype float32|float64] [--device cpu|cuda] [--seed N] [--autocast bfloat16] [--json]
+    graphkit verify  SPEC [--dtype float32|float64] [--device cpu|cuda] [--seed N] [--autocast bfloat16]
+                     [--recompute in-w|keep-from-b] [--json]
     graphkit render  SPEC -o OUT.{svg,png,pdf,dot} [--collapse DEPTH] [--max-nodes N] [--fold | --no-fold]
                      [--highlight GROUP] [--plain] [--saved] [--module-paths] [--no-shapes]
                      [--direction BT|TB|LR|RL] [--legend auto|on|off] [--device cpu|meta|...] [--timeout S]
@@ -144,6 +145,8 @@ def _groups(arguments: argparse.Namespace) -> int:
     _print_table(rows)
     if groups.unused_params:
         print(f"unused parameters: {', '.join(groups.unused_params)}")
+    for line in groups.opaque_lines():
+        print(line)
     return 0
 
 
@@ -164,6 +167,7 @@ def _verify(arguments: argparse.Namespace) -> int:
         device=arguments.device,
         seed=arguments.seed,
         autocast_dtype=DTYPES[arguments.autocast] if arguments.autocast else None,
+        recompute=arguments.recompute,
     )
     if arguments.json:
         print(json.dumps(report.to_dict(), indent=1))
@@ -468,6 +472,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--seed", type=int, default=0, help="seed of the random cotangents (default 0)")
     verify.add_argument(
         "--autocast", choices=["bfloat16", "float16"], help="run the forward under torch.autocast"
+    )
+    verify.add_argument(
+        "--recompute",
+        choices=["in-w", "keep-from-b"],
+        default="in-w",
+        help="when W gets the saved tensors of activation checkpoints: recompute them (default) or keep B's",
     )
     verify.add_argument("--json", action="store_true", help="print JSON")
     verify.set_defaults(run=_verify)

@@ -74,3 +74,33 @@ def test_time_account_sees_the_same_matrix_products_in_both_backwards():
 def test_time_account_refuses_no_repeats():
     with pytest.raises(GraphkitInputError, match="repeat must be at least 1"):
         account_split_time(nn.Linear(2, 2), (torch.randn(1, 2),), repeat=0)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*reentrant activation checkpoint")
+def test_checkpointing_bench_counts_forwards_flops_and_memory_for_every_variant():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "checkpointing.py"
+    spec = importlib.util.spec_from_file_location("bench_checkpointing", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = {name: bench.measure(name, width=16, repeat=1) for name in bench.VARIANTS}
+    forwards = {
+        name: (row["forwards_full"], row["forwards_b"], row["forwards_w"]) for name, row in rows.items()
+    }
+    assert forwards == {
+        "no checkpointing": (0, 0, 0),
+        "non-reentrant, in-w": (4, 4, 4),
+        "non-reentrant, keep-from-b": (4, 4, 0),
+        "reentrant": (4, 4, 0),
+    }
+    assert rows["non-reentrant, in-w"]["flops_ratio"] > 1
+    for name in ("no checkpointing", "non-reentrant, keep-from-b", "reentrant"):
+        assert rows[name]["flops_ratio"] == 1, name
+    retained = {name: row["retained_bytes"] for name, row in rows.items()}
+    # keeping B's recomputation holds about what the stage holds without checkpointing (a few scalars
+    # more), recomputing in W much less
+    assert retained["non-reentrant, keep-from-b"] == pytest.approx(retained["no checkpointing"], rel=1e-3)
+    assert retained["non-reentrant, in-w"] < 0.8 * retained["non-reentrant, keep-from-b"]

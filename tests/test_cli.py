@@ -101,3 +101,16 @@ def test_verify_on_a_cuda_device_this_torch_cannot_use_exits_2_with_one_line(cap
     status, out, err = run(capsys, "verify", "zoo:chain", "--device", "cuda")
     assert status == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and "no CUDA device" in err
+
+
+CHECKPOINTED = f"{Path(__file__).parent / 'specs' / 'checkpointed_stage.py'}:build"
+
+
+@pytest.mark.parametrize(("recompute", "in_w"), [("in-w", 2), ("keep-from-b", 0)])
+def test_verify_and_groups_name_checkpointed_nodes_and_the_recomputations(capsys, recompute, in_w):
+    status, out, _ = run(capsys, "verify", CHECKPOINTED, "--dtype", "float64", "--recompute", recompute)
+    assert status == 0, out
+    assert "[checkpointed]" in out
+    assert f"checkpointed regions recomputed: 2 in B, {in_w} in W (recompute={recompute!r})" in out
+    status, out, _ = run(capsys, "groups", CHECKPOINTED)
+    assert status == 0 and "opaque-node" in out and "[checkpointed]" in out

@@ -409,3 +409,20 @@ def test_readme_python_example_runs_and_its_images_exist(repo_root, capsys):
     for image in ("docs/images/llama-stage.png", "docs/images/inspect-report.png"):
         assert f'src="{image}"' in readme
         assert (repo_root / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
+
+
+def test_a_checkpointed_stage_names_the_nodes_that_repeat_work(tmp_path):
+    spec = f"{Path(__file__).parent / 'specs' / 'checkpointed_stage.py'}:build"
+    run = run_inspect(tmp_path, spec, dtype=torch.float64)
+    assert run.status == 0, run.out
+    report = run.report
+    repeated = [node for node in report["verify"]["opaque_nodes"] if node["repeated_flops"] > 0]
+    assert repeated and all(node["kind"] == "checkpointed" for node in repeated)
+    flops = report["verify"]["flops"]
+    assert sum(node["repeated_flops"] for node in report["verify"]["opaque_nodes"]) == (
+        flops["b"] + flops["w"] - flops["full"]
+    )
+    assert "The work repeated, by Node" in run.html and "[checkpointed] repeats" in run.html
+    # the terminal summary names them too, costliest first
+    costliest = max(repeated, key=lambda node: node["repeated_flops"])
+    assert "repeated" in run.out and f"{costliest['node']} {costliest['op']} [checkpointed]" in run.out

@@ -21,6 +21,11 @@ Flags a user can act on (:class:`GroupFlag`):
 - ``custom-function``: an intermediate is a Python ``torch.autograd.Function``, whose backward runs in both
   phases; graphkit sets the Node's ``ctx.needs_input_grad`` to the arguments each phase needs (the input
   path in B, the weight side in W), so a backward that honours it does no extra work.
+- ``opaque-node``: an intermediate whose work the split cannot divide between B and W (activation
+  checkpointing, a compiled region, a custom Function, ``linalg.solve`` with a learned matrix; see
+  :mod:`graphkit.analysis.opaque`): ``ParamGroup.opaque_nodes`` names them, and
+  ``ParamGroups.opaque_nodes`` lists every opaque Node of the graph, in a group or not (a reentrant
+  checkpoint's parameters are in no group: its nested backward gives them ``.grad`` in B).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from graphkit.analysis.closures import (
     intermediates,
     weight_only_nodes,
 )
+from graphkit.analysis.opaque import OpaqueKind, OpaqueNode, opaque_nodes
 from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind
 
 __all__ = [
@@ -61,6 +67,7 @@ class GroupFlag(enum.StrEnum):
     MULTI_OUTPUT_INTERMEDIATE = "multi-output-intermediate"
     PARAMETER_ONLY_OUTPUT = "parameter-only-output"
     CUSTOM_FUNCTION = "custom-function"
+    OPAQUE_NODE = "opaque-node"
 
 
 FLAG_MEANINGS: dict[str, str] = {
@@ -78,6 +85,11 @@ FLAG_MEANINGS: dict[str, str] = {
     GroupFlag.CUSTOM_FUNCTION.value: (
         "an intermediate is a Python torch.autograd.Function: graphkit sets its ctx.needs_input_grad per "
         "phase, so a backward that computes only what needs_input_grad asks for does no extra work"
+    ),
+    GroupFlag.OPAQUE_NODE.value: (
+        "an intermediate's work cannot be split between B and W (activation checkpointing, a compiled "
+        "region, a custom Function, linalg.solve with a learned matrix): B + W may repeat part of it; "
+        "verify_split names the Node and the FLOPs it repeats"
     ),
 }
 """One sentence per :class:`GroupFlag`: what it means for the user (reports and widgets show it)."""
@@ -98,6 +110,7 @@ class ParamGroup:
         output_entries: stage outputs in the weight-only subgraph that feed this group.
         flags: :class:`GroupFlag` values that apply.
         shared_params: names of the parameters that reach two or more entries.
+        opaque_nodes: the group's opaque intermediates (:mod:`graphkit.analysis.opaque`).
     """
 
     index: int
@@ -109,6 +122,7 @@ class ParamGroup:
     output_entries: tuple[GraphEndpoint, ...]
     flags: tuple[GroupFlag, ...]
     shared_params: tuple[str, ...] = ()
+    opaque_nodes: tuple[OpaqueNode, ...] = field(default=(), hash=False, compare=False)
 
     def nodes(self) -> set[str]:
         """Every node the group colours: leaves, weight-only nodes and intermediates."""
@@ -132,6 +146,7 @@ class ParamGroup:
             },
             "output_entries": [entry.name for entry in self.output_entries],
             "shared_params": list(self.shared_params),
+            "opaque_nodes": [opaque.to_dict() for opaque in self.opaque_nodes],
         }
 
 
@@ -143,6 +158,8 @@ class ParamGroups(list):
         intermediates: every intermediate of the graph, keyed by node id.
         node_group: group index of every node a group colours.
         graph: the graph the groups were computed from (None for a list built by hand).
+        opaque_nodes: every opaque Node of the graph by node id, in a group or not
+            (:mod:`graphkit.analysis.opaque`).
 
     In Jupyter the list shows as a table followed by the diagram of its graph (``graphkit.draw``).
     """
@@ -153,8 +170,10 @@ class ParamGroups(list):
         unused_params: list[str],
         all_intermediates: dict[str, Intermediate],
         graph: AutogradGraph | None = None,
+        opaque: dict[str, OpaqueNode] | None = None,
     ) -> None:
         super().__init__(groups)
+        self.opaque_nodes = dict(opaque or {})
         self.unused_params = list(unused_params)
         self.intermediates = all_intermediates
         self.node_group = {node: group.index for group in groups for node in group.nodes()}
@@ -177,8 +196,16 @@ class ParamGroups(list):
         return bundle
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"groups": [...], "unused_params": [...]}``."""
-        return {"groups": [group.to_dict() for group in self], "unused_params": self.unused_params}
+        """``{"groups": [...], "unused_params": [...], "opaque_nodes": [...]}``."""
+        return {
+            "groups": [group.to_dict() for group in self],
+            "unused_params": self.unused_params,
+            "opaque_nodes": [opaque.to_dict() for opaque in self.opaque_nodes.values()],
+        }
+
+    def opaque_lines(self) -> list[str]:
+        """A heading, one line per opaque Node and one per kind saying what it costs (none without any)."""
+        return _opaque_lines(self.opaque_nodes)
 
     def _rows(self) -> list[tuple[str, str, str, str]]:
         return [
@@ -201,6 +228,7 @@ class ParamGroups(list):
         lines.insert(1, "  ".join("-" * width for width in widths))
         if self.unused_params:
             lines.append(f"unused parameters: {', '.join(self.unused_params)}")
+        lines.extend(self.opaque_lines())
         return "\n".join(line.rstrip() for line in lines)
 
     def _repr_html_(self) -> str:
@@ -213,10 +241,26 @@ class ParamGroups(list):
             if self.unused_params
             else ""
         )
+        opaque = "".join(
+            f"<li>{html.escape(line.removeprefix('  '))}</li>" for line in self.opaque_lines()[1:]
+        )
         return (
             "<table class='graphkit-groups'><thead><tr><th>group</th><th>parameters</th>"
             f"<th>intermediates</th><th>flags</th></tr></thead><tbody>{cells}</tbody></table>{unused}"
+            + (f"<p>Opaque nodes:</p><ul>{opaque}</ul>" if opaque else "")
         )
+
+
+def _opaque_lines(opaque: dict[str, OpaqueNode]) -> list[str]:
+    """A heading and one line per opaque Node (empty without any)."""
+    if not opaque:
+        return []
+    meanings = {entry.kind: entry.meaning for entry in opaque.values()}
+    return (
+        ["opaque nodes (their work is not split between B and W):"]
+        + [f"  {entry.node} {entry.op} [{entry.kind}]" for entry in opaque.values()]
+        + [f"  [{kind}] {meaning}" for kind, meaning in meanings.items()]
+    )
 
 
 class _UnionFind:
@@ -295,6 +339,7 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
             members.setdefault(union_find.find(node), []).append(node)
 
     reached = _entries_reached(graph, weight_only, set(found), output_nodes)
+    opaque = opaque_nodes(graph, found)
     groups: list[ParamGroup] = []
     for nodes in members.values():
         leaves = [node for node in nodes if graph.nodes[node]["kind"] in (NodeKind.PARAMETER, NodeKind.LEAF)]
@@ -316,6 +361,9 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
             flags.append(GroupFlag.PARAMETER_ONLY_OUTPUT)
         if any(found[node].is_custom_function for node in group_intermediates):
             flags.append(GroupFlag.CUSTOM_FUNCTION)
+        group_opaque = tuple(opaque[node] for node in group_intermediates if node in opaque)
+        if any(entry.kind is not OpaqueKind.CUSTOM_FUNCTION for entry in group_opaque):
+            flags.append(GroupFlag.OPAQUE_NODE)  # a custom Function has its own flag
         groups.append(
             ParamGroup(
                 index=-1,
@@ -327,12 +375,13 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
                 output_entries=entries,
                 flags=tuple(flags),
                 shared_params=tuple(shared),
+                opaque_nodes=group_opaque,
             )
         )
     rank = forward_ranks(graph)
     groups.sort(key=lambda group: _forward_key(group, rank))
     numbered = [dataclasses.replace(group, index=index) for index, group in enumerate(groups)]
-    return ParamGroups(numbered, graph.graph.get("unused_params", []), found, graph)
+    return ParamGroups(numbered, graph.graph.get("unused_params", []), found, graph, opaque)
 
 
 _NUMBER = re.compile(r"(\d+)")

@@ -10,6 +10,8 @@ in PyTorch breaks one small file and nothing else - except the per-op weight-sid
 - ``_raw_saved_<name>``: the packed form of a saved tensor (``SavedTensor.unpack_hook`` tells whether
   ``torch.autograd.graph.saved_tensors_hooks`` packed it);
 - ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes;
+- ``run_function`` of a reentrant checkpoint's Node (its ctx): the function whose parameters the nested
+  backward reaches;
 - ``torch.autograd.graph._engine_run_backward``: the engine call behind ``torch.autograd.backward`` and
   ``torch.autograd.grad``;
 - ``torch._C.DisableTorchFunctionSubclass``: to find the AccumulateGrad Node of a Tensor-subclass leaf.
@@ -20,6 +22,7 @@ everywhere else directly.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,6 +43,7 @@ __all__ = [
     "gradient_metadata",
     "is_accumulate_grad",
     "is_custom_function",
+    "reentrant_checkpoint_parameters",
     "run_engine_backward",
     "run_engine_grad",
     "saved_tensors",
@@ -93,6 +97,45 @@ def is_custom_function(node: Node) -> bool:
 def any_custom_function(nodes: Sequence[Node]) -> bool:
     """Whether any of ``nodes`` is a custom Function's Node (one class test per distinct Node class)."""
     return any(issubclass(node_class, BackwardCFunction) for node_class in set(map(type, nodes)))
+
+
+def reentrant_checkpoint_parameters(node: Node) -> list[torch.Tensor]:
+    """Parameters a reentrant checkpoint (``checkpoint(..., use_reentrant=True)``) uses inside its region.
+
+    They are no edge of the graph: the Node's nested backward reaches them. Found through the
+    ``run_function`` it keeps (``CheckpointFunction.forward`` in ``torch/utils/checkpoint.py``): a
+    module, a bound method of one, a ``functools.partial`` of these, or a function whose closure or
+    arguments hold modules. Empty for any other Node, or a region that reaches its modules otherwise
+    (globals).
+    """
+    forward_class = getattr(node, "_forward_cls", None)
+    if forward_class is None or forward_class.__name__ != "CheckpointFunction":
+        return []
+    stack = [getattr(node, "run_function", None)]
+    modules: dict[int, torch.nn.Module] = {}
+    for _ in range(64):  # functions wrap functions a few levels deep at most
+        if not stack:
+            break
+        function = stack.pop()
+        if isinstance(function, torch.nn.Module):
+            modules[id(function)] = function
+            continue
+        owner = getattr(function, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            modules[id(owner)] = owner
+        if isinstance(function, functools.partial):
+            stack.append(function.func)
+            stack.extend(function.args)
+        for cell in getattr(function, "__closure__", None) or ():
+            try:
+                stack.append(cell.cell_contents)
+            except ValueError:  # an empty cell
+                continue
+    found: dict[int, torch.Tensor] = {}
+    for module in modules.values():
+        for parameter in module.parameters():
+            found[id(parameter)] = parameter
+    return list(found.values())
 
 
 _op_names_by_class: dict[type, str] = {}

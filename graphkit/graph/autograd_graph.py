@@ -465,6 +465,8 @@ def _unused_parameters(module: torch.nn.Module | None, walk: _Walk) -> list[str]
     if module is None:
         return []
     reached = {id(node.variable) for node in walk.nodes if _autograd.is_accumulate_grad(node)}
+    for node in walk.nodes:  # a reentrant checkpoint's nested backward reaches the parameters inside
+        reached.update(id(parameter) for parameter in _autograd.reentrant_checkpoint_parameters(node))
     unused = []
     for name, parameter in module.named_parameters(remove_duplicate=False):
         if parameter.requires_grad and id(parameter) not in reached:

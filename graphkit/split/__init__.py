@@ -3,6 +3,9 @@
 - :mod:`graphkit.split.backward`: :func:`backward_input` (B: stage-input gradients, captured gradients at
   the intermediates) and :func:`backward_weight` (W: every parameter's ``.grad``), plus :func:`backward_full`;
 - :mod:`graphkit.split.weight_rules`: W's formulas over the tensors an intermediate saved;
+- :mod:`graphkit.split.checkpointing`: non-reentrant activation checkpointing, recomputed at most once per
+  phase (:class:`Recompute`: in W, or kept from B);
+- :mod:`graphkit.split.run_once`: reentrant checkpoints and compiled regions, run once in B;
 - :mod:`graphkit.split.stage_compute`: :class:`StageCompute`, per-microbatch forward / B / W for a schedule;
 - :mod:`graphkit.split.verification`: :func:`~graphkit.split.verification.verify_split`, split against a
   full backward;
@@ -31,10 +34,12 @@ from graphkit.split.backward import (
     backward_input,
     backward_weight,
 )
+from graphkit.split.checkpointing import Recompute
 from graphkit.split.stage_compute import StageCompute, StageError
 
 __all__ = [
     "GraphFreedError",
+    "Recompute",
     "SplitError",
     "SplitState",
     "StageCompute",

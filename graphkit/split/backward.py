@@ -54,7 +54,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -65,7 +65,15 @@ from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import _Walk, _walk
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.split.checkpointing import (
+    CheckpointedRegions,
+    Recompute,
+    recompute_policy,
+    regions_of,
+    saves_tensors,
+)
 from graphkit.split.graph_anchor import graph_anchor
+from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
@@ -154,6 +162,10 @@ class SplitState:
     # set by a pre-hook when another backward runs through this microbatch's graph before W
     _other_backward: list[bool] = field(default_factory=lambda: [False], repr=False)
     _watch_handles: list[Any] = field(default_factory=list, repr=False)
+    # the non-reentrant checkpointed regions W reads, with one GraphExecGroup per phase (checkpointing.py)
+    _checkpoints: CheckpointedRegions | None = field(default=None, repr=False)
+    # reentrant checkpoints and compiled regions W still runs (run_once.py)
+    _run_once: RunOnceNodes | None = field(default=None, repr=False)
 
     @property
     def used(self) -> bool:
@@ -191,6 +203,10 @@ class SplitState:
         self._output_roots = []
         self._weight_tensors = []
         self._keep_alive = ()
+        if self._checkpoints is not None:
+            self._checkpoints.release()
+            self._checkpoints = None
+        self._run_once = None
 
 
 # --- argument handling ------------------------------------------------------------------------------------
@@ -598,6 +614,8 @@ def backward_input(
     grad_outputs: Any = None,
     inputs: Any = None,
     params: Iterable[torch.Tensor] | torch.nn.Module | None = None,
+    *,
+    recompute: Recompute | str = Recompute.IN_W,
 ) -> SplitState:
     """B phase: compute the stage-input gradients and capture what the W phase needs.
 
@@ -610,17 +628,25 @@ def backward_input(
             get gradients.
         params: restrict the W phase to these parameters (a module or an iterable of tensors); by default
             every leaf that requires grad and is not a stage input, like a full backward.
+        recompute: when W gets the saved tensors of non-reentrant activation checkpoints
+            (:class:`~graphkit.split.checkpointing.Recompute`): ``"in-w"`` (default) recomputes them in W,
+            so between B and W a region holds only its checkpoint inputs; ``"keep-from-b"`` keeps B's
+            recomputation for W (one recomputation instead of two, more memory between B and W).
 
     Returns:
         A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
-        No ``.grad`` is touched. Until W, a pre-hook on each output's Node notes any other backward from
-        the outputs (W then refuses to count the weight gradients twice).
+        No ``.grad`` is touched - except by a reentrant checkpoint (``use_reentrant=True``), whose nested
+        backward gives the parameters inside it their ``.grad`` in B (with a warning; see
+        :mod:`graphkit.split.run_once`). Until W, a pre-hook on each output's Node notes any other
+        backward from the outputs (W then refuses to count the weight gradients twice).
 
     Raises:
         graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose
             structure or keys differ from the outputs'.
         GraphFreedError: the graph was already freed by an earlier backward.
+        ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
+    recompute = recompute_policy(recompute)
     pairs = _pair_outputs(outputs, grad_outputs)
     if not pairs:
         raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
@@ -668,11 +694,17 @@ def backward_input(
     handles = []
     # the gradients custom Function backwards receive in B, after the engine materialized them
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
+    run_once_positions, hook_candidates = _opaque_positions(plan, nodes)
+    run_once = _run_once_nodes(plan, nodes, run_once_positions)
+    checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
     try:
         for index, _ in plan.intermediates:
             handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
         if stage_inputs and closure_outputs:
-            with _custom_functions_in_input_phase(walk, input_nodes, plan, materialized):
+            with (
+                _custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
+                _opaque_input_phase(run_once, checkpoints),
+            ):
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
                     [grad for _, grad in closure_outputs],
@@ -687,6 +719,9 @@ def backward_input(
     captured.update(materialized)
 
     work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
+    if run_once is not None:
+        _use_kept_gradients(plan, work, run_once)
+        run_once.warn_about_reentrant(stacklevel=2)
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     input_grads = tuple(
         _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
@@ -707,6 +742,9 @@ def backward_input(
             for item in work
         )
         else (),
+        _checkpoints=checkpoints,
+        # W runs what B did not (a stage without inputs that require grad runs them all in W)
+        _run_once=run_once if run_once is not None and not run_once.all_ran() else None,
     )
     _mark_materialized(plan, work, materialized)
     _watch_for_other_backwards(state, output_edges)
@@ -716,6 +754,88 @@ def backward_input(
 def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     anchor = graph_anchor(outputs)
     return () if anchor is None else (anchor,)
+
+
+# --- activation checkpointing, compiled regions (checkpointing.py, run_once.py) ---------------------------
+_OPAQUE_POSITIONS: dict[int, tuple[_Plan, tuple[int, ...], tuple[int, ...]]] = {}
+
+
+def _opaque_positions(plan: _Plan, nodes: list[Node]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """For ``plan``'s structure: the indices of run-once Nodes, and of the Nodes W may unpack hooked
+    saved tensors of (intermediates and weight-only Nodes of classes that save tensors). Cached per plan:
+    both depend on Node classes alone, and checkpointing adds no Node."""
+    cached = _OPAQUE_POSITIONS.get(id(plan))
+    if cached is not None and cached[0] is plan:
+        return cached[1], cached[2]
+    run_once = tuple(index for index, node in enumerate(nodes) if run_once_kind(node) is not None)
+    skip = set(run_once)
+    candidates = [index for index, _ in plan.intermediates if index not in skip]
+    candidates += [index for index, flag in enumerate(plan.weight_only) if flag]
+    saving = tuple(index for index in candidates if saves_tensors(nodes[index]))
+    with _PLAN_CACHE_LOCK:  # split backwards may run on several threads at once
+        if len(_OPAQUE_POSITIONS) >= _PLAN_CACHE_SIZE:
+            _OPAQUE_POSITIONS.pop(next(iter(_OPAQUE_POSITIONS)))
+        _OPAQUE_POSITIONS[id(plan)] = (plan, run_once, saving)
+    return run_once, saving
+
+
+def _run_once_nodes(plan: _Plan, nodes: list[Node], positions: tuple[int, ...]) -> RunOnceNodes | None:
+    """The reentrant checkpoints and compiled regions of the walked graph, or None when it has none."""
+    if not positions:
+        return None
+    found = [(index, nodes[index], run_once_kind(nodes[index])) for index in positions]
+    weight_input_nrs = {
+        index: input_nrs
+        for (index, _), input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True)
+    }
+    return RunOnceNodes(found, weight_input_nrs)
+
+
+def _checkpointed_regions(
+    nodes: list[Node], candidates: tuple[int, ...], recompute: Recompute
+) -> CheckpointedRegions | None:
+    """The non-reentrant checkpointed regions behind the Nodes W will unpack, or None.
+
+    ``candidates`` (:func:`_opaque_positions`): the intermediates W may call and the weight-only Nodes
+    W's engine call runs, of classes that save tensors; a run-once Node is never called in W.
+    """
+    hooked = [nodes[index] for index in candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
+    return regions_of(hooked, recompute) if hooked else None
+
+
+@contextmanager
+def _opaque_input_phase(
+    run_once: RunOnceNodes | None, checkpoints: CheckpointedRegions | None
+) -> Iterator[None]:
+    """What B's engine call runs under for run-once Nodes and checkpointed regions (if any)."""
+    with ExitStack() as stack:
+        if checkpoints is not None:
+            stack.enter_context(checkpoints.input_phase())
+        if run_once is not None:
+            stack.enter_context(run_once.engine_call())
+        yield
+
+
+@contextmanager
+def _opaque_weight_phase(state: SplitState) -> Iterator[None]:
+    """What the W phase runs under: one recomputation group, and the run-once Nodes B did not run."""
+    with ExitStack() as stack:
+        if state._checkpoints is not None:
+            stack.enter_context(state._checkpoints.weight_phase())
+        if state._run_once is not None:
+            stack.enter_context(state._run_once.engine_call())
+        yield
+
+
+def _use_kept_gradients(plan: _Plan, work: list[_WeightWork | None], run_once: RunOnceNodes) -> None:
+    """W feeds in what a run-once intermediate returned in B instead of calling it again."""
+    for position, (index, _) in enumerate(plan.intermediates):
+        item = work[position]
+        if item is None or index not in run_once.kept:
+            continue
+        work[position] = _WeightWork(
+            (), item.edges, kept_gradient(run_once.kept[index]), None, (), item.sequence_nr
+        )
 
 
 def _weight_work(
@@ -850,7 +970,8 @@ def backward_weight(state: SplitState) -> None:
         )
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     try:
-        _run_weight_phase(state)
+        with _opaque_weight_phase(state):
+            _run_weight_phase(state)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
         raise

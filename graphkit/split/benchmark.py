@@ -5,10 +5,11 @@ medians after warm-up):
 
 - ``full_s``: an ordinary ``torch.autograd.backward``; ``b_s`` / ``w_s``: graphkit's B and W phases;
   ``split_s``: their sum;
-- ``flops``: FLOPs of ``full``, ``b`` and ``w`` (``torch.utils.flop_counter.FlopCounterMode``);
+- ``flops``: FLOPs of ``full``, ``b`` and ``w`` (:class:`graphkit.split.flops.FlopCounter`);
 - ``w_engine_calls``: autograd-engine calls the W phase makes;
 - ``retained_bytes``: bytes kept alive between B and W once the caller dropped the stage outputs -
-  saved tensors reachable from what the state holds, plus the captured gradients;
+  saved tensors reachable from what the state holds, plus the captured gradients (for a non-reentrant
+  activation checkpoint: its inputs and whatever it holds recomputed);
 - ``w_needs_bytes``: what W cannot do without - the inputs of the weight-consuming ops (their saved
   tensors), the weight-only subgraph's saved tensors and the captured gradients (parameters count in
   neither figure: they stay alive in the module anyway);
@@ -39,12 +40,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
 from graphkit.split.backward import SplitState, backward_input, backward_weight
+from graphkit.split.checkpointing import checkpoint_tensors
+from graphkit.split.flops import FlopCounter
 from graphkit.split.verification import call_stage, fresh_inputs
 
 __all__ = [
@@ -136,6 +138,8 @@ def _saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
             saved = _autograd.saved_tensors(node)
             if saved is not None:
                 found.extend(saved[1])
+            elif _autograd.uses_saved_tensor_hooks(node):
+                found.extend(checkpoint_tensors(node))
         stack.extend(producer for producer, _ in node.next_functions)
     return found
 
@@ -257,15 +261,15 @@ def benchmark_split(
     graph_saved = (
         capture([t for t, _ in pairs], inputs=stage_inputs(prepared)).graph["saved_bytes_total"] or 0
     )
-    with FlopCounterMode(display=False) as full_counter:
+    with FlopCounter() as full_counter:
         torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
     reset()
     prepared, pairs = forward()
-    with FlopCounterMode(display=False) as b_counter:
+    with FlopCounter() as b_counter:
         state = backward_input([t for t, _ in pairs], [g for _, g in pairs], prepared)
     del pairs  # the caller drops the stage outputs after B
     retained, needs = memory_kept(state)
-    with FlopCounterMode(display=False) as w_counter, count_engine_calls() as calls:
+    with FlopCounter() as w_counter, count_engine_calls() as calls:
         backward_weight(state)
 
     medians = [statistics.median(values[warmup:]) for values in (full, b, w)]
@@ -323,7 +327,7 @@ def _benchmark_pytorch(
                 ),
                 device,
             )
-            with FlopCounterMode(display=False) as counter, count_engine_calls() as calls:
+            with FlopCounter() as counter, count_engine_calls() as calls:
                 w_seconds, _ = _timed(
                     lambda groups=groups: pipelining.stage_backward_weight(iter(parameters), groups), device
                 )

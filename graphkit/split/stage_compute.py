@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from graphkit.split.backward import SplitError, SplitState, backward_full, backward_input, backward_weight
+from graphkit.split.checkpointing import Recompute, recompute_policy
 
 __all__ = ["StageCompute", "StageError"]
 
@@ -51,11 +52,20 @@ class StageCompute:
     Args:
         module: the stage's module; called as ``module(**inputs, **kwargs)``.
         stage_index: the stage's position in the pipeline (used in error messages).
+        recompute: when W gets the saved tensors of non-reentrant activation checkpoints
+            (:class:`~graphkit.split.checkpointing.Recompute`, passed to
+            :func:`~graphkit.split.backward_input`).
+
+    Raises:
+        ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
 
-    def __init__(self, module: torch.nn.Module, stage_index: int = 0) -> None:
+    def __init__(
+        self, module: torch.nn.Module, stage_index: int = 0, recompute: Recompute | str = Recompute.IN_W
+    ) -> None:
         self.module = module
         self.stage_index = stage_index
+        self.recompute = recompute_policy(recompute)
         self._forwards: dict[int, _Forward] = {}
         self._backwards: dict[int, _Backward] = {}
 
@@ -123,7 +133,9 @@ class StageCompute:
             StageError: no cached forward (never ran, or backward already ran for it).
         """
         cached = self._cached_forward(microbatch)
-        state = backward_input(cached.outputs, self._cotangents(cached, grad_outputs), cached.inputs)
+        state = backward_input(
+            cached.outputs, self._cotangents(cached, grad_outputs), cached.inputs, recompute=self.recompute
+        )
         del self._forwards[microbatch]  # the outputs, and the input path's graph with them, can go now
         grads = dict(zip(cached.inputs, state.input_grads, strict=True))
         self._backwards[microbatch] = _Backward(grads, _needing(cached), state)

@@ -9,7 +9,11 @@ statistics, spectral norm's power iteration), and the parameters, their ``.grad`
 restored at the end. Every floating or complex output that requires grad receives the same seeded
 random cotangent in both runs. Every stage-input gradient and the gradient of every leaf the outputs
 reach (registered parameters or not) is compared - complex ones as complex values - and the FLOPs of
-each phase are counted with ``torch.utils.flop_counter.FlopCounterMode``.
+each phase are counted (:class:`graphkit.split.flops.FlopCounter`), also per *opaque Node*
+(:mod:`graphkit.analysis.opaque`: activation checkpoints, compiled regions, custom Functions,
+``linalg.solve`` with a learned matrix): the report names each one with its FLOPs in the full backward,
+in B and in W, so a user sees where B + W costs more than a full backward, and which parameters received
+their gradient in B already (reentrant checkpoints).
 
 Tolerances (relative to the largest magnitude of the reference gradient):
 
@@ -25,21 +29,32 @@ from __future__ import annotations
 
 import contextlib
 import html
+import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
+from graphkit.analysis.opaque import opaque_nodes
 from graphkit.analysis.parameter_groups import param_groups
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, unflatten_like
 from graphkit.split.backward import backward_full, backward_input, backward_weight
+from graphkit.split.checkpointing import Recompute, recompute_policy
+from graphkit.split.flops import FlopCounter, flops_per_node
 
-__all__ = ["GradientCheck", "VerifyReport", "call_stage", "fresh_inputs", "tolerance_for", "verify_split"]
+__all__ = [
+    "GradientCheck",
+    "OpaqueNodeCost",
+    "VerifyReport",
+    "call_stage",
+    "fresh_inputs",
+    "tolerance_for",
+    "verify_split",
+]
 
 _TOLERANCES = {
     torch.float64: 1e-9,
@@ -77,6 +92,35 @@ class GradientCheck:
         }
 
 
+@dataclass(slots=True, frozen=True)
+class OpaqueNodeCost:
+    """An opaque Node (:mod:`graphkit.analysis.opaque`) and the FLOPs its backward cost in each run.
+
+    ``flops`` has ``full``, ``b`` and ``w`` (FLOPs a Node triggers inside its backward, such as a
+    checkpoint's recomputation, count for it); ``repeated`` is ``b + w - full``, the work B + W does twice.
+    """
+
+    node: str
+    op: str
+    kind: str
+    meaning: str
+    flops: dict[str, int]
+
+    @property
+    def repeated(self) -> int:
+        return self.flops["b"] + self.flops["w"] - self.flops["full"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "op": self.op,
+            "kind": self.kind,
+            "meaning": self.meaning,
+            "flops": dict(self.flops),
+            "repeated_flops": self.repeated,
+        }
+
+
 @dataclass(slots=True)
 class VerifyReport:
     """Result of :func:`verify_split`.
@@ -88,6 +132,8 @@ class VerifyReport:
             be counted; ``extra["flops_note"]`` says why).
         groups: number of parameter groups.
         dtype, device, tolerance: the settings of the run.
+        opaque: the opaque Nodes with their FLOPs per run (empty when the FLOPs could not be counted).
+        grads_in_b: parameters whose ``.grad`` the B phase already set (a reentrant checkpoint's).
     """
 
     inputs: list[GradientCheck]
@@ -98,6 +144,8 @@ class VerifyReport:
     device: str
     tolerance: float
     extra: dict[str, Any] = field(default_factory=dict)
+    opaque: list[OpaqueNodeCost] = field(default_factory=list)
+    grads_in_b: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -119,6 +167,8 @@ class VerifyReport:
             "dtype": self.dtype,
             "device": self.device,
             "tolerance": self.tolerance,
+            "opaque_nodes": [cost.to_dict() for cost in self.opaque],
+            "grads_in_b": list(self.grads_in_b),
             **self.extra,
         }
 
@@ -145,11 +195,37 @@ class VerifyReport:
                 f"FLOPs full={flops['full']:,} B={flops['b']:,} W={flops['w']:,} "
                 f"(B+W)/full={_ratio(flops['b'] + flops['w'], flops['full'])}"
             )
+        lines.extend(self._opaque_lines())
         lines.append(
             f"{'OK' if self.ok else 'FAILED'}: {len(self.failures)} of {len(self.inputs) + len(self.params)} "
             f"gradients differ ({self.dtype}, {self.device}, rel tol {self.tolerance:g}, {self.groups} groups)"
         )
         return "\n".join(lines)
+
+    def _opaque_lines(self) -> list[str]:
+        """Where B + W repeats work (one line per opaque Node), and the parameters served in B."""
+        lines = []
+        if self.opaque:
+            lines.append("opaque nodes (FLOPs full / B / W; repeated = B + W - full):")
+            lines.extend(
+                f"  {cost.node} {cost.op} [{cost.kind}]: {cost.flops['full']:,} / {cost.flops['b']:,} / "
+                f"{cost.flops['w']:,}, repeated {cost.repeated:,}"
+                for cost in self.opaque
+            )
+            meanings = {cost.kind: cost.meaning for cost in self.opaque}
+            lines.extend(f"  [{kind}] {meaning}" for kind, meaning in meanings.items())
+        recomputations = self.extra.get("recomputations")
+        if recomputations:
+            lines.append(
+                f"checkpointed regions recomputed: {recomputations['b']} in B, {recomputations['w']} in W "
+                f"(recompute={self.extra.get('recompute')!r})"
+            )
+        if self.grads_in_b:
+            lines.append(
+                "parameters given their gradient in B (reentrant checkpoint, not deferred to W): "
+                + ", ".join(self.grads_in_b)
+            )
+        return lines
 
     def __str__(self) -> str:
         return self.table()
@@ -166,12 +242,14 @@ class VerifyReport:
                 )
         verdict = "OK" if self.ok else "FAILED"
         flops = self.flops
+        notes = "".join(f"<li>{html.escape(line.strip())}</li>" for line in self._opaque_lines())
         return (
             f"<p><b>{verdict}</b>: split backward vs full backward ({self.dtype}, {self.device}, relative "
             f"tolerance {self.tolerance:g}, {self.groups} groups). FLOPs full {flops['full']:,}, "
             f"B {flops['b']:,}, W {flops['w']:,}.</p>"
             "<table><thead><tr><th>kind</th><th>name</th><th>status</th><th>max abs err</th>"
             f"<th>max rel err</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
+            + (f"<ul>{notes}</ul>" if notes else "")
         )
 
 
@@ -355,6 +433,7 @@ def verify_split(
     device: str | torch.device | None = None,
     seed: int = 0,
     autocast_dtype: torch.dtype | None = None,
+    recompute: Recompute | str = Recompute.IN_W,
 ) -> VerifyReport:
     """Run split (B then W) and full backward on ``module`` and compare every gradient.
 
@@ -368,6 +447,8 @@ def verify_split(
         device: run on this device (``"cpu"``, ``"cuda"``...; default: where the module is).
         seed: seeds the random cotangents and the random state of both forwards (dropout).
         autocast_dtype: run the forwards under ``torch.autocast`` to this dtype (e.g. ``torch.bfloat16``).
+        recompute: passed to :func:`graphkit.split.backward_input` (when W recomputes non-reentrant
+            activation checkpoints).
 
     Returns:
         A :class:`VerifyReport`; ``report.ok`` is True when every gradient matches within the tolerance
@@ -377,10 +458,12 @@ def verify_split(
     Raises:
         graphkit.graph.tensors.GraphkitInputError: the module's outputs have no autograd graph, or
             ``device`` is not a device name or a CUDA device this torch cannot use.
+        ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
     device = _checked_device(device)
+    recompute = recompute_policy(recompute)
     with _borrowed(module, dtype, device) as buffers:
-        return _verify_in_place(module, buffers, inputs, dtype, device, seed, autocast_dtype)
+        return _verify_in_place(module, buffers, inputs, dtype, device, seed, autocast_dtype, recompute)
 
 
 def _verify_in_place(
@@ -391,6 +474,7 @@ def _verify_in_place(
     device: torch.device | None,
     seed: int,
     autocast_dtype: torch.dtype | None,
+    recompute: Recompute,
 ) -> VerifyReport:
     run_device = device or next((p.device for p in stage.parameters()), torch.device("cpu"))
     initial_buffers = _snapshot(buffers)
@@ -426,34 +510,68 @@ def _verify_in_place(
     try:
         for leaf in leaves:
             leaf.grad = None
-        with FlopCounterMode(display=False) as full_counter:
+        full_graph = capture(outputs, inputs=prepared, details=False)
+        opaque = opaque_nodes(full_graph)  # node ids are the same in every run of the stage
+        full_watched = {node: full_graph.autograd_nodes[node] for node in opaque}
+        with FlopCounter() as full_counter, _per_node(full_counter, full_watched) as full_nodes:
             reference_inputs = backward_full(outputs, cotangent_structure, prepared)
         reference_params = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
-        del outputs
+        del outputs, full_graph, full_watched
+        node_flops: dict[str, dict[str, int]] = {}
+        grads_in_b: list[str] = []
 
         def split_run(count_flops: bool) -> tuple[Any, Any, int, int, int]:
             for leaf in leaves:
                 leaf.grad = None
             prepared, outputs = forward()
-            groups = len(param_groups(capture(outputs, inputs=prepared, details=False)))
-            input_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
-            weight_counter = FlopCounterMode(display=False) if count_flops else contextlib.nullcontext()
-            with input_counter:
-                state = backward_input(outputs, cotangent_structure, prepared)
+            graph = capture(outputs, inputs=prepared, details=False)
+            groups = len(param_groups(graph))
+            watched = (
+                {
+                    node: graph.autograd_nodes[node]
+                    for node, entry in opaque.items()
+                    if node in graph.autograd_nodes and graph.nodes[node]["op"] == entry.op
+                }
+                if count_flops
+                else {}
+            )
+            del graph
+            input_counter = FlopCounter() if count_flops else contextlib.nullcontext()
+            weight_counter = FlopCounter() if count_flops else contextlib.nullcontext()
+            with input_counter, _per_node(input_counter, watched) as b_nodes, warnings.catch_warnings():
+                # the report names the parameters a reentrant checkpoint serves in B (grads_in_b)
+                warnings.filterwarnings("ignore", message=".*reentrant activation checkpoint")
+                state = backward_input(outputs, cotangent_structure, prepared, recompute=recompute)
+            grads_in_b[:] = [name for name, leaf in zip(names, leaves, strict=True) if leaf.grad is not None]
+            regions = state._checkpoints
             del outputs
-            with weight_counter:
+            with weight_counter, _per_node(weight_counter, watched) as w_nodes:
                 backward_weight(state)
+            del watched
+            if regions is not None:
+                extra["recomputations"] = dict(regions.recomputations)
+                extra["recompute"] = str(Recompute(recompute))
             if not count_flops:
                 return prepared, state, groups, -1, -1
+            node_flops.update(
+                {
+                    node: {
+                        "full": full_nodes.get(node, 0),
+                        "b": b_nodes.get(node, 0),
+                        "w": w_nodes.get(node, 0),
+                    }
+                    for node in opaque
+                }
+            )
             return prepared, state, groups, input_counter.get_total_flops(), weight_counter.get_total_flops()
 
         extra: dict[str, Any] = {}
         try:
             prepared, state, groups, b_flops, w_flops = split_run(count_flops=True)
         except RuntimeError as error:
-            # FlopCounterMode is a dispatch mode with module hooks, which some PyTorch releases refuse in
-            # places (activation checkpointing recomputing the forward inside torch.autograd.grad raises
-            # "_will_engine_execute_node"). Verify the gradients without it, and say the FLOPs are missing.
+            # Counting FLOPs runs a dispatch mode over every op, which some ops or PyTorch releases may
+            # refuse. Verify the gradients without it, and say the FLOPs are missing.
+            node_flops.clear()
             prepared, state, groups, b_flops, w_flops = split_run(count_flops=False)
             reason = str(error).splitlines()[0][:160]
             extra["flops_note"] = (
@@ -492,6 +610,12 @@ def _verify_in_place(
         device=str(run_device),
         tolerance=tolerance,
         extra=extra,
+        opaque=[
+            OpaqueNodeCost(entry.node, entry.op, str(entry.kind), entry.meaning, node_flops[node])
+            for node, entry in opaque.items()
+            if node in node_flops
+        ],
+        grads_in_b=grads_in_b,
     )
 
 
@@ -505,6 +629,10 @@ def _cotangent(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor
 
 def _dominant_leaf_dtype(leaves: list[torch.Tensor]) -> torch.dtype:
     return leaves[0].dtype if leaves else torch.get_default_dtype()
+
+
+def _per_node(counter: Any, nodes: dict[str, Any]) -> Any:
+    return flops_per_node(counter, nodes) if nodes else contextlib.nullcontext({})
 
 
 def _named(value: Any) -> list[tuple[str, torch.Tensor]]:

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
+from graphkit.graph import _autograd
+
 __all__ = ["PreparedWeightGradient", "WeightGradient", "prepare"]
 
 # A rule's formula: the gradients the intermediate received (one per forward output) and the tensors the
@@ -362,6 +364,10 @@ def prepare(node: Node, weight_input_nrs: Sequence[int]) -> PreparedWeightGradie
     """
     factory = _rule_for(type(node))
     if factory is None:
+        return None
+    if _autograd.uses_saved_tensor_hooks(node):
+        # every read of a hooked tensor runs its unpack hook (for checkpointing: a recomputation, and
+        # outside an engine call one per read): the Node, called in W, unpacks them itself
         return None
     try:
         compute, tensors = factory(

@@ -94,16 +94,24 @@ def _flops_bars(flops: Mapping[str, int]) -> dict[str, Any] | None:
 
 
 def _extra_flops(inspection: Inspection) -> dict[str, Any] | None:
-    """How much more B + W costs than the full backward, when noticeably more, and whether a custom
-    Function is the likely reason."""
+    """How much more B + W costs than the full backward, when noticeably more, and why: the opaque Nodes
+    that repeat work as :func:`graphkit.verify_split` measured them (costliest first, with what each
+    kind means), else whether a custom Function is the likely reason."""
     flops = inspection.flops
     extra = flops["b"] + flops["w"] - flops["full"]
     if flops["full"] <= 0 or flops["b"] < 0 or extra <= 0.05 * flops["full"]:
         return None
+    measured = inspection.verify.opaque if inspection.verify is not None else []  # meta device: nothing ran
+    repeating = sorted((cost for cost in measured if cost.repeated > 0), key=lambda cost: -cost.repeated)
     return {
         "flops": extra,
         "percent": f"{100 * extra / flops['full']:.0f}",
         "custom_function": any(GroupFlag.CUSTOM_FUNCTION in group.flags for group in inspection.groups),
+        "repeating": [
+            {"node": cost.node, "op": cost.op, "kind": cost.kind, "repeated": cost.repeated}
+            for cost in repeating[:LISTED_NAMES]
+        ],
+        "meanings": {cost.kind: cost.meaning for cost in repeating},
     }
 
 

@@ -16,6 +16,9 @@ from graphkit.drawing.report.inspection import FILES, Inspection
 
 __all__ = ["Progress", "print_summary", "terminal_rows"]
 
+_LISTED = 3
+"""Opaque Nodes named in the summary's ``repeated`` row (costliest first) before the rest is counted."""
+
 
 class Progress:
     """One line per step on ``stream``; a ``rich`` progress bar instead when rich is installed and
@@ -157,6 +160,18 @@ def terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]]
     ]
     if inspection.groups.unused_params:
         rows.insert(3, ("unused", ", ".join(inspection.groups.unused_params)))
+    position = next(index for index, (label, _) in enumerate(rows) if label == "FLOPs") + 1
+    measured = verify.opaque if verify is not None else []  # on the meta device nothing ran
+    repeating = sorted((cost for cost in measured if cost.repeated > 0), key=lambda cost: -cost.repeated)
+    if repeating:  # where B + W costs more than a full backward, as verify_split measured it
+        listed = "; ".join(
+            f"{cost.node} {cost.op} [{cost.kind}] {flop_text(cost.repeated)}" for cost in repeating[:_LISTED]
+        )
+        more = f"; {len(repeating) - _LISTED} more" if len(repeating) > _LISTED else ""
+        rows.insert(position, ("repeated", listed + more))
+        position += 1
+    if verify is not None and verify.grads_in_b:
+        rows.insert(position, ("grads in B", ", ".join(verify.grads_in_b) + " (reentrant checkpoint)"))
     return rows
 
 
@@ -165,6 +180,7 @@ def print_summary(inspection: Inspection, output: Path, stream: TextIO) -> None:
     try:
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
     except ImportError:
         width = max(len(label) for label, _ in rows)
         for label, value in rows:
@@ -174,6 +190,6 @@ def print_summary(inspection: Inspection, output: Path, stream: TextIO) -> None:
     table = Table(title=f"graphkit inspect {inspection.spec}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    for label, value in rows:
-        table.add_row(label, value)
+    for label, value in rows:  # plain text: "[checkpointed]" or "layers[0]" are no rich markup
+        table.add_row(Text(label), Text(value))
     console.print(table)
