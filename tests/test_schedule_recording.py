@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from graphkit.cli import main
-from graphkit.models.schedule_pipeline_specs import load_pipeline_spec, mlp_pipeline
+from graphkit.models.pipeline_specs import mlp_pipeline
 from graphkit.split import schedule_recording
 from graphkit.split.schedule_recording import (
     COMPUTE_KINDS,
@@ -136,10 +136,10 @@ class _FailingOn(nn.Module):
 def test_recorder_restores_stages_and_schedules_also_when_the_step_raises():
     schedules = schedule_recording._schedules_module()
     originals = (schedules._batch_p2p, schedules._wait_batch_p2p)
-    stages_modules, inputs, loss_fn = mlp_pipeline(num_stages=2)
+    model = mlp_pipeline(num_stages=2, batch_size=4 * 8)
+    stages_modules, loss_fn = model.stages, model.loss_fn
     stages_modules[1] = _FailingOn(stages_modules[1])
-    spec = load_pipeline_spec("zoo-pipeline:mlp")
-    args, target = spec.batch(4)
+    args, target = model.inputs, model.schedule_target()
     with schedule_recording._process_group(0, 1, schedule_recording._free_port(), torch.device("cpu"), 30):
         built, stages = build_schedule(stages_modules, "ZBVZeroBubble", 4, 0, 1, torch.device("cpu"), loss_fn)
         with pytest.raises(RuntimeError, match="failed to run forward"):  # PipelineStage wraps the error
@@ -212,14 +212,14 @@ def test_a_failing_rank_is_reported_and_its_peer_ended(tmp_path: Path):
     path = tmp_path / "failing.py"
     path.write_text(
         "import torch\n"
-        "from graphkit.models.schedule_pipeline_specs import mlp_pipeline\n"
+        "from graphkit.models.pipeline_specs import mlp_pipeline\n"
         "class Broken(torch.nn.Module):\n"
         "    def forward(self, features):\n"
         "        raise ValueError('broken stage')\n"
-        "def pipeline():\n"
-        "    stages, inputs, loss = mlp_pipeline(num_stages=2)\n"
-        "    stages[1] = Broken()\n"
-        "    return stages, inputs, loss\n"
+        "def pipeline(num_stages, batch_size):\n"
+        "    model = mlp_pipeline(num_stages, batch_size)\n"
+        "    model.stages[1] = Broken()\n"
+        "    return model\n"
     )
     with pytest.raises(TimelineError, match="rank 1 failed: .*broken stage"):
         record_schedules(f"{path}:pipeline", ["1F1B"], microbatches=2, ranks=2, timeout_s=60)
