@@ -238,7 +238,11 @@ def _timeline(arguments: argparse.Namespace) -> int:
     from graphkit.drawing.timeline import write_timeline
 
     (timeline,) = _record(arguments, [arguments.schedule])
-    note = f"graphkit timeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks}"
+    stage = arguments.stage_class or arguments.stage
+    note = (
+        f"graphkit timeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks} "
+        f"({stage} stages)"
+    )
     for output in arguments.output:
         print(f"wrote {write_timeline(timeline, output, title=f'{timeline.schedule} timeline', note=note)}")
     print(
@@ -259,7 +263,8 @@ def _compare_schedules(arguments: argparse.Namespace) -> int:
     if arguments.output:
         folder = Path(arguments.output)
         folder.mkdir(parents=True, exist_ok=True)
-        note = f"graphkit compare-schedules {arguments.spec} --ranks {arguments.ranks}"
+        stage = arguments.stage_class or arguments.stage
+        note = f"graphkit compare-schedules {arguments.spec} --ranks {arguments.ranks} ({stage} stages)"
         for name in ("index.html", "timelines.svg", "timelines.png", "timelines.json"):
             write_timeline(timelines, folder / name, title="Schedules compared", note=note)
         print(f"wrote {folder / 'index.html'} (and timelines.svg, .png, .json)")

@@ -62,6 +62,7 @@ __all__ = [
     "ScheduleTimeline",
     "TimelineError",
     "build_schedule",
+    "memory_probe",
     "pipeline_stage_count",
     "record_rank_step",
     "record_schedules",
@@ -264,7 +265,9 @@ def _heap_probe() -> Callable[[], int] | None:
     return probe
 
 
-def _memory_probe(device: torch.device) -> tuple[Callable[[], int] | None, str]:
+def memory_probe(device: torch.device) -> tuple[Callable[[], int] | None, str]:
+    """A function returning memory in use in bytes on ``device`` (None where it cannot be measured), and
+    how it measures (see the module docstring: CUDA's ``memory_allocated``, glibc's ``mallinfo2``)."""
     if device.type == "cuda":
         return (
             lambda: torch.cuda.memory_allocated(device),
@@ -751,7 +754,7 @@ def record_rank_step(
         run: runs the step, e.g. ``lambda: schedule.step(*inputs, target=target)``.
         rank: this rank's index in the schedule's pipeline (for the schedule's own order).
         device: where the stages run (CUDA is synchronized and its peak memory measured).
-        probe: memory in use in bytes, sampled as each action ends (see :func:`_memory_probe`), or None.
+        probe: memory in use in bytes, sampled as each action ends (see :func:`memory_probe`), or None.
 
     Raises:
         whatever ``run()`` raises (the recorder is removed first); TimelineError as :class:`ScheduleRecorder`.
@@ -824,7 +827,7 @@ def _record_rank(
     """
     import torch.distributed as dist
 
-    probe, method = _memory_probe(device)
+    probe, method = memory_probe(device)
     pipeline.microbatches(microbatches)  # a batch that does not split evenly: a SpecError now
     args = tuple(value.to(device) if isinstance(value, torch.Tensor) else value for value in pipeline.inputs)
     batch = (args, pipeline.schedule_target().to(device))

@@ -431,9 +431,9 @@ def _recorded_step(
     case: Any,
 ) -> Any:
     """Run one step under :class:`~graphkit.split.schedule_recording.ScheduleRecorder`; this rank's timeline."""
-    from graphkit.split.schedule_recording import ScheduleTimeline, _memory_probe, record_rank_step
+    from graphkit.split.schedule_recording import ScheduleTimeline, memory_probe, record_rank_step
 
-    probe, method = _memory_probe(torch.device("cpu"))
+    probe, method = memory_probe(torch.device("cpu"))
     dist.barrier()  # every rank's time zero at the same moment
     rank = record_rank_step(
         schedule, stages, lambda: schedule.step(*inputs, target=target), mesh.pipeline_rank, "cpu", probe
