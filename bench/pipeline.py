@@ -3,10 +3,13 @@
     python bench/pipeline.py                       # 8 transformer layers d=256, 8 microbatches, 2 gloo ranks
     python bench/pipeline.py --schedule InterleavedZeroBubble --repeat 20
     python bench/pipeline.py --ranks 1 --device cuda   # all stages on one GPU (one process)
+    python bench/pipeline.py --spec zoo-pipeline:mlp_wide --batch 64   # any pipeline spec instead
 
 The model is ``--layers`` ``nn.TransformerEncoderLayer`` (``--width``, 4 heads, feed-forward 4 x width,
 no dropout) cut into ``2 x ranks`` stages, float32, a batch of ``--microbatches`` x ``--batch`` sequences
-of ``--seq`` tokens. In the same processes, the same weights run one schedule with
+of ``--seq`` tokens; or ``--spec``, any pipeline spec (:mod:`graphkit.models.pipeline_specs`, the format
+every pipeline command takes), built with ``2 x ranks`` stages and ``--microbatches x --batch`` rows.
+In the same processes, the same weights run one schedule with
 ``torch.distributed.pipelining.PipelineStage`` and one with ``graphkit.pipelining.PipelineStage``, steps
 alternating between them after warm-up; each step is timed between barriers on every rank, and the
 slowest rank counts. Printed: the median and the fastest step time of each, and graphkit's ratios over
@@ -27,6 +30,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from graphkit.models.pipeline_specs import load_pipeline_spec  # noqa: E402
 from graphkit.split.pipelining.launcher import run_on_processes  # noqa: E402
 from graphkit.split.pipelining.schedules import build_schedule, stage_indices  # noqa: E402
 
@@ -73,9 +77,20 @@ def time_steps(arguments: argparse.Namespace) -> dict[str, list[float]]:
     def loss_fn(output: torch.Tensor, goal: torch.Tensor) -> torch.Tensor:
         return nn.functional.mse_loss(output, goal)
 
+    def stage_modules() -> list[nn.Module]:
+        if arguments.spec is None:
+            return _stage_modules(arguments, device, num_stages)
+        model = load_pipeline_spec(arguments.spec, num_stages=num_stages, batch_size=batch, seed=0)
+        return [module.to(device) for module in model.stages]
+
+    if arguments.spec is not None:  # the spec's own batch and loss
+        model = load_pipeline_spec(arguments.spec, num_stages=num_stages, batch_size=batch, seed=0)
+        (inputs, *_), target, loss_fn = model.inputs, model.schedule_target().to(device), model.loss_fn
+        inputs = inputs.to(device)
+
     schedules = {}
     for name, stage_class in (("torch", TorchStage), ("graphkit", GraphkitStage)):
-        modules = _stage_modules(arguments, device, num_stages)
+        modules = stage_modules()
         stages = [stage_class(modules[index], index, num_stages, device) for index in mine]
         schedules[name] = (
             build_schedule(arguments.schedule, stages, arguments.microbatches, loss_fn, ranks=ranks),
@@ -100,6 +115,9 @@ def time_steps(arguments: argparse.Namespace) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="ZBVZeroBubble")
+    parser.add_argument(
+        "--spec", metavar="PIPELINE_SPEC", help="a pipeline spec instead of the transformer layers"
+    )
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=256)
@@ -111,7 +129,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="intra-op CPU threads per rank")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda with --ranks 1")
     arguments = parser.parse_args()
-    if arguments.layers % (2 * arguments.ranks):
+    if arguments.spec is None and arguments.layers % (2 * arguments.ranks):
         parser.error(f"--layers must be a multiple of 2 x ranks = {2 * arguments.ranks}")
     if arguments.ranks == 1:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -128,9 +146,14 @@ def main() -> None:
     }
     medians = {name: statistics.median(values) for name, values in steps.items()}
     fastest = {name: min(values) for name, values in steps.items()}
+    model = (
+        f"{arguments.spec}, {arguments.microbatches} microbatches of {arguments.batch}"
+        if arguments.spec
+        else f"{arguments.layers} transformer layers d={arguments.width}, "
+        f"{arguments.microbatches} microbatches of {arguments.batch}x{arguments.seq}"
+    )
     print(
-        f"{arguments.schedule}: {arguments.layers} transformer layers d={arguments.width}, "
-        f"{arguments.microbatches} microbatches of {arguments.batch}x{arguments.seq}, {arguments.ranks} rank(s), "
+        f"{arguments.schedule}: {model}, {arguments.ranks} rank(s), "
         f"{arguments.device}, {arguments.repeat} steps after {arguments.warmup} warm-up"
     )
     for name in ("torch", "graphkit"):

@@ -12,15 +12,18 @@ Subcommands::
     graphkit inspect [SPEC] [-o DIR] [--device cpu|cuda|meta] [--dtype ...] [--collapse DEPTH] [--max-nodes N]
     graphkit list    [--json]
     graphkit bench   SPEC [--repeat N] [--threads N] [--json]
-    graphkit costs   SPEC [--device ...] [--repeat N] [--warmup N] [--threads N] [--json]
-    graphkit timeline PIPELINE --schedule NAME [--microbatches N] [--ranks R] -o OUT.{svg,png,html,json}
-    graphkit compare-schedules PIPELINE [--schedules A,B,...] [--microbatches N] [--ranks R] [-o DIR]
+    graphkit costs   SPEC|PIPELINE_SPEC [--pipeline] [--num-stages N] [--batch-size B] [--microbatches M]
+                     [--device ...] [--repeat N] [--warmup N] [--threads N] [--json]
+    graphkit timeline PIPELINE_SPEC --schedule NAME [--microbatches N] [--ranks R] [--stage graphkit|torch]
+                     -o OUT.{svg,png,html,json}
+    graphkit compare-schedules PIPELINE_SPEC [--schedules A,B,...] [--microbatches N] [--ranks R] [-o DIR]
     graphkit verify-pipeline PIPELINE_SPEC --schedule NAME --microbatches N [--ranks R] [--ddp | --fsdp]
-                     [--steps N] [--stages-per-rank K] [--stage graphkit|torch] [--json]
+                     [--steps N] [--stages-per-rank K] [--stage graphkit|torch] [--timeline OUT] [--json]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
-(see :mod:`graphkit.models.specs`); PIPELINE_SPEC is ``path/to/file.py:function``, ``package.module:function``
-or ``hf:gpt2?key=value`` (see :mod:`graphkit.models.pipeline_specs`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
+(see :mod:`graphkit.models.specs`); PIPELINE_SPEC is ``path/to/file.py:function``, ``package.module:function``,
+``zoo-pipeline:NAME`` or ``hf:gpt2?key=value`` (one format for every pipeline command, see
+:mod:`graphkit.models.pipeline_specs`). Exit status: 0 on success, 1 when a verification fails, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -297,23 +300,20 @@ def _bench(arguments: argparse.Namespace) -> int:
 
 
 def _costs(arguments: argparse.Namespace) -> int:
-    from graphkit.models.schedule_pipeline_specs import PipelineSpec, load_stage_or_pipeline
-    from graphkit.split.costs import METHOD, PipelineCosts, pipeline_costs, stage_costs
+    from graphkit.split.costs import spec_costs
 
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
-    loaded = load_stage_or_pipeline(arguments.spec)
-    options = {"repeat": arguments.repeat, "warmup": arguments.warmup, "device": arguments.device}
-    if isinstance(loaded, PipelineSpec):
-        costs = pipeline_costs(
-            loaded.stages, loaded.microbatch_inputs, loaded.loss_fn, loaded.target, **options
-        )
-    else:
-        module, inputs = loaded
-        costs = PipelineCosts(
-            [stage_costs(module, inputs, **options)],
-            METHOD.format(repeat=arguments.repeat, warmup=arguments.warmup),
-        )
+    costs = spec_costs(
+        arguments.spec,
+        pipeline=True if arguments.pipeline else None,
+        num_stages=arguments.num_stages,
+        batch_size=arguments.batch_size,
+        microbatches=arguments.microbatches,
+        repeat=arguments.repeat,
+        warmup=arguments.warmup,
+        device=arguments.device,
+    )
     if arguments.json:
         print(costs.to_json())
     else:
@@ -334,8 +334,11 @@ def _record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
             device=arguments.device,
             threads=arguments.threads,
             timeout_s=arguments.timeout,
+            stage=arguments.stage,
             stage_class=arguments.stage_class,
             steps=arguments.steps,
+            stages_per_rank=arguments.stages_per_rank,
+            batch_size=arguments.batch_size,
         )
     except TimelineError as error:  # bad schedule, stages that do not divide, a failed rank: exit 2
         raise ValueError(str(error)) from error
@@ -345,7 +348,11 @@ def _timeline(arguments: argparse.Namespace) -> int:
     from graphkit.drawing.timeline import write_timeline
 
     (timeline,) = _record(arguments, [arguments.schedule])
-    note = f"graphkit timeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks}"
+    stage = arguments.stage_class or arguments.stage
+    note = (
+        f"graphkit timeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks} "
+        f"({stage} stages)"
+    )
     for output in arguments.output:
         print(f"wrote {write_timeline(timeline, output, title=f'{timeline.schedule} timeline', note=note)}")
     print(
@@ -366,7 +373,8 @@ def _compare_schedules(arguments: argparse.Namespace) -> int:
     if arguments.output:
         folder = Path(arguments.output)
         folder.mkdir(parents=True, exist_ok=True)
-        note = f"graphkit compare-schedules {arguments.spec} --ranks {arguments.ranks}"
+        stage = arguments.stage_class or arguments.stage
+        note = f"graphkit compare-schedules {arguments.spec} --ranks {arguments.ranks} ({stage} stages)"
         for name in ("index.html", "timelines.svg", "timelines.png", "timelines.json"):
             write_timeline(timelines, folder / name, title="Schedules compared", note=note)
         print(f"wrote {folder / 'index.html'} (and timelines.svg, .png, .json)")
@@ -387,7 +395,9 @@ def _verify_pipeline(arguments: argparse.Namespace) -> int:
         stage=arguments.stage,
         stages_per_rank=arguments.stages_per_rank,
         deadline=arguments.deadline,
+        timeline=bool(arguments.timeline),
     )
+    written = _write_checked_timeline(arguments, result) if arguments.timeline else []
     if arguments.json:
         payload = {
             "schedule": result.case.schedule,
@@ -411,6 +421,8 @@ def _verify_pipeline(arguments: argparse.Namespace) -> int:
                 }
                 for check in result.parameters
             ],
+            "timeline": result.timeline.summary() if result.timeline is not None else None,
+            "timeline_files": written,
         }
         print(json.dumps(payload, indent=1))
         return 0 if result.passed else 1
@@ -429,6 +441,13 @@ def _verify_pipeline(arguments: argparse.Namespace) -> int:
         print(
             f"backwards run: {calls['input']} B (graphkit), {calls['weight']} W (graphkit), {calls['full']} full"
         )
+    for path in written:
+        print(f"wrote {path}")
+    if result.timeline is not None:
+        print(
+            f"recorded the last step: {result.timeline.step_seconds * 1e3:.3f} ms, "
+            f"bubble {100 * result.timeline.bubble_fraction:.1f}%"
+        )
     if result.passed:
         verdict = (
             "exact: every gradient equals the full backward's bit for bit"
@@ -439,6 +458,22 @@ def _verify_pipeline(arguments: argparse.Namespace) -> int:
     else:
         print("NOT exact" if result.error is None else "FAILED")
     return 0 if result.passed else 1
+
+
+def _write_checked_timeline(arguments: argparse.Namespace, result: Any) -> list[str]:
+    """Draw the recorded step of a checked pipeline to each ``--timeline`` file (none if the step failed)."""
+    from graphkit.drawing.timeline import write_timeline
+
+    if result.timeline is None:
+        print("no timeline: the schedule step did not run to the end", file=sys.stderr)
+        return []
+    note = (
+        f"graphkit verify-pipeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks}"
+    )
+    title = f"{result.timeline.schedule} timeline ({result.case.stage} stages)"
+    return [
+        str(write_timeline(result.timeline, output, title=title, note=note)) for output in arguments.timeline
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -562,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument(
         "spec",
         metavar="PIPELINE_SPEC",
-        help="path/to/file.py:function, package.module:function or hf:gpt2?...",
+        help="path/to/file.py:function, package.module:function, zoo-pipeline:NAME or hf:gpt2?...",
     )
     pipeline.add_argument(
         "--schedule",
@@ -594,6 +629,12 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument(
         "--deadline", type=float, default=300.0, metavar="SECONDS", help="end spawned processes after this"
     )
+    pipeline.add_argument(
+        "--timeline",
+        action="append",
+        metavar="OUT",
+        help="also record the last step and draw it: OUT.svg, .png, .pdf, .html or .json (repeat for several)",
+    )
     pipeline.add_argument("--json", action="store_true", help="print JSON")
     pipeline.set_defaults(run=_verify_pipeline)
     return parser
@@ -604,6 +645,27 @@ def _add_costs_parser(commands: Any) -> None:
         "costs", help="time, FLOPs and memory of F, B and W per microbatch, for each stage (scheduler input)"
     )
     costs.add_argument("spec", metavar="SPEC", help="a model spec (one stage) or a pipeline spec")
+    costs.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="SPEC is a pipeline spec (needed for hf:gpt2 cut into stages; files are told apart by themselves)",
+    )
+    costs.add_argument(
+        "--num-stages", type=int, metavar="N", help="stages of a pipeline spec (default: its own, else 2)"
+    )
+    costs.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="whole batch of a pipeline spec (default: its own, else 8)",
+    )
+    costs.add_argument(
+        "--microbatches",
+        type=int,
+        default=1,
+        metavar="M",
+        help="split the batch into M microbatches and measure the first (default 1: the whole batch)",
+    )
     costs.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: where the model is)")
     costs.add_argument("--repeat", type=int, default=10, help="timed microbatches (medians; default 10)")
     costs.add_argument("--warmup", type=int, default=3, help="untimed microbatches first (default 3)")
@@ -616,7 +678,9 @@ def _add_costs_parser(commands: Any) -> None:
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "spec", metavar="PIPELINE", help="a pipeline spec (zoo-pipeline:mlp, path/to/file.py:function ...)"
+        "spec",
+        metavar="PIPELINE_SPEC",
+        help="a pipeline spec (zoo-pipeline:mlp, path/to/file.py:function, hf:gpt2 ...)",
     )
     parser.add_argument(
         "--microbatches", type=int, default=4, metavar="N", help="microbatches per step (default 4)"
@@ -645,9 +709,28 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         help="recorded steps per schedule, in rounds; the median one is drawn (default 3)",
     )
     parser.add_argument(
+        "--stage",
+        choices=["graphkit", "torch"],
+        default="graphkit",
+        help="whose PipelineStage to run: graphkit's (default) or PyTorch's",
+    )
+    parser.add_argument(
         "--stage-class",
         metavar="MODULE:CLASS",
-        help="the pipeline stage class (default: torch.distributed.pipelining.PipelineStage)",
+        help="another pipeline stage class (overrides --stage)",
+    )
+    parser.add_argument(
+        "--stages-per-rank",
+        type=int,
+        default=2,
+        metavar="K",
+        help="stages on each rank of the interleaved schedules (default 2; V schedules: 2, GPipe/1F1B: 1)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="the whole batch, split into the microbatches (default: 8 rows per microbatch)",
     )
 
 

@@ -9,13 +9,15 @@ Change one import and a zero-bubble schedule trains with every parameter's exact
 
 This module re-exports :mod:`graphkit.split.pipelining`: :class:`PipelineStage`, the drop-in functions
 :func:`stage_backward_input` / :func:`stage_backward_weight`, and :func:`check_pipeline`, which runs a real
-schedule step and compares every gradient with a full backward (also ``graphkit verify-pipeline``).
+schedule step and compares every gradient with a full backward (also ``graphkit verify-pipeline``), and
+the pipeline specs every pipeline command takes (:class:`PipelineModel`, :func:`load_pipeline_spec`,
+:func:`load_stage_or_pipeline`; :mod:`graphkit.models.pipeline_specs`).
 Importing it imports ``torch.distributed``; ``import graphkit`` does not.
 """
 
 from __future__ import annotations
 
-from graphkit.models.pipeline_specs import PipelineModel, load_pipeline_spec
+from graphkit.models.pipeline_specs import PipelineModel, load_pipeline_spec, load_stage_or_pipeline
 from graphkit.split.pipelining import (
     TESTED_TORCH,
     BackwardCalls,
@@ -48,6 +50,7 @@ __all__ = [
     "check_pipeline",
     "check_torch_contract",
     "load_pipeline_spec",
+    "load_stage_or_pipeline",
     "run_cases",
     "stage_backward_input",
     "stage_backward_weight",

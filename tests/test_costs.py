@@ -12,7 +12,7 @@ from torch import nn
 
 from graphkit.cli import main
 from graphkit.graph.tensors import GraphkitInputError
-from graphkit.models.schedule_pipeline_specs import load_pipeline_spec, load_stage_or_pipeline
+from graphkit.models.pipeline_specs import PipelineModel, load_pipeline_spec, load_stage_or_pipeline
 from graphkit.models.specs import SpecError
 from graphkit.split.costs import PipelineCosts, pipeline_costs, stage_costs
 
@@ -83,9 +83,10 @@ def test_scheduler_fields_are_net_changes_that_add_up_to_zero():
 
 def test_pipeline_costs_feed_each_stage_its_predecessors_outputs():
     spec = load_pipeline_spec("zoo-pipeline:mlp")
-    costs = pipeline_costs(spec.stages, spec.microbatch_inputs, spec.loss_fn, repeat=1, warmup=0)
+    inputs, target = spec.microbatch()
+    costs = pipeline_costs(spec.stages, inputs, spec.loss_fn, target, repeat=1, warmup=0)
     assert [stage.stage_index for stage in costs.stages] == [0, 1, 2, 3]
-    rows, width = spec.microbatch_inputs[0].shape
+    rows, width = inputs[0].shape
     hidden = 256
     first, middle, last = costs.stages[0], costs.stages[1], costs.stages[3]
     # the first stage's input needs no grad: B computes nothing, W both weight gradients and the
@@ -121,19 +122,20 @@ def test_pipeline_spec_from_a_file(tmp_path):
     path = tmp_path / "pipe.py"
     path.write_text(
         "import torch\n"
-        "def pipeline():\n"
+        "def pipeline(batch_size):\n"
         "    stages = [torch.nn.Linear(3, 3), torch.nn.Linear(3, 2)]\n"
-        "    return stages, (torch.randn(4, 3),), lambda output, target: output.sum()\n"
+        "    return stages, lambda output, target: output.sum(), (torch.randn(batch_size, 3),), None\n"
         "def model():\n"
         "    return torch.nn.Linear(3, 2), (torch.randn(4, 3, requires_grad=True),)\n"
         "def broken():\n"
-        "    return [torch.nn.Linear(3, 3)], 'text', None\n"
+        "    return [torch.nn.Linear(3, 3)], lambda output, target: output.sum(), 'text', None\n"
     )
-    loaded = load_stage_or_pipeline(f"{path}:pipeline")
-    assert len(loaded.stages) == 2 and loaded.batch(3)[0][0].shape == (12, 3)
+    loaded = load_stage_or_pipeline(f"{path}:pipeline", batch_size=12)
+    assert isinstance(loaded, PipelineModel)
+    assert len(loaded.stages) == 2 and loaded.inputs[0].shape == (12, 3)
     module, inputs = load_stage_or_pipeline(f"{path}:model")
     assert isinstance(module, nn.Linear) and inputs[0].shape == (4, 3)
-    with pytest.raises(SpecError, match="microbatch_inputs is a str"):
+    with pytest.raises(SpecError, match="inputs is a str"):
         load_stage_or_pipeline(f"{path}:broken")
     with pytest.raises(SpecError, match="unknown built-in pipeline"):
         load_pipeline_spec("zoo-pipeline:nope")

@@ -127,7 +127,7 @@ def test_notebook_pages_carry_their_executed_outputs(built_docs: Path) -> None:
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-@pytest.mark.parametrize("page", ["index.md", "getting_started.md", "cli.md"])
+@pytest.mark.parametrize("page", ["index.md", "getting_started.md", "cli.md", "pipeline_specs.md"])
 def test_python_examples_on_the_page_run(
     page: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

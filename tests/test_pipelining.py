@@ -341,3 +341,43 @@ def test_split_state_holds_no_output_so_outputs_may_be_dropped_or_detached_after
     backward_weight(state)
     reference(x.detach().clone().requires_grad_()).backward(cotangent)
     assert torch.equal(stage.weight.grad, reference.weight.grad)
+
+
+def test_verify_pipeline_timeline_draws_the_checked_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import json
+    from collections import Counter
+
+    from graphkit.cli import main
+    from graphkit.split.schedule_recording import ScheduleTimeline
+
+    svg, data = tmp_path / "checked.svg", tmp_path / "checked.json"
+    command = ["verify-pipeline", "zoo-pipeline:mlp", "--schedule", "ZBVZeroBubble", "--microbatches", "4"]
+    assert main([*command, "--steps", "2", "--timeline", str(svg), "--timeline", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {svg}" in out and "bubble" in out and "bit for bit" in out
+    assert svg.read_text().startswith("<svg")
+    timeline = ScheduleTimeline.from_dict(json.loads(data.read_text()))
+    (rank,) = timeline.ranks
+    assert timeline.schedule == "ScheduleZBVZeroBubble" and rank.stages == [0, 1]
+    assert rank.compute_order() == rank.expected_order  # the schedule's own action list
+    counts = Counter((action.stage_index, action.kind) for action in rank.compute_actions())
+    assert counts == {(stage, kind): 4 for stage in (0, 1) for kind in "FIW"}  # one step recorded: the last
+    assert main([*command, "--json", "--timeline", str(tmp_path / "again.html")]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["passed"] and payload["timeline"]["schedule"] == "ScheduleZBVZeroBubble"
+    assert payload["timeline_files"] == [str(tmp_path / "again.html")]
+
+
+@pytest.mark.slow
+def test_check_pipeline_records_a_timeline_on_every_rank_across_two_processes() -> None:
+    result = check_pipeline(spec("mlp"), schedule="ZBVZeroBubble", microbatches=4, ranks=2, timeline=True)
+    assert result.passed, result.error or result.table()
+    timeline = result.timeline
+    assert [rank.rank for rank in timeline.ranks] == [0, 1]
+    assert [rank.stages for rank in timeline.ranks] == [[0, 3], [1, 2]]
+    for rank in timeline.ranks:
+        assert rank.compute_order() == rank.expected_order
+        assert rank.comm_order() == rank.expected_comms and rank.expected_comms
+    assert 0 < timeline.bubble_fraction < 1

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from graphkit.cli import main
-from graphkit.models.schedule_pipeline_specs import load_pipeline_spec, mlp_pipeline
+from graphkit.models.pipeline_specs import mlp_pipeline
+from graphkit.models.specs import SpecError
 from graphkit.split import schedule_recording
 from graphkit.split.schedule_recording import (
     COMPUTE_KINDS,
@@ -136,10 +137,10 @@ class _FailingOn(nn.Module):
 def test_recorder_restores_stages_and_schedules_also_when_the_step_raises():
     schedules = schedule_recording._schedules_module()
     originals = (schedules._batch_p2p, schedules._wait_batch_p2p)
-    stages_modules, inputs, loss_fn = mlp_pipeline(num_stages=2)
+    model = mlp_pipeline(num_stages=2, batch_size=4 * 8)
+    stages_modules, loss_fn = model.stages, model.loss_fn
     stages_modules[1] = _FailingOn(stages_modules[1])
-    spec = load_pipeline_spec("zoo-pipeline:mlp")
-    args, target = spec.batch(4)
+    args, target = model.inputs, model.schedule_target()
     with schedule_recording._process_group(0, 1, schedule_recording._free_port(), torch.device("cpu"), 30):
         built, stages = build_schedule(stages_modules, "ZBVZeroBubble", 4, 0, 1, torch.device("cpu"), loss_fn)
         with pytest.raises(RuntimeError, match="failed to run forward"):  # PipelineStage wraps the error
@@ -212,14 +213,14 @@ def test_a_failing_rank_is_reported_and_its_peer_ended(tmp_path: Path):
     path = tmp_path / "failing.py"
     path.write_text(
         "import torch\n"
-        "from graphkit.models.schedule_pipeline_specs import mlp_pipeline\n"
+        "from graphkit.models.pipeline_specs import mlp_pipeline\n"
         "class Broken(torch.nn.Module):\n"
         "    def forward(self, features):\n"
         "        raise ValueError('broken stage')\n"
-        "def pipeline():\n"
-        "    stages, inputs, loss = mlp_pipeline(num_stages=2)\n"
-        "    stages[1] = Broken()\n"
-        "    return stages, inputs, loss\n"
+        "def pipeline(num_stages, batch_size):\n"
+        "    model = mlp_pipeline(num_stages, batch_size)\n"
+        "    model.stages[1] = Broken()\n"
+        "    return model\n"
     )
     with pytest.raises(TimelineError, match="rank 1 failed: .*broken stage"):
         record_schedules(f"{path}:pipeline", ["1F1B"], microbatches=2, ranks=2, timeout_s=60)
@@ -231,3 +232,62 @@ def test_the_median_of_several_recorded_steps_is_kept():
     assert len(times) == 3
     assert timeline.step_seconds == sorted(times)[1]
     assert timeline.ranks[0].compute_order() == timeline.ranks[0].expected_order
+
+
+# --- whose stage, and how many stages -----------------------------------------------------------------------
+def test_timeline_runs_graphkits_stage_by_default_and_pytorchs_with_stage_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from torch.distributed.pipelining import PipelineStage as TorchStage
+
+    from graphkit.split.pipelining.stage import PipelineStage as GraphkitStage
+
+    built: list[type] = []
+    original = schedule_recording.build_schedule
+
+    def spy(*args, **kwargs):
+        schedule, stages = original(*args, **kwargs)
+        built.extend(type(stage) for stage in stages)
+        return schedule, stages
+
+    monkeypatch.setattr(schedule_recording, "build_schedule", spy)
+    command = ["timeline", "zoo-pipeline:mlp", "--schedule", "ZBVZeroBubble", "--microbatches", "2"]
+    assert main([*command, "--steps", "1", "-o", str(tmp_path / "graphkit.json")]) == 0
+    assert built == [GraphkitStage, GraphkitStage]
+    graphkit_timeline = ScheduleTimeline.from_dict(json.loads((tmp_path / "graphkit.json").read_text()))
+    built.clear()
+    assert main([*command, "--steps", "1", "--stage", "torch", "-o", str(tmp_path / "torch.json")]) == 0
+    assert built == [TorchStage, TorchStage]
+    torch_timeline = ScheduleTimeline.from_dict(json.loads((tmp_path / "torch.json").read_text()))
+    # both run the schedule's own action list, F, I and W on each stage
+    for timeline in (graphkit_timeline, torch_timeline):
+        (rank,) = timeline.ranks
+        assert rank.compute_order() == rank.expected_order
+        assert {action.kind for action in rank.compute_actions()} == {"F", "I", "W"}
+    built.clear()
+    stage_class = "torch.distributed.pipelining:PipelineStage"
+    assert main([*command, "--steps", "1", "--stage-class", stage_class, "-o", str(tmp_path / "c.json")]) == 0
+    assert built == [TorchStage, TorchStage]
+    assert main([*command, "--stage-class", "nowhere:Stage", "-o", str(tmp_path / "x.json")]) == 2
+
+
+def test_a_spec_function_is_built_with_the_stages_the_schedules_need():
+    calls: list[tuple[int, int]] = []
+
+    def pipeline(num_stages: int, batch_size: int):
+        calls.append((num_stages, batch_size))
+        return mlp_pipeline(num_stages, batch_size, width=8, hidden=8)
+
+    assert schedule_recording.pipeline_stage_count(["1F1B"], 2) == 2
+    assert schedule_recording.pipeline_stage_count(["1F1B", "ZBVZeroBubble"], 2) == 4
+    assert schedule_recording.pipeline_stage_count(["Interleaved1F1B"], 2, stages_per_rank=3) == 6
+    assert schedule_recording.pipeline_stage_count(["ZBVZeroBubble", "Interleaved1F1B"], 1, 3) == 6
+    (one_f_one_b,) = record_schedules(pipeline, ["1F1B"], microbatches=2)
+    assert calls[-1] == (1, 2 * 8) and one_f_one_b.num_stages == 1  # 8 rows per microbatch by default
+    timelines = record_schedules(pipeline, ["1F1B", "ZBVZeroBubble"], microbatches=4, batch_size=12)
+    assert calls[-1] == (2, 12)
+    assert [timeline.num_stages for timeline in timelines] == [1, 2]  # 1F1B chains the two modules
+    (interleaved,) = record_schedules(pipeline, ["InterleavedZeroBubble"], microbatches=2, stages_per_rank=3)
+    assert calls[-1] == (3, 16) and interleaved.ranks[0].stages == [0, 1, 2]
+    with pytest.raises(SpecError, match="does not split into 4 equal microbatches"):
+        record_schedules(pipeline, ["1F1B"], microbatches=4, batch_size=6)

@@ -4,10 +4,10 @@
 - :mod:`graphkit.models.huggingface`: ``transformers`` models from small configs, random weights
   (``hf:ARCH?key=value``, extra ``models``);
 - :mod:`graphkit.models.specs`: :func:`load_spec`, which turns a spec string into ``(module, inputs)``;
-- :mod:`graphkit.models.pipeline_specs`: pipeline specs for ``graphkit verify-pipeline``:
-  ``(stages, loss_fn, inputs, target)`` and ``hf:gpt2`` cut into stages;
-- :mod:`graphkit.models.schedule_pipeline_specs`: pipeline specs for ``graphkit costs``, ``timeline`` and
-  ``compare-schedules``: ``(stages, microbatch_inputs, loss_fn)`` and the built-in ``zoo-pipeline:NAME``.
+- :mod:`graphkit.models.pipeline_specs`: pipeline specs, one format for every pipeline command
+  (``verify-pipeline``, ``costs``, ``timeline``, ``compare-schedules``): a function of ``num_stages`` and
+  ``batch_size`` returning ``(stages, loss_fn, inputs, target)`` for the whole batch, the built-in
+  ``zoo-pipeline:NAME`` and ``hf:gpt2`` cut into stages.
 
 Models sit beside the graph layer at the bottom: they import nothing else of graphkit.
 """

@@ -5,7 +5,8 @@ Zero-bubble schedulers plan with the time and memory of each stage's three passe
 weight-gradient backward, :func:`graphkit.split.backward.backward_weight`). The automatic scheduler of
 Qi et al. ("Zero Bubble Pipeline Parallelism", ICLR 2024, ``GraphConfig(cost_f, cost_b, cost_w,
 cost_comm, mem_f, mem_b, mem_w, max_mem)``) and ColossalAI's V-schedule builder take exactly these;
-:func:`stage_costs` measures them for one stage, :func:`pipeline_costs` for each stage of a pipeline.
+:func:`stage_costs` measures them for one stage, :func:`pipeline_costs` for each stage of a pipeline,
+:func:`spec_costs` for a model spec or a pipeline spec (:mod:`graphkit.models.pipeline_specs`).
 
 Method (all in one run, on the device the stage lives on):
 
@@ -47,7 +48,7 @@ from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.benchmark import _saved_tensors_below, memory_kept
 from graphkit.split.verification import call_stage, fresh_inputs
 
-__all__ = ["PassCost", "PipelineCosts", "StageCosts", "pipeline_costs", "stage_costs"]
+__all__ = ["PassCost", "PipelineCosts", "StageCosts", "pipeline_costs", "spec_costs", "stage_costs"]
 
 METHOD = (
     "time: median wall time over {repeat} microbatches after {warmup} warm-up ones (time.perf_counter, "
@@ -470,3 +471,47 @@ def pipeline_costs(
                 for tensor in _as_args(outputs)
             )
     return PipelineCosts(results, METHOD.format(repeat=repeat, warmup=warmup))
+
+
+def spec_costs(
+    spec: str,
+    *,
+    pipeline: bool | None = None,
+    num_stages: int | None = None,
+    batch_size: int | None = None,
+    microbatches: int = 1,
+    repeat: int = 10,
+    warmup: int = 3,
+    device: str | torch.device | None = None,
+) -> PipelineCosts:
+    """The costs ``graphkit costs SPEC`` prints: of one stage (a model spec) or of every stage of a pipeline.
+
+    Args:
+        spec: a model spec (:func:`graphkit.models.specs.load_spec`: its module is one stage, measured on
+            its inputs) or a pipeline spec (:mod:`graphkit.models.pipeline_specs`), as
+            :func:`graphkit.models.pipeline_specs.load_stage_or_pipeline` tells them apart.
+        pipeline: True: ``spec`` is a pipeline spec (``hf:gpt2`` cut into stages is one only so); False: a
+            model spec; None: decide.
+        num_stages, batch_size: for a pipeline spec, as
+            :func:`~graphkit.models.pipeline_specs.load_pipeline_spec` (None: the function's defaults).
+        microbatches: the whole batch is split into this many along dimension 0 (as a schedule splits it)
+            and the first microbatch is measured; 1: the whole batch is one microbatch.
+        repeat, warmup, device: as :func:`stage_costs`.
+
+    Raises:
+        graphkit.models.specs.SpecError: the spec does not load, or its batch does not split.
+        GraphkitInputError: as :func:`stage_costs`.
+    """
+    from graphkit.models.pipeline_specs import PipelineModel, load_stage_or_pipeline
+
+    loaded = load_stage_or_pipeline(spec, pipeline=pipeline, num_stages=num_stages, batch_size=batch_size)
+    if isinstance(loaded, PipelineModel):
+        inputs, target = loaded.microbatch(microbatches)
+        return pipeline_costs(
+            loaded.stages, inputs, loaded.loss_fn, target, repeat=repeat, warmup=warmup, device=device
+        )
+    module, inputs = loaded
+    return PipelineCosts(
+        [stage_costs(module, inputs, repeat=repeat, warmup=warmup, device=device)],
+        METHOD.format(repeat=repeat, warmup=warmup),
+    )

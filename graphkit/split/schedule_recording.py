@@ -5,12 +5,13 @@
 ``backward_weight_one_chunk`` -> W) and the point-to-point plumbing the schedules go through
 (``stage.get_{fwd,bwd}_{send,recv}_ops`` to learn which ops belong to which action, and the
 ``_batch_p2p`` / ``_wait_batch_p2p`` helpers of ``torch/distributed/pipelining/schedules.py`` to time
-when they are issued and waited for). It works with any stage class - PyTorch's ``PipelineStage`` or a
-subclass - and every schedule built on those helpers; everything is restored on exit, also when the
+when they are issued and waited for). It works with any stage class - graphkit's ``PipelineStage``
+(:mod:`graphkit.split.pipelining.stage`, the default here), PyTorch's, or another subclass - and every
+schedule built on those helpers; everything is restored on exit, also when the
 step raises. The private names it relies on are pinned by ``tests/test_schedule_recording.py``.
 
 :func:`record_schedules` runs one real schedule step per schedule on a pipeline spec
-(:mod:`graphkit.models.schedule_pipeline_specs`) and returns a :class:`ScheduleTimeline` for each: either in this
+(:mod:`graphkit.models.pipeline_specs`, built with as many stages as the schedules need) and returns a :class:`ScheduleTimeline` for each: either in this
 process, with a world-size-1 gloo group and every stage on rank 0 (``ranks=1``), or in ``ranks`` spawned
 processes on 127.0.0.1 (gloo on the CPU, NCCL on CUDA), each with its share of the stages. Every
 schedule first runs one unrecorded step (shape inference, first-touch allocations), then ``steps``
@@ -54,15 +55,21 @@ from torch import nn
 
 __all__ = [
     "COMPUTE_KINDS",
+    "STAGE_CLASSES",
     "RankTimeline",
     "RecordedAction",
     "ScheduleRecorder",
     "ScheduleTimeline",
     "TimelineError",
     "build_schedule",
+    "memory_probe",
+    "pipeline_stage_count",
+    "record_rank_step",
     "record_schedules",
     "schedule_comm_order",
     "schedule_compute_order",
+    "schedule_stage_count",
+    "stage_assignment",
 ]
 
 COMPUTE_KINDS = ("F", "I", "W", "B")
@@ -258,7 +265,9 @@ def _heap_probe() -> Callable[[], int] | None:
     return probe
 
 
-def _memory_probe(device: torch.device) -> tuple[Callable[[], int] | None, str]:
+def memory_probe(device: torch.device) -> tuple[Callable[[], int] | None, str]:
+    """A function returning memory in use in bytes on ``device`` (None where it cannot be measured), and
+    how it measures (see the module docstring: CUDA's ``memory_allocated``, glibc's ``mallinfo2``)."""
     if device.type == "cuda":
         return (
             lambda: torch.cuda.memory_allocated(device),
@@ -540,13 +549,44 @@ def _is_v_schedule(cls: type) -> bool:
     return issubclass(cls, schedules.ScheduleZBVZeroBubble | schedules.ScheduleDualPipeV)
 
 
-def stage_assignment(cls: type, num_modules: int, ranks: int) -> tuple[int, list[list[int]]]:
+def schedule_stage_count(cls: type, ranks: int, stages_per_rank: int = 2) -> int:
+    """How many stages schedule class ``cls`` runs on ``ranks`` ranks: one per rank for single-stage
+    schedules (GPipe, 1F1B), two per rank for the V schedules (ZBV, DualPipeV), ``stages_per_rank`` per
+    rank for the other multi-stage (interleaved) ones."""
+    schedules = _schedules_module()
+    if issubclass(cls, schedules.PipelineScheduleSingle):
+        return ranks
+    if _is_v_schedule(cls):
+        return 2 * ranks
+    return stages_per_rank * ranks
+
+
+def pipeline_stage_count(schedules: Sequence[str | type], ranks: int, stages_per_rank: int = 2) -> int:
+    """How many stage modules to build so that every schedule runs the same ones: the least common
+    multiple of :func:`schedule_stage_count` over ``schedules`` (a schedule that needs fewer stages
+    chains consecutive modules into one, see :func:`stage_assignment`).
+
+    Raises:
+        TimelineError: an unknown schedule, or ``ranks`` or ``stages_per_rank`` below 1.
+    """
+    import math
+
+    if ranks < 1 or stages_per_rank < 1:
+        raise TimelineError(
+            f"ranks and stages_per_rank must be at least 1, got {ranks} and {stages_per_rank}"
+        )
+    counts = [schedule_stage_count(schedule_class(name), ranks, stages_per_rank) for name in schedules]
+    return math.lcm(*counts) if counts else ranks
+
+
+def stage_assignment(
+    cls: type, num_modules: int, ranks: int, stages_per_rank: int = 2
+) -> tuple[int, list[list[int]]]:
     """``(num_stages, modules of each stage)`` and which stages each rank runs, for a schedule class.
 
-    Single-stage schedules (GPipe, 1F1B) run one stage per rank, V schedules (ZBV, DualPipeV) exactly
-    two: consecutive modules are chained into that many stages, so every schedule runs the same modules
-    in the same order. Other multi-stage schedules keep one stage per module. Stages are placed as
-    PyTorch places them (``loop``: stage ``s`` on rank ``s % ranks``; ``v`` for ZBV and DualPipeV).
+    The schedule runs :func:`schedule_stage_count` stages; consecutive modules are chained into that many
+    stages, so every schedule runs the same modules in the same order. Stages are placed as PyTorch
+    places them (``loop``: stage ``s`` on rank ``s % ranks``; ``v`` for ZBV and DualPipeV).
 
     Returns:
         ``(num_stages, stages_of_rank)`` with ``stages_of_rank[r]`` the stage indices of rank ``r``.
@@ -555,12 +595,7 @@ def stage_assignment(cls: type, num_modules: int, ranks: int) -> tuple[int, list
         TimelineError: the modules do not divide evenly among the ranks.
     """
     schedules = _schedules_module()
-    if issubclass(cls, schedules.PipelineScheduleSingle):
-        num_stages = ranks
-    elif _is_v_schedule(cls):
-        num_stages = 2 * ranks
-    else:
-        num_stages = num_modules
+    num_stages = schedule_stage_count(cls, ranks, stages_per_rank)
     if num_modules % num_stages or num_stages % ranks:
         raise TimelineError(
             f"{cls.__name__} on {ranks} rank(s) runs {num_stages} stages, and {num_modules} stage modules "
@@ -575,14 +610,30 @@ def stage_assignment(cls: type, num_modules: int, ranks: int) -> tuple[int, list
     return num_stages, [sorted(s for s, r in mapping.items() if r == rank) for rank in range(ranks)]
 
 
-def _resolve_stage_class(stage_class: str | type | None) -> Any:
-    if stage_class is None:
-        from torch.distributed.pipelining import PipelineStage
+STAGE_CLASSES = {
+    "graphkit": "graphkit.split.pipelining.stage:PipelineStage",
+    "torch": "torch.distributed.pipelining:PipelineStage",
+}
+"""The stage classes by the names of ``--stage``: graphkit's (the default) and PyTorch's own."""
 
-        return PipelineStage
+
+def _resolve_stage_class(stage_class: str | type | None) -> Any:
+    """The class for ``graphkit`` (or None), ``torch``, ``package.module:Class`` or a class.
+
+    Raises:
+        TimelineError: a name that is none of those, or a class that cannot be imported.
+    """
+    stage_class = STAGE_CLASSES.get(stage_class, stage_class) if isinstance(stage_class, str) else stage_class
+    if stage_class is None:
+        stage_class = STAGE_CLASSES["graphkit"]
     if isinstance(stage_class, str):
-        module_name, _, name = stage_class.partition(":")
-        return getattr(importlib.import_module(module_name), name)
+        module_name, colon, name = stage_class.partition(":")
+        if not colon or not name:
+            raise TimelineError(f"stage class {stage_class!r}: give graphkit, torch or package.module:Class")
+        try:
+            return getattr(importlib.import_module(module_name), name)
+        except (ImportError, AttributeError) as error:
+            raise TimelineError(f"stage class {stage_class!r} cannot be imported: {error}") from None
     return stage_class
 
 
@@ -595,16 +646,19 @@ def build_schedule(
     device: torch.device,
     loss_fn: Callable[..., torch.Tensor] | None,
     stage_class: str | type | None = None,
+    stages_per_rank: int = 2,
 ) -> tuple[Any, list[Any]]:
-    """This rank's stages (``stage_class``, default PyTorch's ``PipelineStage``) and the schedule over them.
+    """This rank's stages and the schedule over them.
 
-    Call inside an initialised default process group of ``ranks`` processes.
+    ``stage_class``: ``"graphkit"`` or None (graphkit's ``PipelineStage``, the default), ``"torch"``
+    (PyTorch's), ``"package.module:Class"`` or a class. Call inside an initialised default process group
+    of ``ranks`` processes.
 
     Raises:
-        TimelineError: see :func:`stage_assignment`.
+        TimelineError: see :func:`stage_assignment` and :func:`_resolve_stage_class`.
     """
     cls = schedule_class(schedule)
-    num_stages, stages_of_rank = stage_assignment(cls, len(modules), ranks)
+    num_stages, stages_of_rank = stage_assignment(cls, len(modules), ranks, stages_per_rank)
     factory = _resolve_stage_class(stage_class)
     per_stage = len(modules) // num_stages
     stages = []
@@ -670,17 +724,65 @@ def _prepare_schedule(
     device: torch.device,
     stage_class: str | type | None,
     batch: tuple[tuple[Any, ...], torch.Tensor],
+    stages_per_rank: int,
 ) -> tuple[Any, list[Any], list[nn.Module]]:
     """Build a schedule on fresh copies of the stage modules and run its unrecorded warm-up step."""
     import copy
 
     modules = [copy.deepcopy(module) for module in pipeline.stages]  # every schedule starts alike
     built, stages = build_schedule(
-        modules, name, microbatches, rank, ranks, device, pipeline.loss_fn, stage_class
+        modules, name, microbatches, rank, ranks, device, pipeline.loss_fn, stage_class, stages_per_rank
     )
     args, target = batch
     built.step(*args, target=target)  # shape inference and first allocations
     return built, stages, modules
+
+
+def record_rank_step(
+    schedule: Any,
+    stages: Sequence[Any],
+    run: Callable[[], Any],
+    rank: int,
+    device: torch.device | str = "cpu",
+    probe: Callable[[], int] | None = None,
+) -> RankTimeline:
+    """Record what ``run()`` (one step of ``schedule``) does on this rank's ``stages``: a :class:`RankTimeline`.
+
+    Args:
+        schedule: the schedule object (its action list gives ``expected_order`` / ``expected_comms``).
+        stages: this rank's stages (any ``torch.distributed.pipelining`` stage class).
+        run: runs the step, e.g. ``lambda: schedule.step(*inputs, target=target)``.
+        rank: this rank's index in the schedule's pipeline (for the schedule's own order).
+        device: where the stages run (CUDA is synchronized and its peak memory measured).
+        probe: memory in use in bytes, sampled as each action ends (see :func:`memory_probe`), or None.
+
+    Raises:
+        whatever ``run()`` raises (the recorder is removed first); TimelineError as :class:`ScheduleRecorder`.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    base_peak = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    with ScheduleRecorder(stages, probe) as recorder:
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        step_seconds = recorder.now()
+    samples = [action.memory_bytes for action in recorder.actions if action.memory_bytes is not None]
+    if device.type == "cuda":
+        peak: int | None = torch.cuda.max_memory_allocated(device) - base_peak
+    else:
+        peak = max(samples, default=0) if probe is not None else None
+    return RankTimeline(
+        rank,
+        [stage.stage_index for stage in stages],
+        sorted(recorder.actions, key=lambda action: action.start),
+        step_seconds,
+        peak,
+        schedule_compute_order(schedule, rank),
+        schedule_comm_order(schedule, rank),
+    )
 
 
 def _record_step(
@@ -703,29 +805,7 @@ def _record_step(
     built._internal_losses.clear()
     gc.collect()
     dist.barrier()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    base_peak = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    with ScheduleRecorder(stages, probe) as recorder:
-        built.step(*args, target=target)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_seconds = recorder.now()
-    samples = [action.memory_bytes for action in recorder.actions if action.memory_bytes is not None]
-    if device.type == "cuda":
-        peak: int | None = torch.cuda.max_memory_allocated(device) - base_peak
-    else:
-        peak = max(samples, default=0) if probe is not None else None
-    return RankTimeline(
-        rank,
-        [stage.stage_index for stage in stages],
-        sorted(recorder.actions, key=lambda action: action.start),
-        step_seconds,
-        peak,
-        schedule_compute_order(built, rank),
-        schedule_comm_order(built, rank),
-    )
+    return record_rank_step(built, stages, lambda: built.step(*args, target=target), rank, device, probe)
 
 
 def _record_rank(
@@ -737,6 +817,7 @@ def _record_rank(
     device: torch.device,
     stage_class: str | type | None,
     steps: int = 1,
+    stages_per_rank: int = 2,
 ) -> list[tuple[str, int, RankTimeline, str]]:
     """Record every schedule on this rank: a warm-up step each, then ``steps`` rounds of one step each.
 
@@ -746,12 +827,14 @@ def _record_rank(
     """
     import torch.distributed as dist
 
-    probe, method = _memory_probe(device)
-    args, target = pipeline.batch(microbatches)
-    args = tuple(value.to(device) if isinstance(value, torch.Tensor) else value for value in args)
-    batch = (args, target.to(device))
+    probe, method = memory_probe(device)
+    pipeline.microbatches(microbatches)  # a batch that does not split evenly: a SpecError now
+    args = tuple(value.to(device) if isinstance(value, torch.Tensor) else value for value in pipeline.inputs)
+    batch = (args, pipeline.schedule_target().to(device))
     prepared = [
-        _prepare_schedule(pipeline, name, microbatches, rank, ranks, device, stage_class, batch)
+        _prepare_schedule(
+            pipeline, name, microbatches, rank, ranks, device, stage_class, batch, stages_per_rank
+        )
         for name in schedules
     ]
     rounds: list[list[RankTimeline]] = [[] for _ in prepared]
@@ -774,14 +857,18 @@ def _record_rank(
     return results
 
 
+def _load(spec: Any, num_stages: int, batch_size: int) -> Any:
+    from graphkit.models.pipeline_specs import load_pipeline_spec
+
+    return load_pipeline_spec(spec, num_stages=num_stages, batch_size=batch_size, seed=0)
+
+
 def _rank_main(config: dict[str, Any]) -> int:
     """Entry point of a spawned rank (``python -m graphkit.split.schedule_recording CONFIG``).
 
     Records, then writes ``{"payload": ...}`` or ``{"error": text}`` to ``config["result"]``.
     """
     try:
-        from graphkit.models.schedule_pipeline_specs import load_pipeline_spec
-
         rank, ranks = config["rank"], config["ranks"]
         torch.set_num_threads(config["threads"])
         device = torch.device(config["device"])
@@ -790,7 +877,7 @@ def _rank_main(config: dict[str, Any]) -> int:
             torch.cuda.set_device(device)
         with _process_group(rank, ranks, config["port"], device, config["timeout_s"]):
             recorded = _record_rank(
-                load_pipeline_spec(config["spec"]),
+                _load(config["spec"], config["num_stages"], config["batch_size"]),
                 config["schedules"],
                 config["microbatches"],
                 rank,
@@ -798,6 +885,7 @@ def _rank_main(config: dict[str, Any]) -> int:
                 device,
                 config["stage_class"],
                 config["steps"],
+                config["stages_per_rank"],
             )
         result: dict[str, Any] = {
             "payload": [
@@ -823,62 +911,102 @@ def record_schedules(
     device: str | torch.device = "cpu",
     threads: int = 1,
     timeout_s: float = 120.0,
+    stage: str = "graphkit",
     stage_class: str | type | None = None,
     steps: int = 1,
+    stages_per_rank: int = 2,
+    batch_size: int | None = None,
 ) -> list[ScheduleTimeline]:
     """Run one recorded step of each schedule on the same pipeline, in one run; a timeline for each.
 
     Args:
-        pipeline: a pipeline spec string, or (``ranks=1`` only) a loaded
-            :class:`~graphkit.models.schedule_pipeline_specs.PipelineSpec`.
+        pipeline: a pipeline spec (:mod:`graphkit.models.pipeline_specs`), built with
+            :func:`pipeline_stage_count` stages and ``batch_size`` rows, under seed 0 on every rank; or
+            (``ranks=1`` only) a function as a spec takes, or a loaded
+            :class:`~graphkit.models.pipeline_specs.PipelineModel` with that many stages.
         schedules: names (``"1F1B"``, ``"Interleaved1F1B"``, ``"ZBVZeroBubble"``, ...) or classes of
             ``torch.distributed.pipelining`` schedules.
-        microbatches: microbatches per step.
+        microbatches: microbatches per step; the batch is split into them along dimension 0.
         ranks: 1 runs every stage in this process (a world-size-1 gloo group); more spawns that many
             processes on 127.0.0.1, each running its stages (see :func:`stage_assignment`).
         device: ``cpu`` (gloo) or ``cuda`` (NCCL, rank ``r`` on GPU ``r % device_count``).
         threads: intra-op CPU threads per rank (1 keeps ranks from competing for cores).
         timeout_s: the process group's timeout, and the deadline of the whole run in seconds; past it,
             the spawned ranks are ended.
-        stage_class: the stage class (or ``"package.module:Class"``), default PyTorch's ``PipelineStage``.
+        stage: ``"graphkit"`` (graphkit's ``PipelineStage``, the default) or ``"torch"`` (PyTorch's).
+        stage_class: another stage class (or ``"package.module:Class"``); overrides ``stage``.
         steps: recorded steps per schedule, taken in rounds over the schedules; the timeline kept is the
             median step (by its slowest rank), and ``summary()["recorded_step_seconds"]`` lists them all.
+        stages_per_rank: stages per rank of the interleaved schedules (V schedules: always two).
+        batch_size: the whole batch; None: :data:`~graphkit.models.pipeline_specs.DEFAULT_MICROBATCH_SIZE`
+            rows per microbatch.
 
     Returns:
         One :class:`ScheduleTimeline` per schedule, in order.
 
     Raises:
         TimelineError: bad arguments, a rank failed (its error text is included) or the deadline passed.
-        graphkit.models.specs.SpecError: the pipeline spec does not load.
+        graphkit.models.specs.SpecError: the pipeline spec does not load, or its batch does not split
+            into ``microbatches``.
     """
-    from graphkit.models.schedule_pipeline_specs import PipelineSpec, load_pipeline_spec
+    from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineModel
 
     if microbatches < 1 or ranks < 1 or steps < 1:
         raise TimelineError(
             f"microbatches, ranks and steps must be at least 1, got {microbatches}, {ranks} and {steps}"
         )
+    if stage not in STAGE_CLASSES:
+        raise TimelineError(f"stage must be one of {', '.join(STAGE_CLASSES)}, got {stage!r}")
     names = [cls.__name__ if isinstance(cls, type) else str(cls) for cls in schedules]
-    for name in schedules:
-        schedule_class(name)  # fail early on a bad name
+    num_stages = pipeline_stage_count(schedules, ranks, stages_per_rank)  # a bad name fails early
+    batch_size = batch_size if batch_size is not None else DEFAULT_MICROBATCH_SIZE * microbatches
+    stage_class = stage_class if stage_class is not None else STAGE_CLASSES[stage]
+    _resolve_stage_class(stage_class)  # fail early on a class that cannot be imported
     device = torch.device(device)
     if ranks == 1:
-        loaded = pipeline if isinstance(pipeline, PipelineSpec) else load_pipeline_spec(pipeline)
+        loaded = pipeline if isinstance(pipeline, PipelineModel) else _load(pipeline, num_stages, batch_size)
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
             with _process_group(0, 1, _free_port(), device, timeout_s):
                 recorded = [
-                    _record_rank(loaded, list(schedules), microbatches, 0, 1, device, stage_class, steps)
+                    _record_rank(
+                        loaded,
+                        list(schedules),
+                        microbatches,
+                        0,
+                        1,
+                        device,
+                        stage_class,
+                        steps,
+                        stages_per_rank,
+                    )
                 ]
         finally:
             torch.set_num_threads(previous_threads)
     else:
         if not isinstance(pipeline, str):
             raise TimelineError(
-                "spawned ranks load the pipeline themselves: pass a pipeline spec string, not a PipelineSpec"
+                "spawned ranks load the pipeline themselves: pass a pipeline spec string, not a "
+                f"{type(pipeline).__name__}"
             )
+        if not isinstance(stage_class, str):
+            stage_class = f"{stage_class.__module__}:{stage_class.__qualname__}"
         payloads = _spawn(
-            pipeline, names, microbatches, ranks, device, timeout_s, threads, stage_class, steps
+            pipeline,
+            names,
+            microbatches,
+            ranks,
+            device,
+            timeout_s,
+            threads,
+            {
+                "stage_class": stage_class,
+                "steps": steps,
+                "stages_per_rank": stages_per_rank,
+                "num_stages": num_stages,
+                "batch_size": batch_size,
+            },
         )
         recorded = [
             [(name, stages, _rank_from_dict(timeline), method) for name, stages, timeline, method in payload]
@@ -887,10 +1015,10 @@ def record_schedules(
     timelines = []
     for position in range(len(names)):
         per_rank = [recorded[rank][position] for rank in range(ranks)]
-        name, num_stages, _, method = per_rank[0]
+        name, schedule_stages, _, method = per_rank[0]
         timelines.append(
             ScheduleTimeline(
-                name, microbatches, num_stages, [item[2] for item in per_rank], str(device), method
+                name, microbatches, schedule_stages, [item[2] for item in per_rank], str(device), method
             )
         )
     return timelines
@@ -910,16 +1038,13 @@ def _spawn(
     device: torch.device,
     timeout_s: float,
     threads: int,
-    stage_class: str | type | None,
-    steps: int,
+    options: dict[str, Any],
 ) -> list[Any]:
     """Run :func:`_rank_main` in ``ranks`` child processes; their payloads by rank.
 
     Ends only the processes it started: at the deadline, or as soon as one rank fails (the others
     would wait for it until the process group's timeout).
     """
-    if stage_class is not None and not isinstance(stage_class, str):
-        stage_class = f"{stage_class.__module__}:{stage_class.__qualname__}"
     port = _free_port()
     deadline = time.monotonic() + timeout_s
     # the children import this very graphkit (its folder first on sys.path), and find the caller's
@@ -946,8 +1071,7 @@ def _spawn(
                     "device": str(device),
                     "timeout_s": timeout_s,
                     "threads": threads,
-                    "stage_class": stage_class,
-                    "steps": steps,
+                    **options,
                     "result": str(Path(folder) / f"rank{rank}.json"),
                 }
                 log = Path(folder) / f"rank{rank}.log"

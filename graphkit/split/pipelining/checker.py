@@ -15,6 +15,11 @@ replicas; each replica runs its own shard of the batch, and the reference is the
 whole batch divided by ``microbatches x replicas``: exact up to the all-reduce's order of summation, so
 those runs compare within a relative error of ``1e-10`` instead of bit for bit.
 
+With ``timeline=True`` the last step is recorded on every rank by
+:class:`graphkit.split.schedule_recording.ScheduleRecorder` (every F, I, W, B, send and receive) and returned
+as a :class:`~graphkit.split.schedule_recording.ScheduleTimeline` (``graphkit verify-pipeline --timeline``
+draws it with :mod:`graphkit.drawing.timeline`).
+
 Between steps both copies take the same plain SGD step (``p -= 0.1 * grad``), so a second step starts from
 weights that a first step changed, with gradients cleared.
 """
@@ -44,7 +49,7 @@ class PipelineCase:
 
     ``stage`` is ``"graphkit"`` (graphkit's :class:`~graphkit.split.pipelining.stage.PipelineStage`) or
     ``"torch"`` (``torch.distributed.pipelining.PipelineStage``, for comparison). ``stages_per_rank`` other
-    than 2 suits ``InterleavedZeroBubble`` and ``CSV`` only.
+    than 2 suits ``InterleavedZeroBubble`` and ``CSV`` only. ``record_timeline``: record the last step.
     """
 
     spec: Any
@@ -54,6 +59,7 @@ class PipelineCase:
     stage: str = "graphkit"
     data_parallel: str | None = None
     stages_per_rank: int = 2
+    record_timeline: bool = False
 
 
 @dataclass(slots=True)
@@ -82,7 +88,9 @@ class PipelineCheck:
     """The result of one checked schedule run (see :func:`check_pipeline`).
 
     ``passed`` is True when the step ran, every gradient matches (bit for bit without data parallelism,
-    within ``1e-10`` relative with it) and every counted hook fired once per microbatch.
+    within ``1e-10`` relative with it) and every counted hook fired once per microbatch. ``timeline``: the
+    recorded last step on every rank (a :class:`~graphkit.split.schedule_recording.ScheduleTimeline`), when
+    asked for and the step ran.
     """
 
     case: PipelineCase
@@ -90,6 +98,7 @@ class PipelineCheck:
     parameters: list[ParameterCheck] = field(default_factory=list)
     error: str | None = None
     backward_calls: dict[str, int] = field(default_factory=dict)
+    timeline: Any = None
 
     @property
     def exact(self) -> bool:
@@ -153,13 +162,16 @@ def check_pipeline(
     stage: str = "graphkit",
     stages_per_rank: int = 2,
     deadline: float = 120.0,
+    timeline: bool = False,
 ) -> PipelineCheck:
     """Run a real pipeline schedule step and compare every parameter's gradient with a full backward.
 
     Args:
-        spec: a pipeline spec (``path/to/file.py:function``, ``module:function``, ``hf:gpt2?...``) or a
-            function returning a :class:`~graphkit.models.pipeline_specs.PipelineModel`; see
-            :mod:`graphkit.models.pipeline_specs`. A function must be importable by name when ``ranks > 1``.
+        spec: a pipeline spec (``path/to/file.py:function``, ``module:function``, ``zoo-pipeline:NAME``,
+            ``hf:gpt2?...``) or a function returning a :class:`~graphkit.models.pipeline_specs.PipelineModel`;
+            see :mod:`graphkit.models.pipeline_specs`. It is built with ``stages_per_rank x pipeline ranks``
+            stages and a batch of 2 rows per microbatch per replica. A function must be importable by name
+            when ``ranks > 1``.
         schedule: ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``, ``CSV`` or ``csv:PATH``
             (:mod:`graphkit.split.pipelining.schedules`); every schedule puts two stages on each pipeline rank.
         microbatches: microbatches per step (the batch is split evenly).
@@ -171,6 +183,7 @@ def check_pipeline(
         stage: ``"graphkit"`` or ``"torch"`` (PyTorch's own stage, to compare).
         stages_per_rank: stages on each pipeline rank (2; any number for ``InterleavedZeroBubble`` and ``CSV``).
         deadline: seconds before spawned processes are ended (``ranks > 1``).
+        timeline: record the last step on every rank (:attr:`PipelineCheck.timeline`).
 
     Returns:
         A :class:`PipelineCheck`; ``error`` holds the exception text when the schedule step itself raised.
@@ -181,7 +194,7 @@ def check_pipeline(
         graphkit.split.pipelining.launcher.LaunchError: a spawned process failed outside the step, or the
             deadline passed.
     """
-    case = PipelineCase(spec, schedule, microbatches, steps, stage, data_parallel, stages_per_rank)
+    case = PipelineCase(spec, schedule, microbatches, steps, stage, data_parallel, stages_per_rank, timeline)
     return run_cases([case], ranks=ranks, deadline=deadline)[0]
 
 
@@ -247,6 +260,16 @@ def _merge(checks: list[PipelineCheck]) -> PipelineCheck:
                 merged.parameters.append(parameter)
         for kind, count in check.backward_calls.items():
             merged.backward_calls[kind] = merged.backward_calls.get(kind, 0) + count
+    if all(check.timeline is not None for check in checks):
+        from graphkit.split.schedule_recording import ScheduleTimeline
+
+        first = checks[0].timeline
+        ranks = sorted(
+            (rank for check in checks for rank in check.timeline.ranks), key=lambda rank: rank.rank
+        )
+        merged.timeline = ScheduleTimeline(
+            first.schedule, first.microbatches, first.num_stages, ranks, first.device, first.memory_method
+        )
     merged.parameters.sort(key=lambda parameter: _sort_key(parameter.name))
     return merged
 
@@ -306,9 +329,7 @@ def _run_rank(cases: list[PipelineCase]) -> list[PipelineCheck]:
 def _build(case: PipelineCase, num_stages: int, batch_size: int) -> Any:
     from graphkit.models.pipeline_specs import load_pipeline_spec
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = load_pipeline_spec(case.spec, num_stages=num_stages, batch_size=batch_size)
+    model = load_pipeline_spec(case.spec, num_stages=num_stages, batch_size=batch_size, seed=0)
     for stage in model.stages:
         stage.to(torch.float64)
     if isinstance(model.loss_fn, nn.Module):
@@ -366,12 +387,15 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
             case.schedule, stages, case.microbatches, pipeline.loss_fn, ranks=mesh.pipeline_size
         )
         results = {name: ParameterCheck(name) for name in named}
-        for _ in range(case.steps):
+        for step in range(case.steps):
             _zero(named.values())
             _zero(reference_all.values())
             inputs, target = _replica_batch(pipeline, mesh.replica, per_replica)
             try:
-                schedule.step(*inputs, target=target)
+                if case.record_timeline and step == case.steps - 1:
+                    check.timeline = _recorded_step(schedule, stages, inputs, target, mesh, num_stages, case)
+                else:
+                    schedule.step(*inputs, target=target)
             except Exception as error:  # a failing PyTorch stage is a result, not a crash of the check
                 check.error = f"{type(error).__name__}: {_root_message(error)}"
                 break
@@ -395,6 +419,27 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
             for kind in ("input", "weight", "full"):
                 check.backward_calls[kind] = check.backward_calls.get(kind, 0) + getattr(calls, kind)
     return check
+
+
+def _recorded_step(
+    schedule: Any,
+    stages: list[Any],
+    inputs: tuple[Any, ...],
+    target: Any,
+    mesh: _Mesh,
+    num_stages: int,
+    case: Any,
+) -> Any:
+    """Run one step under :class:`~graphkit.split.schedule_recording.ScheduleRecorder`; this rank's timeline."""
+    from graphkit.split.schedule_recording import ScheduleTimeline, memory_probe, record_rank_step
+
+    probe, method = memory_probe(torch.device("cpu"))
+    dist.barrier()  # every rank's time zero at the same moment
+    rank = record_rank_step(
+        schedule, stages, lambda: schedule.step(*inputs, target=target), mesh.pipeline_rank, "cpu", probe
+    )
+    rank.rank = dist.get_rank()
+    return ScheduleTimeline(type(schedule).__name__, case.microbatches, num_stages, [rank], "cpu", method)
 
 
 def _root_message(error: BaseException) -> str:

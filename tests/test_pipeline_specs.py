@@ -1,0 +1,179 @@
+"""The one pipeline spec format: built-in, file and hf:gpt2 pipelines, the microbatches a batch splits into,
+model specs to ``graphkit costs``, the stage counts the schedule commands ask for, and clear SpecErrors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from graphkit.cli import main
+from graphkit.models.pipeline_specs import (
+    DEFAULT_MICROBATCH_SIZE,
+    PipelineModel,
+    load_pipeline_spec,
+    load_stage_or_pipeline,
+)
+from graphkit.models.specs import SpecError
+from graphkit.split.costs import spec_costs
+
+PIPELINE_FILE = """
+import torch
+from torch import nn
+
+CALLS = []
+
+
+def make(num_stages, batch_size):
+    CALLS.append((num_stages, batch_size))
+    stages = [nn.Sequential(nn.Linear(3, 3), nn.Tanh()) for _ in range(num_stages)]
+    return stages, lambda output, target: ((output - target) ** 2).sum(), (torch.randn(batch_size, 3),), torch.randn(batch_size, 3)
+
+
+def fixed():
+    return [nn.Linear(3, 3), nn.Linear(3, 3)], lambda output, target: output.sum(), (torch.randn(6, 3),), None
+
+
+def needs_more(num_stages, width):
+    raise AssertionError("never called")
+
+
+def not_a_pipeline():
+    return {"stages": []}
+
+
+def raises(num_stages):
+    raise RuntimeError("no GPU here")
+
+
+def model():
+    return nn.Linear(3, 2), (torch.randn(4, 3, requires_grad=True),)
+"""
+
+
+@pytest.fixture
+def pipeline_file(tmp_path: Path) -> Path:
+    path = tmp_path / "my_pipeline.py"
+    path.write_text(PIPELINE_FILE)
+    return path
+
+
+def run_stages(stages: list[nn.Module], inputs: tuple) -> torch.Tensor:
+    values = inputs
+    for stage in stages:
+        output = stage(*values)
+        values = output if isinstance(output, tuple) else (output,)
+    return values[0]
+
+
+def test_builtin_pipelines_take_num_stages_and_batch_size():
+    model = load_pipeline_spec("zoo-pipeline:mlp", num_stages=3, batch_size=12)
+    assert isinstance(model, PipelineModel) and len(model.stages) == 3
+    assert model.inputs[0].shape == (12, 64) and model.target.shape == (12,)
+    default = load_pipeline_spec("zoo-pipeline:mlp")  # the function's own defaults
+    assert len(default.stages) == 4 and default.batch_size == 32
+    wide = load_pipeline_spec("zoo-pipeline:mlp_wide", num_stages=2, batch_size=4)
+    assert wide.stages[0].up.weight.shape == (2048, 512)
+    again = load_pipeline_spec("zoo-pipeline:mlp", num_stages=3, batch_size=12)
+    assert all(torch.equal(a, b) for a, b in zip(model.inputs, again.inputs, strict=True))  # seeded
+    with pytest.raises(SpecError, match="unknown built-in pipeline 'nope'.*known: mlp, mlp_wide"):
+        load_pipeline_spec("zoo-pipeline:nope")
+
+
+def test_a_file_function_gets_the_num_stages_and_batch_size_it_declares(pipeline_file: Path):
+    model = load_pipeline_spec(f"{pipeline_file}:make", num_stages=4, batch_size=10, seed=0)
+    assert len(model.stages) == 4 and model.inputs[0].shape == (10, 3) and model.target.shape == (10, 3)
+    again = load_pipeline_spec(f"{pipeline_file}:make", num_stages=4, batch_size=10, seed=0)
+    assert torch.equal(model.stages[2][0].weight, again.stages[2][0].weight)  # the seed makes ranks agree
+    # no requirement from the caller, no default in the function: the module's fallbacks
+    fallback = load_pipeline_spec(f"{pipeline_file}:make")
+    assert len(fallback.stages) == 2 and fallback.batch_size == DEFAULT_MICROBATCH_SIZE
+    fixed = load_pipeline_spec(f"{pipeline_file}:fixed", num_stages=2, batch_size=99)
+    assert len(fixed.stages) == 2 and fixed.target is None and fixed.schedule_target().shape == (6,)
+
+
+def test_the_batch_splits_into_microbatches_along_dimension_zero(pipeline_file: Path):
+    model = load_pipeline_spec(f"{pipeline_file}:make", num_stages=2, batch_size=12, seed=0)
+    parts = model.microbatches(4)
+    assert [inputs[0].shape for inputs, _ in parts] == [(3, 3)] * 4
+    assert torch.equal(torch.cat([inputs[0] for inputs, _ in parts]), model.inputs[0])
+    assert torch.equal(torch.cat([target for _, target in parts]), model.target)
+    inputs, target = model.microbatch(4, index=2)
+    assert torch.equal(inputs[0], model.inputs[0][6:9]) and torch.equal(target, model.target[6:9])
+    # a microbatch owns its storage (byte counts of saved tensors must not see the whole batch)
+    assert inputs[0].untyped_storage().nbytes() == inputs[0].numel() * inputs[0].element_size()
+    with pytest.raises(SpecError, match="does not split into 5 equal microbatches"):
+        model.microbatches(5)
+
+
+def test_hf_gpt2_is_cut_into_the_stages_asked_for():
+    pytest.importorskip("transformers")
+    model = load_pipeline_spec("hf:gpt2?n_layer=4&seq=6", num_stages=2, batch_size=3, seed=0)
+    assert len(model.stages) == 2 and model.inputs[0].shape == (3, 6)
+    logits = run_stages(model.stages, model.inputs)
+    assert logits.shape == (3, 6, 128)
+    assert model.loss_fn(logits, model.target).dim() == 0
+    with pytest.raises(SpecError, match="cannot fill 4 stages"):
+        load_pipeline_spec("hf:gpt2?n_layer=2", num_stages=4, batch_size=4)
+    with pytest.raises(SpecError, match="unknown key 'depth'"):
+        load_pipeline_spec("hf:gpt2?depth=2", num_stages=2, batch_size=4)
+
+
+def test_model_specs_and_pipeline_specs_both_go_to_costs(pipeline_file: Path):
+    module, inputs = load_stage_or_pipeline(f"{pipeline_file}:model")
+    assert isinstance(module, nn.Linear) and inputs[0].shape == (4, 3)
+    module, _ = load_stage_or_pipeline("zoo:mlp")
+    assert isinstance(module, nn.Module)
+    assert isinstance(load_stage_or_pipeline(f"{pipeline_file}:make"), PipelineModel)  # declares them
+    assert isinstance(load_stage_or_pipeline(f"{pipeline_file}:fixed"), PipelineModel)  # returns one
+    assert isinstance(load_stage_or_pipeline("zoo-pipeline:mlp"), PipelineModel)
+    one_stage = spec_costs("zoo:mlp", repeat=1, warmup=0)
+    assert len(one_stage.stages) == 1
+    # a microbatch of the whole batch: 16 rows in 4 microbatches, F of stage 0 is two 4-row matrix products
+    costs = spec_costs("zoo-pipeline:mlp", num_stages=2, batch_size=16, microbatches=4, repeat=1, warmup=0)
+    assert len(costs.stages) == 2
+    assert costs.stages[0].forward.flops == 2 * (2 * 4 * 64 * 256)
+    assert costs.stages[1].input_grad_bytes == 4 * 64 * 4  # float32 gradient of a 4-row input
+
+
+def test_hf_gpt2_is_a_model_spec_to_costs_unless_asked_for_a_pipeline():
+    pytest.importorskip("transformers")
+    module, _ = load_stage_or_pipeline("hf:gpt2")
+    assert isinstance(module, nn.Module)
+    model = load_stage_or_pipeline("hf:gpt2?n_layer=2", pipeline=True, num_stages=2, batch_size=2)
+    assert isinstance(model, PipelineModel) and len(model.stages) == 2
+
+
+def test_costs_cli_takes_a_pipeline_spec_file_with_its_options(
+    pipeline_file: Path, capsys: pytest.CaptureFixture[str]
+):
+    command = ["costs", f"{pipeline_file}:make", "--num-stages", "3", "--batch-size", "8"]
+    assert main([*command, "--microbatches", "2", "--repeat", "1", "--warmup", "0", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert len(payload["stages"]) == 3
+    assert payload["stages"][0]["forward"]["flops"] == 2 * 4 * 3 * 3  # one Linear on 4 rows
+    assert main(["costs", f"{pipeline_file}:make", "--microbatches", "3"]) == 2
+    assert "does not split into 3 equal microbatches" in capsys.readouterr().err
+
+
+def test_bad_pipeline_specs_say_what_is_wrong(pipeline_file: Path):
+    cases = {
+        f"{pipeline_file}:fixed": "returned 2 stages but 4 are needed; declare a num_stages parameter",
+        f"{pipeline_file}:needs_more": r"requires \['width'\]; a pipeline spec function may declare only",
+        f"{pipeline_file}:not_a_pipeline": "returned a dict; return PipelineModel",
+        f"{pipeline_file}:raises": "the function raised RuntimeError: no GPU here",
+        f"{pipeline_file}:nothing": "has no function 'nothing'",
+        f"{pipeline_file.parent / 'missing.py'}:make": "does not exist",
+        "no_function_here": "names no function",
+        "": "a pipeline spec must be",
+    }
+    for spec, message in cases.items():
+        with pytest.raises(SpecError, match=message):
+            load_pipeline_spec(spec, num_stages=4, batch_size=8)
+    with pytest.raises(SpecError, match="loss_fn is a int"):
+        load_pipeline_spec(lambda: ([nn.Linear(2, 2)], 3, (torch.zeros(2, 2),), None))
+    with pytest.raises(SpecError, match="the stages must be a non-empty list of nn.Module"):
+        load_pipeline_spec(lambda: (["not a module"], torch.sum, (torch.zeros(2, 2),), None))
