@@ -372,7 +372,9 @@ def test_verify_pipeline_timeline_draws_the_checked_step(
 
 @pytest.mark.slow
 def test_check_pipeline_records_a_timeline_on_every_rank_across_two_processes() -> None:
-    result = check_pipeline(spec("mlp"), schedule="ZBVZeroBubble", microbatches=4, ranks=2, timeline=True)
+    result = check_pipeline(
+        spec("mlp"), schedule="ZBVZeroBubble", microbatches=4, ranks=2, timeline=True, deadline=240
+    )
     assert result.passed, result.error or result.table()
     timeline = result.timeline
     assert [rank.rank for rank in timeline.ranks] == [0, 1]
