@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,6 +46,7 @@ from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_t
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.checkpointing import checkpoint_tensors
 from graphkit.split.flops import FlopCounter
+from graphkit.split.timing import timed
 from graphkit.split.verification import call_stage, fresh_inputs
 
 __all__ = [
@@ -109,19 +109,6 @@ def count_engine_calls() -> Iterator[list[int]]:
     finally:
         graph_module._engine_run_backward = original
         autograd_module._engine_run_backward = original
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(function: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    _synchronize(device)
-    start = time.perf_counter()
-    result = function()
-    _synchronize(device)
-    return time.perf_counter() - start, result
 
 
 def _saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
@@ -237,21 +224,21 @@ def benchmark_split(
     for _ in range(warmup + repeat):
         reset()
         _, (outputs, grads) = _split_pairs(forward())
-        full.append(_timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device)[0])
+        full.append(timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device)[0])
         prepared, (outputs, grads) = _split_pairs(forward())
         wanted = stage_inputs(prepared)
         if wanted:  # the engine's own input-gradient call, no graphkit: the floor for B
             b_engine.append(
-                _timed(
+                timed(
                     lambda o=outputs, g=grads, i=wanted: torch.autograd.grad(o, i, g, allow_unused=True),
                     device,
                 )[0]
             )
         reset()
         prepared, (outputs, grads) = _split_pairs(forward())
-        b_seconds, state = _timed(lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device)
+        b_seconds, state = timed(lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device)
         del outputs, grads  # a pipeline drops the stage outputs after B
-        w_seconds, _ = _timed(lambda s=state: backward_weight(s), device)
+        w_seconds, _ = timed(lambda s=state: backward_weight(s), device)
         b.append(b_seconds)
         w.append(w_seconds)
 
@@ -321,14 +308,14 @@ def _benchmark_pytorch(
             reset()
             prepared, pairs = forward()
             inputs = stage_inputs(prepared)
-            b_seconds, (_, groups) = _timed(
+            b_seconds, (_, groups) = timed(
                 lambda inputs=inputs, pairs=pairs: pipelining.stage_backward_input(
                     [t for t, _ in pairs], [g for _, g in pairs], inputs, iter(parameters)
                 ),
                 device,
             )
             with FlopCounter() as counter, count_engine_calls() as calls:
-                w_seconds, _ = _timed(
+                w_seconds, _ = timed(
                     lambda groups=groups: pipelining.stage_backward_weight(iter(parameters), groups), device
                 )
             b_times.append(b_seconds)
@@ -466,7 +453,7 @@ def account_split_time(
     for round_index in range(warmup + repeat):
         for split in (False, True):
             step = microbatch(split)
-            seconds, _ = _timed(step, cpu)
+            seconds, _ = timed(step, cpu)
             if round_index >= warmup:
                 wall[split].append(seconds)
 

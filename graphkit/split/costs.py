@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.benchmark import _saved_tensors_below, memory_kept
+from graphkit.split.timing import timed
 from graphkit.split.verification import call_stage, fresh_inputs
 
 __all__ = ["PassCost", "PipelineCosts", "StageCosts", "pipeline_costs", "spec_costs", "stage_costs"]
@@ -181,19 +181,6 @@ def _bytes(count: int) -> str:
 
 
 # --- measuring ---------------------------------------------------------------------------------------------
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(function: Callable[[], Any], device: torch.device) -> tuple[float, Any]:
-    _synchronize(device)
-    start = time.perf_counter()
-    result = function()
-    _synchronize(device)
-    return time.perf_counter() - start, result
-
-
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -354,10 +341,10 @@ def stage_costs(
         times: dict[str, list[float]] = {"F": [], "B": [], "W": []}
         for _ in range(warmup + repeat):
             microbatch = new_microbatch()
-            times["F"].append(_timed(microbatch.forward, device)[0])
+            times["F"].append(timed(microbatch.forward, device)[0])
             microbatch.make_cotangents()
-            times["B"].append(_timed(microbatch.backward_input, device)[0])
-            times["W"].append(_timed(microbatch.backward_weight, device)[0])
+            times["B"].append(timed(microbatch.backward_input, device)[0])
+            times["W"].append(timed(microbatch.backward_weight, device)[0])
         medians = {name: statistics.median(values[warmup:]) for name, values in times.items()}
 
         # FLOPs and exact bytes: one untimed microbatch
