@@ -426,3 +426,11 @@ def test_a_checkpointed_stage_names_the_nodes_that_repeat_work(tmp_path):
     # the terminal summary names them too, costliest first
     costliest = max(repeated, key=lambda node: node["repeated_flops"])
     assert "repeated" in run.out and f"{costliest['node']} {costliest['op']} [checkpointed]" in run.out
+
+
+def test_inputs_are_described_in_the_dtype_they_were_checked_in(tmp_path):
+    run = run_inspect(tmp_path, "zoo:gpt_stage", dtype=torch.float64)
+    inputs = run.report["summary"]["inputs"]
+    assert inputs and all(item["dtype"] == "float64" for item in inputs if item["requires_grad"])
+    assert run.report["verify"]["dtype"] == "float64"
+    assert "float64" in run.out and "float32" not in run.out  # the terminal's inputs row too

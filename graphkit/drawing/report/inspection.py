@@ -352,7 +352,7 @@ def collect(
     inspection = Inspection(
         spec=spec,
         module_class=type(module).__name__,
-        inputs=_describe_inputs(module, inputs),
+        inputs=_describe_inputs(module, traced_inputs),  # as cast for the trace and the check
         graph=graph,
         groups=groups,
         verify=report,
