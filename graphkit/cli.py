@@ -455,9 +455,38 @@ def _verify_pipeline(arguments: argparse.Namespace) -> int:
             else ("equal within 1e-10 (data-parallel all-reduce order)")
         )
         print(f"{verdict}; hooks once per microbatch")
+    elif result.error is not None:
+        print("FAILED")
     else:
-        print("NOT exact" if result.error is None else "FAILED")
+        print(f"NOT exact: {_pipeline_failures(result)}")
     return 0 if result.passed else 1
+
+
+def _pipeline_failures(result: Any) -> str:
+    """What made a checked pipeline step fail: wrong gradients, silent or repeated hooks, or both."""
+    wrong = [check.name for check in result.parameters if not check.bitwise]
+    if result.case.data_parallel is not None:
+        wrong = [check.name for check in result.parameters if check.relative_error > 1e-10]
+    hooks = [
+        check.name
+        for check in result.parameters
+        if check.hooks is not None and check.hooks != check.expected_hooks
+    ]
+    reasons = []
+    if wrong:
+        reasons.append(
+            f"{len(wrong)} of {len(result.parameters)} gradients differ ({', '.join(wrong[:3])}"
+            + (", ..." if len(wrong) > 3 else "")
+            + ")"
+        )
+    if hooks:
+        reasons.append(
+            f"post-accumulate-grad hooks did not fire once per microbatch for {len(hooks)} of "
+            f"{len(result.parameters)} parameters ({', '.join(hooks[:3])}"
+            + (", ..." if len(hooks) > 3 else "")
+            + "): DDP would leave their gradients un-averaged"
+        )
+    return "; ".join(reasons) or "no parameter was compared"
 
 
 def _write_checked_timeline(arguments: argparse.Namespace, result: Any) -> list[str]:
@@ -670,7 +699,10 @@ def _add_costs_parser(commands: Any) -> None:
     costs.add_argument("--repeat", type=int, default=10, help="timed microbatches (medians; default 10)")
     costs.add_argument("--warmup", type=int, default=3, help="untimed microbatches first (default 3)")
     costs.add_argument(
-        "--threads", type=int, help="intra-op CPU threads (default: PyTorch's; 1 gives steadier times)"
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op CPU threads (default 1, as timeline and compare-schedules: steadier times; 0: PyTorch's)",
     )
     costs.add_argument("--json", action="store_true", help="print JSON (with the schedulers' F/B/W fields)")
     costs.set_defaults(run=_costs)

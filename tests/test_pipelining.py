@@ -298,6 +298,11 @@ def test_verify_pipeline_command_exits_0_when_exact_and_1_on_pytorchs_stage(
     assert "backward through the graph a second time" in capsys.readouterr().out
     assert main(["verify-pipeline", spec("mlp"), "--schedule", "GPipe"]) == 2
     assert "unknown schedule 'GPipe'" in capsys.readouterr().err
+    # right gradients but silent hooks: the verdict says that the hooks are what failed
+    assert main(["verify-pipeline", spec("mlp"), "--schedule", "CSV", "--stage", "torch"]) == 1
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith("NOT exact: post-accumulate-grad hooks did not fire once per microbatch")
+    assert "gradients differ" not in verdict
 
 
 def test_verify_pipeline_json_reports_every_parameter(capsys: pytest.CaptureFixture) -> None:
