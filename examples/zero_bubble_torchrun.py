@@ -6,8 +6,11 @@
 
 Each of the two ranks holds two of four stages in a V (``ScheduleZBVZeroBubble``: rank 0 holds stages 0
 and 3, rank 1 stages 1 and 2). Every stage is a small residual MLP whose output is scaled by a learned
-``log_scale.exp()`` and whose two layers share one gain parameter - the kinds of graph on which PyTorch's
-own split gives wrong gradients or crashes. The only graphkit line is the import of ``PipelineStage``.
+``log_scale.exp()`` and whose two layers share one gain parameter. The only graphkit line is the import of
+``PipelineStage``. With ``--stock`` the losses come out the same on this graph, but PyTorch's split stages
+never fire their parameters' post-accumulate-grad hooks, so DDP, optimizer-in-backward and comm hooks
+would silently miss them; the graphs on which PyTorch's own split crashes or gives wrong gradients are
+listed in docs/pipelining.md (``graphkit verify-pipeline ... --stage torch`` shows each).
 
 On CPU the ranks talk over gloo; with CUDA, each rank takes one GPU and nccl. The last stage's rank prints
 the mean loss of each step, and every rank reports how many B, W and full backwards its stages ran.
