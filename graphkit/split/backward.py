@@ -521,6 +521,9 @@ class _Plan:
     leaf_targets: frozenset[int]
     # leaf targets fed both by intermediates and by the weight-only subgraph
     mixed_leaves: frozenset[int]
+    # filled on first use by _opaque_positions: (run-once Node indices, Nodes W may unpack hooked saved
+    # tensors of); both depend on Node classes alone, like the rest of the plan
+    opaque_positions: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
 
 _PLAN_CACHE: dict[Any, _Plan] = {}
@@ -757,25 +760,19 @@ def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
 
 
 # --- activation checkpointing, compiled regions (checkpointing.py, run_once.py) ---------------------------
-_OPAQUE_POSITIONS: dict[int, tuple[_Plan, tuple[int, ...], tuple[int, ...]]] = {}
-
-
 def _opaque_positions(plan: _Plan, nodes: list[Node]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """For ``plan``'s structure: the indices of run-once Nodes, and of the Nodes W may unpack hooked
     saved tensors of (intermediates and weight-only Nodes of classes that save tensors). Cached per plan:
     both depend on Node classes alone, and checkpointing adds no Node."""
-    cached = _OPAQUE_POSITIONS.get(id(plan))
-    if cached is not None and cached[0] is plan:
-        return cached[1], cached[2]
+    if plan.opaque_positions is not None:
+        return plan.opaque_positions
     run_once = tuple(index for index, node in enumerate(nodes) if run_once_kind(node) is not None)
     skip = set(run_once)
     candidates = [index for index, _ in plan.intermediates if index not in skip]
     candidates += [index for index, flag in enumerate(plan.weight_only) if flag]
     saving = tuple(index for index in candidates if saves_tensors(nodes[index]))
-    with _PLAN_CACHE_LOCK:  # split backwards may run on several threads at once
-        if len(_OPAQUE_POSITIONS) >= _PLAN_CACHE_SIZE:
-            _OPAQUE_POSITIONS.pop(next(iter(_OPAQUE_POSITIONS)))
-        _OPAQUE_POSITIONS[id(plan)] = (plan, run_once, saving)
+    # one assignment: threads that fill it at once compute the same value, and readers see all or nothing
+    plan.opaque_positions = (run_once, saving)
     return run_once, saving
 
 
