@@ -217,3 +217,36 @@ def test_a_compiled_submodule_with_donated_buffers_gives_exact_gradients():
 @pytest.mark.slow
 def test_an_inductor_compiled_submodule_gives_exact_gradients():
     _check_compiled_stage("inductor", torch.float32, 1e-5)
+
+
+def test_overlapping_b_calls_restore_the_checkpoint_check_once_the_last_one_ends() -> None:
+    """Two threads inside B with a reentrant checkpoint, the first to start ending first: PyTorch's
+    ``_is_checkpoint_valid`` is relaxed while either runs and is PyTorch's own again afterwards."""
+    import threading
+
+    from graphkit.split.run_once import _checkpoint_valid
+
+    original = torch.autograd._is_checkpoint_valid
+    first_inside, second_inside, first_left = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def first() -> None:
+        with _checkpoint_valid():
+            first_inside.set()
+            second_inside.wait(timeout=30)
+        first_left.set()
+
+    def second() -> None:
+        first_inside.wait(timeout=30)
+        with _checkpoint_valid():
+            second_inside.set()
+            first_left.wait(timeout=30)
+            seen["relaxed after the first left"] = torch.autograd._is_checkpoint_valid()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert seen == {"relaxed after the first left": True}
+    assert torch.autograd._is_checkpoint_valid is original

@@ -54,7 +54,8 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -1069,6 +1070,32 @@ class _OrderedGradient(torch.autograd.Function):
         return None, gradient
 
 
+DirectCallObserver = Callable[[Node], AbstractContextManager[Any]]
+"""Called with each Node W calls directly (outside the engine's scheduling); the returned context
+manager is entered for the duration of the call."""
+
+_direct_call_observers: ContextVar[tuple[DirectCallObserver, ...]] = ContextVar(
+    "graphkit_direct_call_observers", default=()
+)
+
+
+@contextmanager
+def observing_direct_calls(observer: DirectCallObserver) -> Iterator[None]:
+    """Have ``observer`` watch every Node the W phase calls directly, in this thread (or task) only.
+
+    The W phase calls intermediates' Nodes itself (:func:`_call_nodes`), so no Node hook fires for a
+    custom Function's backward; a FLOP counter per Node (:func:`graphkit.split.flops.flops_per_node`)
+    uses this instead. Observers are held in a :class:`contextvars.ContextVar`, so concurrent threads and
+    nested observers never see each other's, and nothing global is patched. They are read when W starts
+    (on the caller's thread) and used from there, also where the engine runs the calls on a device thread.
+    """
+    token = _direct_call_observers.set((*_direct_call_observers.get(), observer))
+    try:
+        yield
+    finally:
+        _direct_call_observers.reset(token)
+
+
 def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch.Tensor | None]]:
     """Call the Nodes of the intermediates at ``positions``; their weight-side gradients, by position.
 
@@ -1083,16 +1110,22 @@ def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch
     work = state._work
     targets = state._targets
     results: dict[int, list[torch.Tensor | None]] = {}
+    observers = _direct_call_observers.get()  # here, on the caller's thread: call_all may run on another
 
     def call_all() -> None:
         for position in positions:
             item = work[position]
             item.check_unchanged()
-            if _autograd.is_custom_function(item.node):
-                weight_input_nrs = [input_nr for input_nr, _, _ in item.edges]
-                outputs = _call_custom_function(item.node, item.grads, weight_input_nrs, item.materialized)
-            else:
-                outputs = _call_node(item.node, item.grads)
+            with ExitStack() as observed:
+                for observer in observers:
+                    observed.enter_context(observer(item.node))
+                if _autograd.is_custom_function(item.node):
+                    weight_input_nrs = [input_nr for input_nr, _, _ in item.edges]
+                    outputs = _call_custom_function(
+                        item.node, item.grads, weight_input_nrs, item.materialized
+                    )
+                else:
+                    outputs = _call_node(item.node, item.grads)
             results[position] = [outputs[input_nr] for input_nr, _, _ in item.edges]
 
     edges = {

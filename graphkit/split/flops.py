@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
 
 from torch.autograd.graph import Node
 from torch.utils.flop_counter import FlopCounterMode
@@ -61,11 +60,11 @@ def flops_per_node(counter: FlopCounterMode, nodes: Mapping[str, Node]) -> Itera
         Node triggers inside its backward (a checkpoint's recomputation, a nested backward) count for it.
 
     The engine runs a Node between its pre-hooks and post-hooks; the W phase calls some Nodes directly
-    (:func:`graphkit.split.backward._call_node` for C++ Nodes and
-    :func:`graphkit.split.backward._call_custom_function` for custom Functions, both wrapped for the
-    duration). Hooks and wrappers are removed on exit, also on errors.
+    (C++ Nodes and custom Functions, see :func:`graphkit.split.backward._call_nodes`), watched through
+    :func:`graphkit.split.backward.observing_direct_calls`. Nothing global is patched: counters in
+    other threads, or nested in this one, stay separate. Hooks are removed on exit, also on errors.
     """
-    from graphkit.split import backward as backward_module
+    from graphkit.split.backward import observing_direct_calls
 
     names = {node: name for name, node in nodes.items()}
     found: dict[str, int] = {}
@@ -78,37 +77,25 @@ def flops_per_node(counter: FlopCounterMode, nodes: Mapping[str, Node]) -> Itera
         if started.get(name):
             found[name] = found.get(name, 0) + counter.get_total_flops() - started[name].pop()
 
+    @contextmanager
+    def counted(node: Node) -> Iterator[None]:
+        name = names.get(node)
+        if name is None:
+            yield
+            return
+        start(name)
+        try:
+            yield
+        finally:
+            stop(name)
+
     handles = []
-    for node, name in names.items():
-        handles.append(node.register_prehook(lambda grads, name=name: start(name)))
-        handles.append(node.register_hook(lambda inputs, outputs, name=name: stop(name)))
-    # W's direct calls: C++ Nodes through _call_node, custom Functions through _call_custom_function
-    # (which calls the Function's backward itself, so no Node hook fires for it)
-    originals = {name: getattr(backward_module, name) for name in _DIRECT_CALLS}
-
-    def counted(original: Any) -> Any:
-        def call(node: Node, *arguments: Any) -> Any:
-            name = names.get(node)
-            if name is None:
-                return original(node, *arguments)
-            start(name)
-            try:
-                return original(node, *arguments)
-            finally:
-                stop(name)
-
-        return call
-
     try:
-        for name, original in originals.items():
-            setattr(backward_module, name, counted(original))
-        yield found
+        for node, name in names.items():
+            handles.append(node.register_prehook(lambda grads, name=name: start(name)))
+            handles.append(node.register_hook(lambda inputs, outputs, name=name: stop(name)))
+        with observing_direct_calls(counted):
+            yield found
     finally:
-        for name, original in originals.items():
-            setattr(backward_module, name, original)
         for handle in handles:
             handle.remove()
-
-
-_DIRECT_CALLS = ("_call_node", "_call_custom_function")
-"""The functions of :mod:`graphkit.split.backward` through which W calls a Node outside the engine."""

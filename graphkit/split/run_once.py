@@ -28,6 +28,7 @@ argument that requires grad), so it computes all its gradients there, once.
 from __future__ import annotations
 
 import enum
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -73,15 +74,62 @@ def run_once_kind(node: Node) -> RunOnceKind | None:
     return kind
 
 
-@contextmanager
-def _checkpoint_valid() -> Iterator[None]:
-    """Let ``CheckpointFunction.backward`` run its nested backward inside ``torch.autograd.grad``."""
+class _SharedOverride:
+    """A process-wide setting overridden while at least one caller needs it (thread-safe, reentrant).
+
+    The first caller to enter applies the override, the last to leave restores the original, so
+    overlapping callers (threads, nested B calls) never restore each other's override as the original.
+
+    Args:
+        apply: applies the override and returns the function that undoes it.
+    """
+
+    def __init__(self, apply: Callable[[], Callable[[], None]]) -> None:
+        self._apply = apply
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._undo: Callable[[], None] | None = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._holders == 0:
+                self._undo = self._apply()
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._undo is not None:
+                    undo, self._undo = self._undo, None
+                    undo()
+
+
+def _allow_nested_checkpoint_backward() -> Callable[[], None]:
     original = torch.autograd._is_checkpoint_valid
     torch.autograd._is_checkpoint_valid = lambda: True
-    try:
-        yield
-    finally:
+
+    def undo() -> None:
         torch.autograd._is_checkpoint_valid = original
+
+    return undo
+
+
+def _keep_donated_buffers() -> Callable[[], None]:
+    import torch._functorch.config as functorch_config
+
+    patch = functorch_config.patch(donated_buffer=False)
+    patch.__enter__()
+    return lambda: patch.__exit__(None, None, None)
+
+
+_checkpoint_valid = _SharedOverride(_allow_nested_checkpoint_backward)
+"""Let ``CheckpointFunction.backward`` run its nested backward inside ``torch.autograd.grad``
+(``torch.autograd._is_checkpoint_valid`` answers True; process-wide while any B that needs it runs)."""
+
+_no_donated_buffers = _SharedOverride(_keep_donated_buffers)
+"""Let a compiled backward run under ``retain_graph=True`` (``donated_buffer`` off while any B needs it)."""
 
 
 class RunOnceNodes:
@@ -129,9 +177,7 @@ class RunOnceNodes:
             if self.reentrant:
                 stack.enter_context(_checkpoint_valid())
             if any(kind is RunOnceKind.COMPILED_REGION for _, _, kind in self.nodes):
-                import torch._functorch.config as functorch_config
-
-                stack.enter_context(functorch_config.patch(donated_buffer=False))
+                stack.enter_context(_no_donated_buffers())
             yield
 
     def _post_hook(self, index: int) -> Callable[[Any, Any], None]:
