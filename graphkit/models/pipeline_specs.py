@@ -372,9 +372,9 @@ def load_stage_or_pipeline(
 
     Args:
         spec: a model spec (:func:`graphkit.models.specs.load_spec`) or a pipeline spec (module docstring).
-        pipeline: True: a pipeline spec (``hf:gpt2`` and ``hf:llama`` are ones only so); False: a model spec; None: decide:
-            ``zoo:`` and ``hf:`` are model specs, ``zoo-pipeline:`` a pipeline, and a file or module function
-            is a pipeline when it declares ``num_stages`` or ``batch_size`` or returns a
+        pipeline: True: a pipeline spec (``hf:gpt2`` and ``hf:llama`` are ones only so); False: a model
+            spec; None: decide: ``zoo:`` and ``hf:`` are model specs, ``zoo-pipeline:`` a pipeline, and a
+            file or module function is a pipeline when it declares ``num_stages`` or ``batch_size`` or returns a
             :class:`PipelineModel` or ``(list of modules, loss_fn, inputs, target)`` (it is called once).
         num_stages, batch_size, seed: as :func:`load_pipeline_spec` (for a pipeline).
 
