@@ -626,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_argument(
         "spec",
         metavar="PIPELINE_SPEC",
-        help="path/to/file.py:function, package.module:function, zoo-pipeline:NAME or hf:gpt2?...",
+        help="path/to/file.py:function, package.module:function, zoo-pipeline:NAME, hf:gpt2?..., hf:llama?...",
     )
     pipeline.add_argument(
         "--schedule",
@@ -677,7 +677,7 @@ def _add_costs_parser(commands: Any) -> None:
     costs.add_argument(
         "--pipeline",
         action="store_true",
-        help="SPEC is a pipeline spec (needed for hf:gpt2 cut into stages; files are told apart by themselves)",
+        help="SPEC is a pipeline spec (needed for hf:gpt2 and hf:llama cut into stages; files are told apart by themselves)",
     )
     costs.add_argument(
         "--num-stages", type=int, metavar="N", help="stages of a pipeline spec (default: its own, else 2)"
@@ -712,7 +712,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "spec",
         metavar="PIPELINE_SPEC",
-        help="a pipeline spec (zoo-pipeline:mlp, path/to/file.py:function, hf:gpt2 ...)",
+        help="a pipeline spec (zoo-pipeline:mlp, path/to/file.py:function, hf:gpt2?..., hf:llama?...)",
     )
     parser.add_argument(
         "--microbatches", type=int, default=4, metavar="N", help="microbatches per step (default 4)"

@@ -1,4 +1,4 @@
-"""The one pipeline spec format: built-in, file and hf:gpt2 pipelines, the microbatches a batch splits into,
+"""The one pipeline spec format: built-in, file, hf:gpt2 and hf:llama pipelines, the microbatches a batch splits into,
 model specs to ``graphkit costs``, the stage counts the schedule commands ask for, and clear SpecErrors."""
 
 from __future__ import annotations
@@ -122,6 +122,120 @@ def test_hf_gpt2_is_cut_into_the_stages_asked_for():
         load_pipeline_spec("hf:gpt2?depth=2", num_stages=2, batch_size=4)
 
 
+def full_llama(layers: int, *, tied: bool = False) -> nn.Module:
+    """The unsplit LlamaForCausalLM that hf:llama's defaults describe, built from its own config under seed 0."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+        attn_implementation="eager",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config)
+
+
+@pytest.mark.parametrize(("num_stages", "layers_per_stage"), [(1, [4]), (2, [2, 2]), (4, [1, 1, 1, 1])])
+def test_hf_llama_stages_compute_the_logits_and_loss_of_the_unsplit_model(
+    num_stages: int, layers_per_stage: list[int]
+):
+    model = load_pipeline_spec(
+        "hf:llama?num_hidden_layers=4&seq=6", num_stages=num_stages, batch_size=3, seed=0
+    )
+    assert [len(stage.layers) for stage in model.stages] == layers_per_stage
+    assert model.inputs[0].shape == (3, 6) and model.inputs[0].dtype == torch.int64
+    assert model.target.shape == (3, 6)
+    full = full_llama(4).double()
+    for stage in model.stages:
+        stage.double()
+    assert model.stages[0].embed_tokens.weight.equal(full.model.embed_tokens.weight)
+    assert model.stages[-1].lm_head.weight.equal(full.lm_head.weight)
+    assert model.stages[-1].lm_head.weight.data_ptr() != model.stages[0].embed_tokens.weight.data_ptr()
+    logits = run_stages(model.stages, model.inputs)
+    expected = full(input_ids=model.inputs[0], use_cache=False).logits
+    assert logits.dtype == torch.float64 and torch.equal(logits, expected)
+    loss = model.loss_fn(logits, model.target)
+    assert torch.equal(loss, nn.functional.cross_entropy(expected.reshape(-1, 128), model.target.reshape(-1)))
+    # every stage's rotary embedding is its own buffer-only module: no parameter, no shared object
+    rotaries = [stage.rotary_emb for stage in model.stages]
+    assert len({id(rotary) for rotary in rotaries}) == num_stages
+    assert not any(list(rotary.parameters()) for rotary in rotaries)
+
+
+def test_hf_llama_takes_its_config_keys_and_the_gpt2_style_aliases():
+    pytest.importorskip("transformers")
+    spec = (
+        "hf:llama?n_layer=3&n_embd=64&n_head=8&num_key_value_heads=4&intermediate_size=96&vocab_size=50&seq=5"
+    )
+    model = load_pipeline_spec(spec, num_stages=3, batch_size=2, seed=0)
+    config = model.stages[0].config
+    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads) == (3, 64, 8)
+    assert (config.num_key_value_heads, config.intermediate_size, config.vocab_size) == (4, 96, 50)
+    assert config._attn_implementation == "eager" and config.attention_dropout == 0.0
+    assert run_stages(model.stages, model.inputs).shape == (2, 5, 50)
+    other_seed = load_pipeline_spec(spec + "&seed=1", num_stages=3, batch_size=2, seed=0)
+    assert (
+        not other_seed.stages[1]
+        .layers[0]
+        .mlp.up_proj.weight.equal(model.stages[1].layers[0].mlp.up_proj.weight)
+    )
+
+
+def test_hf_llama_ties_its_head_to_the_embedding_only_inside_one_stage():
+    pytest.importorskip("transformers")
+    model = load_pipeline_spec(
+        "hf:llama?num_hidden_layers=2&tie_word_embeddings=1", num_stages=1, batch_size=2
+    )
+    (stage,) = model.stages
+    assert stage.lm_head.weight is stage.embed_tokens.weight
+    full = full_llama(2, tied=True)
+    assert torch.equal(run_stages(model.stages, model.inputs), full(input_ids=model.inputs[0]).logits)
+    with pytest.raises(SpecError, match="tie_word_embeddings=1 ties stage 0's embedding to the last stage's"):
+        load_pipeline_spec("hf:llama?tie_word_embeddings=1", num_stages=2, batch_size=2)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "hf:llama?depth=2",
+            "unknown key 'depth' for hf:llama cut into stages; valid keys: num_hidden_layers, ",
+        ),
+        ("hf:llama?batch=4", r"unknown key 'batch'.*comes from the command"),
+        ("hf:llama?stage=middle", r"unknown key 'stage'.*belongs to model specs"),
+        (
+            "hf:gpt2?num_key_value_heads=2",
+            r"unknown key 'num_key_value_heads' for hf:gpt2.*valid keys: n_layer",
+        ),
+        ("hf:llama?num_hidden_layers=1", "1 layers cannot fill 2 stages; raise num_hidden_layers"),
+        ("hf:llama?hidden_size=30", "hidden_size=30 is not a multiple of num_attention_heads=4"),
+        (
+            "hf:llama?num_key_value_heads=3",
+            "num_attention_heads=4 is not a multiple of num_key_value_heads=3",
+        ),
+        ("hf:llama?hidden_size=12", "3 wide; rotary position embeddings need an even width"),
+        ("hf:gpt2?n_embd=30", "n_embd=30 is not a multiple of n_head=4"),
+        ("hf:llama?seq=0", "seq must be at least 1, got 0"),
+        ("hf:llama?seed=-1", "seed must be at least 0"),
+        ("hf:llama?vocab_size=many", "vocab_size='many' is not an integer"),
+        ("hf:llama?tie_word_embeddings=maybe", "is not a boolean"),
+        ("hf:llama?seq", "expected key=value, got 'seq'"),
+        ("hf:llama?n_layer=2&num_hidden_layers=2", "num_hidden_layers is given twice"),
+        ("hf:bert", "hf:bert is not cut into pipeline stages; the architectures that are: hf:gpt2, hf:llama"),
+    ],
+)
+def test_bad_hf_pipeline_specs_say_what_is_wrong_and_what_is_valid(spec: str, message: str):
+    pytest.importorskip("transformers")
+    with pytest.raises(SpecError, match=message):
+        load_pipeline_spec(spec, num_stages=2, batch_size=4)
+
+
 def test_model_specs_and_pipeline_specs_both_go_to_costs(pipeline_file: Path):
     module, inputs = load_stage_or_pipeline(f"{pipeline_file}:model")
     assert isinstance(module, nn.Linear) and inputs[0].shape == (4, 3)
@@ -139,11 +253,13 @@ def test_model_specs_and_pipeline_specs_both_go_to_costs(pipeline_file: Path):
     assert costs.stages[1].input_grad_bytes == 4 * 64 * 4  # float32 gradient of a 4-row input
 
 
-def test_hf_gpt2_is_a_model_spec_to_costs_unless_asked_for_a_pipeline():
+def test_hf_specs_are_model_specs_to_costs_unless_asked_for_a_pipeline():
     pytest.importorskip("transformers")
     module, _ = load_stage_or_pipeline("hf:gpt2")
     assert isinstance(module, nn.Module)
     model = load_stage_or_pipeline("hf:gpt2?n_layer=2", pipeline=True, num_stages=2, batch_size=2)
+    assert isinstance(model, PipelineModel) and len(model.stages) == 2
+    model = load_stage_or_pipeline("hf:llama?num_hidden_layers=2", pipeline=True, num_stages=2, batch_size=2)
     assert isinstance(model, PipelineModel) and len(model.stages) == 2
 
 

@@ -318,10 +318,52 @@ def test_verify_pipeline_json_reports_every_parameter(capsys: pytest.CaptureFixt
 
 
 @pytest.mark.slow
-def test_gpt2_cut_into_stages_is_exact_across_two_processes() -> None:
-    result = check_pipeline("hf:gpt2?n_layer=4", schedule="DualPipeV", microbatches=4, ranks=2, deadline=240)
+@pytest.mark.parametrize(
+    ("pipeline", "schedule"),
+    [("hf:gpt2?n_layer=4", "DualPipeV"), ("hf:llama?num_hidden_layers=4", "ZBVZeroBubble")],
+)
+def test_hugging_face_models_cut_into_stages_are_exact_across_two_processes(
+    pipeline: str, schedule: str
+) -> None:
+    result = check_pipeline(pipeline, schedule=schedule, microbatches=4, ranks=2, deadline=240)
     assert result.passed, result.error or result.table()
     assert any(name.endswith("lm_head.weight") for name in (check.name for check in result.parameters))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "stages_per_rank"), [("ZBVZeroBubble", 2), ("InterleavedZeroBubble", 4)]
+)
+def test_llama_cut_into_stages_is_bitwise_exact_in_one_process(schedule: str, stages_per_rank: int) -> None:
+    pytest.importorskip("transformers")
+    result = check_pipeline(
+        "hf:llama?num_hidden_layers=4",
+        schedule=schedule,
+        microbatches=4,
+        steps=2,
+        stages_per_rank=stages_per_rank,
+    )
+    assert result.passed and result.exact, result.error or result.table()
+    names = {check.name for check in result.parameters}
+    last = stages_per_rank - 1
+    assert {"stage0.embed_tokens.weight", f"stage{last}.lm_head.weight", f"stage{last}.norm.weight"} <= names
+    assert all(
+        check.hooks == check.expected_hooks == 8 for check in result.parameters
+    )  # 4 microbatches x 2 steps
+    assert (
+        len(names) == 9 * 4 + 3
+    )  # 9 parameters per decoder layer, the embedding, the final norm and the head
+
+
+def test_verify_pipeline_command_checks_llama_cut_into_stages(capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("transformers")
+    from graphkit.cli import main
+
+    command = ["verify-pipeline", "hf:llama?num_hidden_layers=4", "--schedule", "InterleavedZeroBubble"]
+    assert main([*command, "--stages-per-rank", "4", "--microbatches", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "stage3.lm_head.weight" in out and "bit for bit" in out
+    assert main(["verify-pipeline", "hf:llama?tie_word_embeddings=1", "--schedule", "ZBVZeroBubble"]) == 2
+    assert "tie_word_embeddings=1 ties stage 0's embedding" in capsys.readouterr().err
 
 
 def test_split_state_holds_no_output_so_outputs_may_be_dropped_or_detached_after_b() -> None:

@@ -552,18 +552,33 @@ class RotaryDecoderStage(nn.Module):
 
     def forward(self, hidden_states: Tensor) -> dict[str, Tensor]:
         """``hidden_states``: (batch, seq, hidden_size). Returns ``{"hidden_states": same shape}``."""
-        position_ids = _position_ids(hidden_states)
-        mask = _causal_mask(self.make_mask, self.config, hidden_states, position_ids)
-        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-        for layer in self.layers:
-            hidden_states = layer(
-                hidden_states,
-                attention_mask=mask,
-                position_ids=position_ids,
-                position_embeddings=position_embeddings,
-                use_cache=False,
-            )
+        hidden_states = _run_rotary_layers(
+            self.layers, self.rotary_emb, self.make_mask, self.config, hidden_states
+        )
         return {"hidden_states": hidden_states}
+
+
+def _run_rotary_layers(
+    layers: Any, rotary_emb: nn.Module, make_mask: Any, config: Any, hidden_states: Tensor
+) -> Tensor:
+    """Run Llama-style decoder layers as ``LlamaModel.forward`` runs them, without a KV cache.
+
+    The causal mask (``make_mask``) and the rotary cos/sin (``rotary_emb``, computed once for all layers) come
+    from the shape, device and dtype of ``hidden_states`` (batch, seq, hidden_size), positions ``0 .. seq-1``.
+    Returns the hidden states after the last layer, same shape.
+    """
+    position_ids = _position_ids(hidden_states)
+    mask = _causal_mask(make_mask, config, hidden_states, position_ids)
+    position_embeddings = rotary_emb(hidden_states, position_ids=position_ids)
+    for layer in layers:
+        hidden_states = layer(
+            hidden_states,
+            attention_mask=mask,
+            position_ids=position_ids,
+            position_embeddings=position_embeddings,
+            use_cache=False,
+        )
+    return hidden_states
 
 
 def _causal_mask(make_mask: Any, config: Any, hidden_states: Tensor, position_ids: Tensor) -> Any:
@@ -598,13 +613,19 @@ class GPT2Stage(nn.Module):
 
     def forward(self, hidden_states: Tensor) -> dict[str, Tensor]:
         """``hidden_states``: (batch, seq, hidden_size). Returns ``{"hidden_states": same shape}``."""
-        position_ids = _position_ids(hidden_states)
-        mask = _causal_mask(self.make_mask, self.config, hidden_states, position_ids)
-        for block in self.h:
-            hidden_states = block(
-                hidden_states, attention_mask=mask, use_cache=False, position_ids=position_ids
-            )
-        return {"hidden_states": hidden_states}
+        return {"hidden_states": _run_gpt2_blocks(self.h, self.make_mask, self.config, hidden_states)}
+
+
+def _run_gpt2_blocks(blocks: Any, make_mask: Any, config: Any, hidden_states: Tensor) -> Tensor:
+    """Run GPT-2 blocks under a causal mask (``make_mask``) as ``GPT2Model.forward`` runs them, without a cache.
+
+    ``hidden_states``: (batch, seq, n_embd), positions ``0 .. seq-1``; returns the same shape.
+    """
+    position_ids = _position_ids(hidden_states)
+    mask = _causal_mask(make_mask, config, hidden_states, position_ids)
+    for block in blocks:
+        hidden_states = block(hidden_states, attention_mask=mask, use_cache=False, position_ids=position_ids)
+    return hidden_states
 
 
 class BertStage(nn.Module):

@@ -477,8 +477,8 @@ def spec_costs(
         spec: a model spec (:func:`graphkit.models.specs.load_spec`: its module is one stage, measured on
             its inputs) or a pipeline spec (:mod:`graphkit.models.pipeline_specs`), as
             :func:`graphkit.models.pipeline_specs.load_stage_or_pipeline` tells them apart.
-        pipeline: True: ``spec`` is a pipeline spec (``hf:gpt2`` cut into stages is one only so); False: a
-            model spec; None: decide.
+        pipeline: True: ``spec`` is a pipeline spec (``hf:gpt2`` and ``hf:llama`` cut into stages are ones
+            only so); False: a model spec; None: decide.
         num_stages, batch_size: for a pipeline spec, as
             :func:`~graphkit.models.pipeline_specs.load_pipeline_spec` (None: the function's defaults).
         microbatches: the whole batch is split into this many along dimension 0 (as a schedule splits it)

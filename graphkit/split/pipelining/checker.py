@@ -168,7 +168,8 @@ def check_pipeline(
 
     Args:
         spec: a pipeline spec (``path/to/file.py:function``, ``module:function``, ``zoo-pipeline:NAME``,
-            ``hf:gpt2?...``) or a function returning a :class:`~graphkit.models.pipeline_specs.PipelineModel`;
+            ``hf:gpt2?...``, ``hf:llama?...``) or a function returning a
+            :class:`~graphkit.models.pipeline_specs.PipelineModel`;
             see :mod:`graphkit.models.pipeline_specs`. It is built with ``stages_per_rank x pipeline ranks``
             stages and a batch of 2 rows per microbatch per replica. A function must be importable by name
             when ``ranks > 1``.
