@@ -1,7 +1,7 @@
 """Write the parameter groups of a model as JSON: parameters, intermediates, flags, unused parameters.
 
     python examples/groups_to_json.py                          # zoo:gpt_stage, to standard output
-    python examples/groups_to_json.py hf:llama?stage=middle -o llama_groups.json
+    python examples/groups_to_json.py 'hf:llama?stage=middle' -o llama_groups.json
     python examples/groups_to_json.py my_model.py:make_stage
 
 The argument is a model spec (``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function``,

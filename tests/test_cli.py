@@ -85,7 +85,20 @@ def test_python_dash_m_runs_the_cli():
 
 
 @pytest.mark.parametrize(
-    "command", ["capture", "groups", "verify", "render", "inspect", "bench", "verify-pipeline"]
+    "command",
+    [
+        "capture",
+        "groups",
+        "verify",
+        "render",
+        "inspect",
+        "list",
+        "bench",
+        "costs",
+        "timeline",
+        "compare-schedules",
+        "verify-pipeline",
+    ],
 )
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -114,3 +127,131 @@ def test_verify_and_groups_name_checkpointed_nodes_and_the_recomputations(capsys
     assert f"checkpointed regions recomputed: 2 in B, {in_w} in W (recompute={recompute!r})" in out
     status, out, _ = run(capsys, "groups", CHECKPOINTED)
     assert status == 0 and "opaque-node" in out and "[checkpointed]" in out
+
+
+# --- graphkit list: pipeline specs ------------------------------------------------------------------------
+def test_list_prints_the_built_in_pipelines_and_the_hf_architectures_cut_into_stages(capsys):
+    from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES
+
+    status, out, _ = run(capsys, "list")
+    assert status == 0
+    lines = out.splitlines()
+    start = lines.index("built-in pipelines (zoo-pipeline:NAME):")
+    assert lines[start + 1 : start + 5] == [
+        "pipeline spec          what it is",
+        "---------------------  -----------------------------------------------------------------------------------",
+        "zoo-pipeline:mlp       num_stages MLPStage blocks (width 64, hidden 256), float32, seeded (0), on the CPU.",
+        "zoo-pipeline:mlp_wide  zoo-pipeline:mlp with width 512 and hidden 2048 (milliseconds per pass).",
+    ]
+    start = lines.index(
+        "Hugging Face architectures cut into pipeline stages (hf:ARCH[?key=value&...], the 'models' extra):"
+    )
+    rows = lines[start + 3 : start + 3 + len(PIPELINE_ARCHITECTURES)]
+    assert [row.split()[0] for row in rows] == [f"hf:{arch}" for arch in PIPELINE_ARCHITECTURES]
+    assert rows[0].split(None, 1)[1] == (
+        "GPT-2: embeddings on the first stage, ln_f and an untied lm_head on the last "
+        "(n_layer, n_embd, n_head, vocab_size, seq, seed)"
+    )
+    assert lines[:2] == ["built-in models (zoo:NAME):", "spec                   what it is"]  # as before
+
+    status, out, _ = run(capsys, "list", "--json")
+    data = json.loads(out)
+    assert list(data) == ["zoo", "hf", "zoo-pipeline", "hf-pipeline"]
+    assert data["zoo-pipeline"] == {
+        "zoo-pipeline:mlp": "num_stages MLPStage blocks (width 64, hidden 256), float32, seeded (0), on the CPU.",
+        "zoo-pipeline:mlp_wide": "zoo-pipeline:mlp with width 512 and hidden 2048 (milliseconds per pass).",
+    }
+    assert list(data["hf-pipeline"]) == [f"hf:{arch}" for arch in PIPELINE_ARCHITECTURES]
+    assert data["hf-pipeline"]["hf:gpt2"] == rows[0].split(None, 1)[1]
+
+
+def test_every_listed_pipeline_spec_loads_and_no_other_hf_architecture_does():
+    pytest.importorskip("transformers")
+    from graphkit.models.huggingface import KNOWN_ARCHITECTURES
+    from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PIPELINES, load_pipeline_spec
+    from graphkit.models.specs import SpecError
+
+    listed = [f"zoo-pipeline:{name}" for name in PIPELINES] + [
+        f"hf:{arch}" for arch in PIPELINE_ARCHITECTURES
+    ]
+    for spec in listed:
+        pipeline = load_pipeline_spec(spec, num_stages=2, batch_size=4)
+        assert len(pipeline.stages) == 2 and pipeline.batch_size == 4, spec
+    assert set(PIPELINE_ARCHITECTURES) <= set(KNOWN_ARCHITECTURES)
+    for arch in set(KNOWN_ARCHITECTURES) - set(PIPELINE_ARCHITECTURES):
+        with pytest.raises(SpecError):
+            load_pipeline_spec(f"hf:{arch}", num_stages=2, batch_size=4)
+
+
+def test_a_pipeline_description_is_its_docstrings_first_line_in_plain_text():
+    from graphkit.cli.graph_commands import pipeline_description
+
+    def wide() -> None:
+        """``zoo-pipeline:wide``: :func:`mlp_pipeline` with ``n`` :class:`~graphkit.models.MLPStage` blocks.
+
+        More text that is not the description.
+        """
+
+    def undocumented() -> None:
+        pass
+
+    assert pipeline_description("wide", wide) == "zoo-pipeline:mlp with n MLPStage blocks."
+    assert pipeline_description("other", undocumented) == "undocumented"
+
+
+# --- --timeout of the pipeline commands -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "seconds"),
+    [([], 300.0), (["--timeout", "9"], 9.0), (["--deadline", "7"], 7.0), (["--deadline=7.5"], 7.5)],
+)
+def test_verify_pipeline_timeout_and_its_old_spelling_deadline_reach_the_checker(
+    capsys, monkeypatch, options, seconds
+):
+    import graphkit.split.pipelining.checker as checker
+
+    passed = {}
+
+    def record_arguments(spec, **keywords):
+        passed.update(keywords)
+        raise ValueError("stopped before running")
+
+    monkeypatch.setattr(checker, "check_pipeline", record_arguments)
+    status, _, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", *options)
+    assert status == 2 and "stopped before running" in err
+    assert passed["deadline"] == seconds
+
+
+@pytest.mark.parametrize("command", ["timeline", "compare-schedules"])
+@pytest.mark.parametrize(("options", "seconds"), [([], 120.0), (["--timeout", "30"], 30.0)])
+def test_timeline_and_compare_schedules_timeout_reaches_the_recorder(
+    capsys, monkeypatch, command, options, seconds
+):
+    import graphkit.split.schedule_recording as recording
+
+    passed = {}
+
+    def record_arguments(spec, schedules, **keywords):
+        passed.update(keywords)
+        raise ValueError("stopped before running")
+
+    monkeypatch.setattr(recording, "record_schedules", record_arguments)
+    extra = ["--schedule", "1F1B", "-o", "unused.svg"] if command == "timeline" else []
+    status, _, err = run(capsys, command, "zoo-pipeline:mlp", *extra, *options)
+    assert status == 2 and "stopped before running" in err
+    assert passed["timeout_s"] == seconds
+
+
+@pytest.mark.parametrize(
+    ("command", "default"), [("verify-pipeline", 300), ("timeline", 120), ("compare-schedules", 120)]
+)
+def test_the_pipeline_commands_document_one_timeout_and_hide_deadline(capsys, monkeypatch, command, default):
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps help to the terminal width
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    described = (
+        "--timeout S wall-clock limit in seconds, after which graphkit ends the processes it started "
+        f"(default {default})"
+    )
+    assert described in " ".join(text.split())
+    assert "--deadline" not in text

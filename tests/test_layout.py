@@ -1,8 +1,9 @@
 """The package's layout: folders by layer, imports one way, no module shadowing an exported function.
 
 Layers, lowest first: ``graph`` and ``models`` (side by side, independent of each other), ``analysis``,
-``split``, ``drawing``, then the command line (``cli``, ``__main__``) and the package's public API
-(``graphkit/__init__.py``). A module-level import never points from a lower layer to a higher one; inside a
+``split``, ``drawing``, the package's public API (``graphkit/__init__.py``, ``graphkit/pipelining.py``), then
+the command line on top: the ``graphkit/cli/`` package and its entry point ``graphkit/__main__.py``, which
+nothing else imports. A module-level import never points from a lower layer to a higher one; inside a
 function, only the display hooks (``_repr_*`` methods of graphs and groups) may reach for drawing.
 """
 
@@ -22,17 +23,16 @@ import torch
 import graphkit
 
 PACKAGE = Path(graphkit.__file__).parent
-TOP = 5  # the public API (graphkit/__init__.py, graphkit/pipelining.py) may import from every layer
 LAYERS = {
     "graph": 0,
     "models": 0,
     "analysis": 1,
     "split": 2,
     "drawing": 3,
-    "cli": 4,
-    "__main__": TOP,
-    "pipelining": TOP,
+    "graphkit": 4,  # the public API: graphkit/__init__.py, graphkit/pipelining.py
+    "cli": 5,  # the command line, on top: nothing but python -m graphkit imports it
 }
+LAYER_OF_LOOSE_MODULES = {"pipelining": "graphkit", "__main__": "cli"}
 
 
 def module_name(path: Path) -> str:
@@ -45,9 +45,8 @@ def layer_of(name: str) -> tuple[str, int] | None:
     parts = name.split(".")
     if parts[0] != "graphkit":
         return None
-    if len(parts) == 1:
-        return "graphkit", TOP
-    return parts[1], LAYERS[parts[1]]
+    layer = "graphkit" if len(parts) == 1 else LAYER_OF_LOOSE_MODULES.get(parts[1], parts[1])
+    return layer, LAYERS[layer]
 
 
 def imported_names(node: ast.Import | ast.ImportFrom, module: str) -> list[str]:
@@ -92,15 +91,12 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 def test_every_module_lives_in_a_layer_folder():
     # besides the package's entry points, one public module: graphkit.pipelining re-exports split.pipelining
-    loose = {path.name for path in PACKAGE.glob("*.py")} - {
-        "__init__.py",
-        "__main__.py",
-        "cli.py",
-        "pipelining.py",
-    }
+    loose = {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py", "pipelining.py"}
     assert loose == set(), f"modules outside the layer folders: {sorted(loose)}"
-    for folder in ("graph", "analysis", "split", "drawing", "models"):
+    for folder in ("graph", "analysis", "split", "drawing", "models", "cli"):
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
+    folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert folders == set(LAYERS) - {"graphkit"}, f"folders without a layer: {sorted(folders - set(LAYERS))}"
 
 
 def wrong_imports(path: Path) -> list[str]:
@@ -110,7 +106,7 @@ def wrong_imports(path: Path) -> list[str]:
     wrong = []
     for imported, line, function in imports(path):
         imported_layer, imported_rank = layer_of(imported)
-        if imported_layer == importer_layer or importer_rank == TOP:
+        if imported_layer == importer_layer:
             continue
         upward = imported_rank > importer_rank
         sideways = imported_rank == importer_rank  # graph and models stay independent of each other
@@ -153,6 +149,36 @@ def test_the_checker_reports_upward_imports_but_not_display_hooks(
         "line 8: graphkit.graph.bad (graph) imports graphkit.split (split) inside export()",
         "line 9: graphkit.graph.bad (graph) imports graphkit.models (models) inside export()",
     ]
+
+
+def test_the_command_line_is_the_top_layer_that_only_python_dash_m_imports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    fake_package = tmp_path / "graphkit"
+    (fake_package / "cli").mkdir(parents=True)
+    (fake_package / "cli" / "__init__.py").write_text(
+        "from graphkit.cli import graph_commands\nfrom graphkit.drawing import draw\nimport graphkit\n"
+    )
+    (fake_package / "cli" / "graph_commands.py").write_text("from graphkit.models import zoo\n")
+    (fake_package / "__main__.py").write_text("from graphkit.cli import main\n")
+    (fake_package / "__init__.py").write_text(
+        "from graphkit.split import backward\nfrom graphkit.cli import main\n"
+    )
+    (fake_package / "pipelining.py").write_text("from graphkit.split.pipelining import stage\n")
+    (fake_package / "drawing").mkdir()
+    (fake_package / "drawing" / "__init__.py").write_text("def f():\n    from graphkit.cli import options\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake_package)
+    wrong = {
+        path.relative_to(fake_package).as_posix(): wrong_imports(path) for path in fake_package.rglob("*.py")
+    }
+    assert wrong == {
+        "__init__.py": ["line 2: graphkit (graphkit) imports graphkit.cli (cli) at module level"],
+        "__main__.py": [],
+        "pipelining.py": [],
+        "cli/__init__.py": [],
+        "cli/graph_commands.py": [],
+        "drawing/__init__.py": ["line 2: graphkit.drawing (drawing) imports graphkit.cli (cli) inside f()"],
+    }
 
 
 def all_modules() -> list[str]:

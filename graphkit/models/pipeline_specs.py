@@ -94,6 +94,7 @@ __all__ = [
     "DEFAULT_MICROBATCH_SIZE",
     "DEFAULT_NUM_STAGES",
     "PIPELINES",
+    "PIPELINE_ARCHITECTURES",
     "GPT2PipelineStage",
     "LlamaPipelineStage",
     "PipelineModel",
@@ -436,7 +437,7 @@ def _mean_square(output: Tensor, target: Tensor) -> Tensor:
 def mlp_pipeline(
     num_stages: int = 4, batch_size: int = 32, *, width: int = 64, hidden: int = 256
 ) -> PipelineModel:
-    """``zoo-pipeline:mlp``: ``num_stages`` :class:`MLPStage` blocks, float32, seeded (0), on the CPU.
+    """``zoo-pipeline:mlp``: ``num_stages`` :class:`MLPStage` blocks (width 64, hidden 256), float32, seeded (0), on the CPU.
 
     Inputs: ``features`` of shape ``(batch_size, width)``, not requiring grad; the loss is
     ``mean(output ** 2)`` (the target, zeros of shape ``(batch_size,)``, is ignored).
@@ -455,6 +456,14 @@ def mlp_wide_pipeline(num_stages: int = 4, batch_size: int = 64) -> PipelineMode
 
 PIPELINES: dict[str, Callable[..., PipelineModel]] = {"mlp": mlp_pipeline, "mlp_wide": mlp_wide_pipeline}
 """The built-in pipelines, by the NAME of ``zoo-pipeline:NAME``."""
+
+PIPELINE_ARCHITECTURES: dict[str, str] = {
+    "gpt2": "GPT-2: embeddings on the first stage, ln_f and an untied lm_head on the last (n_layer, n_embd, n_head, vocab_size, seq, seed)",
+    "llama": "Llama: embeddings on the first stage, rotary embeddings and a causal mask on each, the final norm "
+    "and lm_head on the last (num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, "
+    "intermediate_size, vocab_size, tie_word_embeddings, seq, seed)",
+}
+"""The architectures a pipeline spec ``hf:ARCH`` cuts into stages, with a one-line description of each."""
 
 
 # --- hf: Hugging Face models cut into stages -----------------------------------------------------------------

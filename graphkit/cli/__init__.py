@@ -1,0 +1,99 @@
+"""The ``graphkit`` command: a thin shell over the library.
+
+Subcommands::
+
+    graphkit capture SPEC [--json | --graphml FILE | --dot FILE]
+    graphkit groups  SPEC [--json]
+    graphkit verify  SPEC [--dtype float32|float64] [--device cpu|cuda] [--seed N] [--autocast bfloat16]
+                     [--recompute in-w|keep-from-b] [--json]
+    graphkit render  SPEC -o OUT.{svg,png,pdf,dot} [--collapse DEPTH] [--max-nodes N] [--fold | --no-fold]
+                     [--highlight GROUP] [--plain] [--saved] [--module-paths] [--no-shapes]
+                     [--direction BT|TB|LR|RL] [--legend auto|on|off] [--device cpu|meta|...] [--timeout S]
+    graphkit inspect [SPEC] [-o DIR] [--device cpu|cuda|meta] [--dtype ...] [--collapse DEPTH] [--max-nodes N]
+    graphkit list    [--json]
+    graphkit bench   SPEC [--repeat N] [--threads N] [--json]
+    graphkit costs   SPEC|PIPELINE_SPEC [--pipeline] [--num-stages N] [--batch-size B] [--microbatches M]
+                     [--device ...] [--repeat N] [--warmup N] [--threads N] [--json]
+    graphkit timeline PIPELINE_SPEC --schedule NAME [--microbatches N] [--ranks R] [--stage graphkit|torch]
+                     [--timeout S] -o OUT.{svg,png,html,json}
+    graphkit compare-schedules PIPELINE_SPEC [--schedules A,B,...] [--microbatches N] [--ranks R] [--timeout S]
+                     [-o DIR]
+    graphkit verify-pipeline PIPELINE_SPEC --schedule NAME --microbatches N [--ranks R] [--ddp | --fsdp]
+                     [--steps N] [--stages-per-rank K] [--stage graphkit|torch] [--timeout S] [--timeline OUT]
+                     [--json]
+
+SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
+(see :mod:`graphkit.models.specs`); PIPELINE_SPEC is ``path/to/file.py:function``, ``package.module:function``,
+``zoo-pipeline:NAME``, ``hf:gpt2?key=value`` or ``hf:llama?key=value`` (one format for every pipeline command, see
+:mod:`graphkit.models.pipeline_specs`); ``graphkit list`` lists the built-in ones. Quote a spec with ``?``
+or ``&`` in a shell (``'hf:gpt2?n_layer=4'``). The pipeline commands' ``--timeout`` is the wall-clock limit
+in seconds after which graphkit ends the processes it started. Exit status: 0 on success, 1 when a
+verification fails, 2 on bad input.
+
+One module per command family: :mod:`~graphkit.cli.graph_commands` (capture, groups, list),
+:mod:`~graphkit.cli.split_commands` (verify, bench), :mod:`~graphkit.cli.drawing_commands` (render,
+inspect), :mod:`~graphkit.cli.pipeline_commands` (costs, timeline, compare-schedules) and
+:mod:`~graphkit.cli.verify_pipeline_command`; :mod:`~graphkit.cli.options` holds the options several
+commands share, :mod:`~graphkit.cli.terminal` and :mod:`~graphkit.cli.spec_tracing` what they print with
+and what they trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from graphkit.cli import (
+    drawing_commands,
+    graph_commands,
+    pipeline_commands,
+    split_commands,
+    verify_pipeline_command,
+)
+
+__all__ = ["build_parser", "main"]
+
+COMMANDS = (
+    graph_commands.add_capture_command,
+    graph_commands.add_groups_command,
+    split_commands.add_verify_command,
+    drawing_commands.add_render_command,
+    drawing_commands.add_inspect_command,
+    graph_commands.add_list_command,
+    split_commands.add_bench_command,
+    pipeline_commands.add_costs_command,
+    pipeline_commands.add_timeline_command,
+    pipeline_commands.add_compare_schedules_command,
+    verify_pipeline_command.add_verify_pipeline_command,
+)
+"""The subcommands, in the order ``graphkit --help`` lists them: each adds its parser."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``graphkit`` command (also used to document the CLI)."""
+    parser = argparse.ArgumentParser(
+        prog="graphkit",
+        description="See, analyse and split PyTorch autograd graphs.",
+        epilog="SPEC: zoo:NAME | path/to/file.py:function | package.module:function | hf:ARCH?key=value",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_command in COMMANDS:
+        add_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``graphkit`` command; returns the exit status."""
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    try:
+        return arguments.run(arguments)
+    except (ValueError, ImportError, OSError) as error:  # SpecError, GraphkitInputError, files
+        print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        if type(error).__name__ in {"GraphvizNotFoundError", "RenderTimeoutError"}:
+            print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
+            return 2
+        raise

@@ -1,0 +1,164 @@
+"""The command-line options several ``graphkit`` commands share, each written once.
+
+Every function adds one option (or one block of options that always travel together) to an
+``argparse.ArgumentParser``; a command's parser calls them in the order its ``--help`` lists them. Where
+commands describe the same option differently (a default that differs, a device list that includes
+``meta``), the help text is an argument.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+__all__ = [
+    "DTYPES",
+    "MODEL_DEVICE_HELP",
+    "add_drawing_size_options",
+    "add_dtype_option",
+    "add_json_option",
+    "add_microbatches_option",
+    "add_model_device_option",
+    "add_model_spec",
+    "add_pipeline_spec",
+    "add_ranks_option",
+    "add_run_timeout_option",
+    "add_stage_option",
+    "add_stages_per_rank_option",
+    "add_steps_option",
+    "add_threads_option",
+    "dtype_of",
+]
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+"""The dtypes ``--dtype`` and ``--autocast`` name, by their spelling on the command line."""
+
+MODEL_DEVICE_HELP = "cpu, cuda, cuda:1 ... (default: where the model is)"
+
+
+def dtype_of(name: str | None) -> torch.dtype | None:
+    """The torch dtype a ``--dtype`` / ``--autocast`` value names; None when the option was not given."""
+    return DTYPES[name] if name else None
+
+
+# --- what a command runs on --------------------------------------------------------------------------------
+def add_model_spec(parser: argparse.ArgumentParser, help: str | None = None, optional: bool = False) -> None:
+    """The positional model SPEC (``zoo:NAME``, ``file.py:function``, ``hf:ARCH?...``); ``optional``: may be
+    left out (then None)."""
+    if optional:
+        parser.add_argument("spec", metavar="SPEC", nargs="?", default=None, help=help)
+    else:
+        parser.add_argument("spec", metavar="SPEC", help=help)
+
+
+def add_pipeline_spec(parser: argparse.ArgumentParser, help: str) -> None:
+    """The positional PIPELINE_SPEC of the pipeline commands."""
+    parser.add_argument("spec", metavar="PIPELINE_SPEC", help=help)
+
+
+def add_model_device_option(parser: argparse.ArgumentParser, help: str = MODEL_DEVICE_HELP) -> None:
+    """``--device``: where to build the model (default None: where the spec builds it)."""
+    parser.add_argument("--device", default=None, help=help)
+
+
+def add_dtype_option(parser: argparse.ArgumentParser) -> None:
+    """``--dtype float32|float64``: cast the model and its inputs."""
+    parser.add_argument("--dtype", choices=["float32", "float64"], help="cast the model and inputs")
+
+
+def add_json_option(parser: argparse.ArgumentParser, help: str | None = "print JSON") -> None:
+    """``--json``: print JSON instead of (or, where ``help`` says so, besides) the text output."""
+    parser.add_argument("--json", action="store_true", help=help)
+
+
+def add_threads_option(parser: argparse.ArgumentParser, help: str, default: int | None = 1) -> None:
+    """``--threads``: intra-op CPU threads (``torch.set_num_threads``)."""
+    parser.add_argument("--threads", type=int, default=default, help=help)
+
+
+# --- drawing -----------------------------------------------------------------------------------------------
+def add_drawing_size_options(parser: argparse.ArgumentParser) -> None:
+    """How big a diagram may get: ``--collapse``, ``--max-nodes``, ``--fold | --no-fold`` and ``--timeout``."""
+    parser.add_argument(
+        "--collapse", type=int, default=None, metavar="DEPTH", help="collapse modules deeper than DEPTH"
+    )
+    parser.add_argument(
+        "--max-nodes",
+        type=int,
+        default=400,
+        metavar="N",
+        help="past N drawn nodes, collapse modules (or fold repeated structure) automatically (default 400)",
+    )
+    folding = parser.add_mutually_exclusive_group()
+    folding.add_argument(
+        "--fold",
+        dest="fold",
+        action="store_true",
+        default=None,
+        help="draw repeated structure (a loop over one module, identical blocks) once, with a count",
+    )
+    folding.add_argument("--no-fold", dest="fold", action="store_false", help="never fold repeated structure")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds Graphviz may take to lay out the diagram before a smaller one is drawn (default 60)",
+    )
+
+
+# --- pipeline runs -----------------------------------------------------------------------------------------
+def add_microbatches_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--microbatches N`` (default 4): microbatches per schedule step."""
+    parser.add_argument("--microbatches", type=int, default=4, metavar="N", help=help)
+
+
+def add_ranks_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--ranks R`` (default 1): processes on 127.0.0.1; 1 runs every stage in this process."""
+    parser.add_argument("--ranks", type=int, default=1, metavar="R", help=help)
+
+
+def add_steps_option(parser: argparse.ArgumentParser, default: int, metavar: str, help: str) -> None:
+    """``--steps``: schedule steps to run."""
+    parser.add_argument("--steps", type=int, default=default, metavar=metavar, help=help)
+
+
+def add_stage_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--stage graphkit|torch`` (default graphkit): whose ``PipelineStage`` runs the schedule."""
+    parser.add_argument("--stage", choices=["graphkit", "torch"], default="graphkit", help=help)
+
+
+def add_stages_per_rank_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--stages-per-rank K`` (default 2)."""
+    parser.add_argument("--stages-per-rank", type=int, default=2, metavar="K", help=help)
+
+
+def add_run_timeout_option(
+    parser: argparse.ArgumentParser, default: float, old_spelling: str | None = None
+) -> None:
+    """``--timeout S``: the wall-clock limit of a pipeline run, after which graphkit ends what it started.
+
+    Args:
+        parser: the command's parser.
+        default: the limit in seconds when the option is not given.
+        old_spelling: an earlier name of the option (``--deadline``), still accepted but not listed in
+            ``--help``; it sets the same value.
+    """
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=default,
+        metavar="S",
+        help="wall-clock limit in seconds, after which graphkit ends the processes it started "
+        f"(default {default:g})",
+    )
+    if old_spelling is not None:
+        parser.add_argument(
+            old_spelling, dest="timeout", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+        )

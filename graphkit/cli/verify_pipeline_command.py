@@ -1,0 +1,188 @@
+"""``graphkit verify-pipeline``: one real schedule step of a pipeline spec's stages, every gradient compared
+with a single-process full backward."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from graphkit.cli.options import (
+    add_json_option,
+    add_microbatches_option,
+    add_pipeline_spec,
+    add_ranks_option,
+    add_run_timeout_option,
+    add_stage_option,
+    add_stages_per_rank_option,
+    add_steps_option,
+)
+
+__all__ = ["add_verify_pipeline_command"]
+
+
+def add_verify_pipeline_command(commands: Any) -> None:
+    pipeline = commands.add_parser(
+        "verify-pipeline",
+        help="run a torch.distributed.pipelining schedule step; compare every gradient with a full backward",
+        description="Run one real schedule step of PIPELINE_SPEC's stages (two per rank) with graphkit's "
+        "PipelineStage and compare every parameter's gradient with a single-process full backward over the "
+        "same microbatches. Exit 0 iff every gradient is exact and hooks fired once per microbatch.",
+    )
+    add_pipeline_spec(
+        pipeline,
+        help="path/to/file.py:function, package.module:function, zoo-pipeline:NAME, hf:gpt2?... or hf:llama?...",
+    )
+    pipeline.add_argument(
+        "--schedule",
+        default="ZBVZeroBubble",
+        help="InterleavedZeroBubble, ZBVZeroBubble (default), DualPipeV, CSV or csv:PATH",
+    )
+    add_microbatches_option(pipeline, help="microbatches per step")
+    add_steps_option(pipeline, default=1, metavar="N", help="schedule steps (SGD in between)")
+    add_ranks_option(pipeline, help="processes on 127.0.0.1 (default 1: all stages here)")
+    parallel = pipeline.add_mutually_exclusive_group()
+    parallel.add_argument("--ddp", action="store_true", help="R/2 pipeline ranks x 2 DDP replicas")
+    parallel.add_argument("--fsdp", action="store_true", help="R/2 pipeline ranks x 2 FSDP2 replicas")
+    add_stages_per_rank_option(
+        pipeline, help="stages on each rank (default 2; other counts for InterleavedZeroBubble and CSV)"
+    )
+    add_stage_option(pipeline, help="whose PipelineStage to run")
+    add_run_timeout_option(pipeline, default=300.0, old_spelling="--deadline")
+    pipeline.add_argument(
+        "--timeline",
+        action="append",
+        metavar="OUT",
+        help="also record the last step and draw it: OUT.svg, .png, .pdf, .html or .json (repeat for several)",
+    )
+    add_json_option(pipeline)
+    pipeline.set_defaults(run=run_verify_pipeline)
+
+
+def run_verify_pipeline(arguments: argparse.Namespace) -> int:
+    from graphkit.split.pipelining.checker import check_pipeline
+
+    data_parallel = "ddp" if arguments.ddp else "fsdp" if arguments.fsdp else None
+    result = check_pipeline(
+        arguments.spec,
+        schedule=arguments.schedule,
+        microbatches=arguments.microbatches,
+        steps=arguments.steps,
+        ranks=arguments.ranks,
+        data_parallel=data_parallel,
+        stage=arguments.stage,
+        stages_per_rank=arguments.stages_per_rank,
+        deadline=arguments.timeout,
+        timeline=bool(arguments.timeline),
+    )
+    written = write_checked_timeline(arguments, result) if arguments.timeline else []
+    if arguments.json:
+        print(json.dumps(result_payload(result, data_parallel, written), indent=1))
+        return 0 if result.passed else 1
+    where = f"{result.ranks} process{'es' if result.ranks > 1 else ''}"
+    print(
+        f"{arguments.spec}: {result.case.schedule}, {result.case.microbatches} microbatches, "
+        f"{result.case.steps} step(s), {where}, {result.case.stage} stages"
+        + (f", {data_parallel}" if data_parallel else "")
+    )
+    if result.error is not None:
+        print(f"the schedule step failed: {result.error}")
+    if result.parameters:
+        print(result.table())
+    if result.backward_calls:
+        calls = result.backward_calls
+        print(
+            f"backwards run: {calls['input']} B (graphkit), {calls['weight']} W (graphkit), {calls['full']} full"
+        )
+    for path in written:
+        print(f"wrote {path}")
+    if result.timeline is not None:
+        print(
+            f"recorded the last step: {result.timeline.step_seconds * 1e3:.3f} ms, "
+            f"bubble {100 * result.timeline.bubble_fraction:.1f}%"
+        )
+    if result.passed:
+        verdict = (
+            "exact: every gradient equals the full backward's bit for bit"
+            if result.exact
+            else ("equal within 1e-10 (data-parallel all-reduce order)")
+        )
+        print(f"{verdict}; hooks once per microbatch")
+    elif result.error is not None:
+        print("FAILED")
+    else:
+        print(f"NOT exact: {pipeline_failures(result)}")
+    return 0 if result.passed else 1
+
+
+def result_payload(result: Any, data_parallel: str | None, timeline_files: list[str]) -> dict[str, Any]:
+    """The ``--json`` form of a checked pipeline step (a ``PipelineCheck``)."""
+    return {
+        "schedule": result.case.schedule,
+        "microbatches": result.case.microbatches,
+        "steps": result.case.steps,
+        "ranks": result.ranks,
+        "data_parallel": data_parallel,
+        "stage": result.case.stage,
+        "passed": result.passed,
+        "exact": result.exact,
+        "error": result.error,
+        "backward_calls": result.backward_calls,
+        "parameters": [
+            {
+                "name": check.name,
+                "max_abs_error": check.max_abs_error,
+                "relative_error": check.relative_error,
+                "bitwise": check.bitwise,
+                "hooks": check.hooks,
+                "expected_hooks": check.expected_hooks,
+            }
+            for check in result.parameters
+        ],
+        "timeline": result.timeline.summary() if result.timeline is not None else None,
+        "timeline_files": timeline_files,
+    }
+
+
+def pipeline_failures(result: Any) -> str:
+    """What made a checked pipeline step fail: wrong gradients, silent or repeated hooks, or both."""
+    wrong = [check.name for check in result.parameters if not check.bitwise]
+    if result.case.data_parallel is not None:
+        wrong = [check.name for check in result.parameters if check.relative_error > 1e-10]
+    hooks = [
+        check.name
+        for check in result.parameters
+        if check.hooks is not None and check.hooks != check.expected_hooks
+    ]
+    reasons = []
+    if wrong:
+        reasons.append(
+            f"{len(wrong)} of {len(result.parameters)} gradients differ ({', '.join(wrong[:3])}"
+            + (", ..." if len(wrong) > 3 else "")
+            + ")"
+        )
+    if hooks:
+        reasons.append(
+            f"post-accumulate-grad hooks did not fire once per microbatch for {len(hooks)} of "
+            f"{len(result.parameters)} parameters ({', '.join(hooks[:3])}"
+            + (", ..." if len(hooks) > 3 else "")
+            + "): DDP would leave their gradients un-averaged"
+        )
+    return "; ".join(reasons) or "no parameter was compared"
+
+
+def write_checked_timeline(arguments: argparse.Namespace, result: Any) -> list[str]:
+    """Draw the recorded step of a checked pipeline to each ``--timeline`` file (none if the step failed)."""
+    from graphkit.drawing.timeline import write_timeline
+
+    if result.timeline is None:
+        print("no timeline: the schedule step did not run to the end", file=sys.stderr)
+        return []
+    note = (
+        f"graphkit verify-pipeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks}"
+    )
+    title = f"{result.timeline.schedule} timeline ({result.case.stage} stages)"
+    return [
+        str(write_timeline(result.timeline, output, title=title, note=note)) for output in arguments.timeline
+    ]
