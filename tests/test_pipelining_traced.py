@@ -4,7 +4,8 @@ Each cell is a whole model: the stage modules of tests/pipeline_models.py chaine
 parameter shared by every stage, which ``pipeline()`` replicates into each stage), traced and cut with
 ``pipeline(model, mb_args=..., split_spec=...)`` at every stage boundary. All stages run on rank 0 of a
 world-size-1 gloo group. The oracle is a second, identically seeded model traced the same way, whose stage
-modules run one ordinary full backward per microbatch, chained in one process.
+modules run one ordinary full backward per microbatch, chained in one process. Two tests (slow) repeat
+a few cells on 2 gloo processes, where V placements put two neighbour stages on one rank.
 """
 
 from __future__ import annotations
@@ -468,3 +469,67 @@ def test_pipeline_traces_a_submodule_registered_in_two_stages() -> None:
     model = Chain([SharedScale(shared) for _ in range(2)]).double()
     inputs = torch.randn(MICROBATCH_SIZE, pipeline_models.WIDTH, dtype=torch.float64)
     pipeline(model, mb_args=(inputs,), split_spec={"stages.1": SplitPoint.BEGINNING})
+
+
+def across_ranks(cases: list[tuple[str, str]], stage: str) -> list[str]:
+    """On each of 2 gloo ranks: run every (cell, schedule) case; this rank's verdict for each."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    make = {"graphkit": build_stage, "torch": torch_build_stage}[stage]
+    verdicts = []
+    for cell, schedule in cases:
+        num_stages = 2 * ranks
+        model, reference = traced(cell, num_stages, 4), traced(cell, num_stages, 4)
+        v_shaped = schedule in ("ZBVZeroBubble", "DualPipeV")
+        indices = sorted({rank, num_stages - 1 - rank}) if v_shaped else [rank, rank + ranks]
+        stages = [make(model.modules[index], index, model.pipe.info(), CPU) for index in indices]
+        runner = build_schedule(schedule, stages, 4, model.loss_fn, ranks=ranks)
+        try:
+            runner.step(*((model.inputs,) if rank == 0 else ()), target=model.target)
+        except Exception as error:
+            verdicts.append(f"{type(error).__name__}: {error}")
+            break  # the process group may be broken: later cases would wait on it
+        reference_backward(reference, 4)
+        mismatched = [
+            f"stage{index}.{name}"
+            for index in indices
+            for (name, parameter), (_, expected) in zip(
+                model.modules[index].named_parameters(),
+                reference.modules[index].named_parameters(),
+                strict=True,
+            )
+            if (parameter.grad is None) != (expected.grad is None)
+            or (parameter.grad is not None and not torch.equal(parameter.grad, expected.grad))
+        ]
+        verdicts.append("exact" if not mismatched else f"gradients differ: {mismatched}")
+    return verdicts
+
+
+CROSS_PROCESS_CELLS = ("mlp", "shared_late", "view_outputs", "param_only_output", SHARED_ACROSS)
+
+
+@pytest.mark.slow
+def test_across_two_gloo_processes_build_stage_is_exact_also_on_v_placements() -> None:
+    """One spawn: 2 ranks x 2 stages each; V placements put stages 1 and 2 on one rank (local warm-up)."""
+    from graphkit.split.pipelining.launcher import run_on_processes
+
+    cases = [
+        (cell, schedule)
+        for cell in CROSS_PROCESS_CELLS
+        for schedule in ("ZBVZeroBubble", "InterleavedZeroBubble", "DualPipeV")
+    ]
+    per_rank = run_on_processes(across_ranks, (cases, "graphkit"), world_size=2, deadline=240)
+    assert per_rank == [["exact"] * len(cases)] * 2
+
+
+@pytest.mark.slow
+def test_across_two_gloo_processes_stock_build_stage_fails_on_a_v_placement() -> None:
+    from graphkit.split.pipelining.launcher import run_on_processes
+
+    per_rank = run_on_processes(
+        across_ranks, ([("mlp", "ZBVZeroBubble")], "torch"), world_size=2, deadline=120
+    )
+    assert any("Pair is not connected" in verdicts[0] for verdicts in per_rank), per_rank
+    per_rank = run_on_processes(
+        across_ranks, ([("mlp", "InterleavedZeroBubble")], "torch"), world_size=2, deadline=120
+    )
+    assert per_rank == [["exact"], ["exact"]]  # no two neighbour stages on one rank: PyTorch's warm-up works
