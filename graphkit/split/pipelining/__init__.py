@@ -1,7 +1,8 @@
 """graphkit's split backward inside ``torch.distributed.pipelining``.
 
 - :mod:`~graphkit.split.pipelining.stage`: :class:`PipelineStage`, PyTorch's stage whose I and W actions
-  run graphkit's B and W;
+  run graphkit's B and W, and :func:`build_stage` (:class:`TracedPipelineStage`), the same for the stages of
+  PyTorch's tracing frontend;
 - :mod:`~graphkit.split.pipelining.stage_backward`: :func:`stage_backward_input` / :func:`stage_backward_weight`
   with the signatures of PyTorch's ``_backward.py`` functions;
 - :mod:`~graphkit.split.pipelining.contract`: the check that the installed torch routes I and W as expected;
@@ -10,13 +11,19 @@
 - :mod:`~graphkit.split.pipelining.checker`: :func:`check_pipeline`, a real schedule step against a full backward;
 - :mod:`~graphkit.split.pipelining.launcher`: running a function on R local processes with a deadline.
 
+It also re-exports, unchanged, the tracing frontend's own ``pipeline``, ``pipe_split`` and ``SplitPoint``
+from ``torch.distributed.pipelining`` (they are PyTorch's objects, not graphkit's), so that a tracing
+frontend user imports everything from one place.
+
 Importing this package imports ``torch.distributed``; ``import graphkit`` does not.
 """
 
 from __future__ import annotations
 
+from torch.distributed.pipelining import SplitPoint, pipe_split, pipeline
+
 from graphkit.split.pipelining.contract import TESTED_TORCH, PipelineContractError, check_torch_contract
-from graphkit.split.pipelining.stage import BackwardCalls, PipelineStage
+from graphkit.split.pipelining.stage import BackwardCalls, PipelineStage, TracedPipelineStage, build_stage
 from graphkit.split.pipelining.stage_backward import stage_backward_input, stage_backward_weight
 
 __all__ = [
@@ -24,7 +31,12 @@ __all__ = [
     "BackwardCalls",
     "PipelineContractError",
     "PipelineStage",
+    "SplitPoint",
+    "TracedPipelineStage",
+    "build_stage",
     "check_torch_contract",
+    "pipe_split",
+    "pipeline",
     "stage_backward_input",
     "stage_backward_weight",
 ]

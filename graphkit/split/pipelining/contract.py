@@ -1,8 +1,10 @@
 """The private contract between graphkit's pipeline stage and ``torch.distributed.pipelining``.
 
-graphkit's :class:`~graphkit.split.pipelining.stage.PipelineStage` overrides one method of PyTorch's stage,
-``backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)`` (``torch/distributed/pipelining/
-stage.py``). It relies on how the installed torch calls it:
+graphkit's stages (:class:`~graphkit.split.pipelining.stage.PipelineStage` for the manual frontend,
+:class:`~graphkit.split.pipelining.stage.TracedPipelineStage` for the tracing frontend's ``build_stage``)
+override one method of PyTorch's stage classes, ``backward_maybe_with_nosync(backward_type, bwd_kwargs,
+last_backward)`` (``torch/distributed/pipelining/stage.py``); both frontends inherit the methods that call
+it from ``_PipelineStageBase``. graphkit relies on how the installed torch calls it:
 
 - ``backward_one_chunk`` (a schedule's I action, ``full_backward=False``) calls it with ``"input"`` and a
   ``bwd_kwargs`` holding ``"stage_output"``, ``"output_grads"`` and ``"input_values"``, and keeps the
@@ -12,8 +14,10 @@ stage.py``). It relies on how the installed torch calls it:
 - ``dw_builder`` (a user-supplied W) bypasses it.
 
 :func:`check_torch_contract` reads these facts from the compiled methods (their names and constants, so
-it needs no source files) and raises :class:`PipelineContractError`, naming the torch version, when one no
-longer holds. The tests pin the same facts by running real schedules.
+it needs no source files) on the PyTorch class a graphkit stage extends (``PipelineStage`` or
+``_PipelineStage``: a method either overrides is checked as it resolves there) and raises
+:class:`PipelineContractError`, naming the torch version, when one no longer holds. The tests pin the same
+facts by running real schedules with both frontends.
 """
 
 from __future__ import annotations
@@ -91,7 +95,9 @@ def check_torch_contract(base: type | None = None) -> None:
     """Check that the installed torch routes a stage's I and W actions the way graphkit expects.
 
     Args:
-        base: the stage class to check (default: ``torch.distributed.pipelining.stage._PipelineStageBase``).
+        base: the PyTorch stage class to check, e.g. ``torch.distributed.pipelining.PipelineStage`` or the
+            tracing frontend's ``torch.distributed.pipelining.stage._PipelineStage`` (default: their common
+            base, ``torch.distributed.pipelining.stage._PipelineStageBase``).
 
     Raises:
         PipelineContractError: a method is missing, takes other arguments, or no longer routes I / W
@@ -104,8 +110,9 @@ def check_torch_contract(base: type | None = None) -> None:
     problems = _contract_problems(base)
     if problems:
         raise PipelineContractError(
-            f"graphkit.pipelining.PipelineStage cannot plug into torch {torch.__version__}'s pipeline stage: "
+            f"graphkit's pipeline stage cannot plug into torch {torch.__version__}'s {base.__qualname__}: "
             + "; ".join(problems)
-            + f". It was written for torch {TESTED_TORCH}: install that torch, use torch's own PipelineStage, "
-            "or call graphkit.pipelining.stage_backward_input / stage_backward_weight from your own runtime"
+            + f". It was written for torch {TESTED_TORCH}: install that torch, use torch's own stage "
+            "(PipelineStage, build_stage), or call graphkit.pipelining.stage_backward_input / "
+            "stage_backward_weight from your own runtime"
         )
