@@ -20,7 +20,8 @@ With the tracing frontend (``pipeline()`` then ``build_stage``) the one import i
 This module re-exports :mod:`graphkit.split.pipelining`: :class:`PipelineStage`, :func:`build_stage`
 (:class:`TracedPipelineStage`), the drop-in functions
 :func:`stage_backward_input` / :func:`stage_backward_weight`, and :func:`check_pipeline`, which runs a real
-schedule step and compares every gradient with a full backward (also ``graphkit verify-pipeline``), and
+schedule step and compares every gradient with a full backward (also ``graphkit verify-pipeline``; with
+``frontend="tracing"``, of stages that :func:`trace_pipeline` traced with ``pipeline()``), and
 the pipeline specs every pipeline command takes (:class:`PipelineModel`, :func:`load_pipeline_spec`,
 :func:`load_stage_or_pipeline`; :mod:`graphkit.models.pipeline_specs`).
 Importing it imports ``torch.distributed``; ``import graphkit`` does not.
@@ -34,7 +35,10 @@ from graphkit.split.pipelining import (
     BackwardCalls,
     PipelineContractError,
     PipelineStage,
+    PipelineTracingError,
     SplitPoint,
+    StageChain,
+    TracedPipeline,
     TracedPipelineStage,
     build_stage,
     check_torch_contract,
@@ -42,6 +46,7 @@ from graphkit.split.pipelining import (
     pipeline,
     stage_backward_input,
     stage_backward_weight,
+    trace_pipeline,
 )
 from graphkit.split.pipelining.checker import (
     ParameterCheck,
@@ -62,7 +67,10 @@ __all__ = [
     "PipelineContractError",
     "PipelineModel",
     "PipelineStage",
+    "PipelineTracingError",
     "SplitPoint",
+    "StageChain",
+    "TracedPipeline",
     "TracedPipelineStage",
     "build_schedule",
     "build_stage",
@@ -75,4 +83,5 @@ __all__ = [
     "run_cases",
     "stage_backward_input",
     "stage_backward_weight",
+    "trace_pipeline",
 ]

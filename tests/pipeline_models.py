@@ -233,6 +233,73 @@ def loss_parameter(num_stages: int, batch_size: int) -> PipelineModel:
     return _pipeline([Dense() for _ in range(num_stages)], batch_size, loss_fn=ScaledLoss())
 
 
+class SharedParameterScale(nn.Module):
+    """``tanh(linear(x) * scale)``, ``scale`` one ``nn.Parameter`` that every stage holds (the same object)."""
+
+    def __init__(self, scale: nn.Parameter) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+        self.scale = scale
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.linear(x) * self.scale)
+
+
+def shared_across_stages(num_stages: int, batch_size: int) -> PipelineModel:
+    """One parameter held by every stage module: ``pipeline()`` copies it into each traced stage.
+
+    Not in :data:`CELLS`: across ranks the manual frontend's stages each hold their own copy (and the
+    checker compares each with the whole gradient), while the tracing frontend's copies are summed.
+    """
+    scale = nn.Parameter(torch.rand(WIDTH) + 0.5)
+    return _pipeline([SharedParameterScale(scale) for _ in range(num_stages)], batch_size)
+
+
+class SharedSubmoduleScale(nn.Module):
+    """``tanh(linear(x) * shared.scale)``, ``shared`` one submodule that every stage registers."""
+
+    def __init__(self, shared: nn.Module) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+        self.shared = shared
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.linear(x) * self.shared.scale)
+
+
+def shared_submodule(num_stages: int, batch_size: int) -> PipelineModel:
+    """One submodule registered in every stage module: ``pipeline()`` cannot trace it (not in :data:`CELLS`)."""
+    shared = _Holder()
+    return _pipeline([SharedSubmoduleScale(shared) for _ in range(num_stages)], batch_size)
+
+
+class RoundStraightThrough(torch.autograd.Function):
+    """``round(x)`` whose backward passes the gradient through unchanged (a straight-through estimator)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return grad
+
+
+class QuantizedDense(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(RoundStraightThrough.apply(self.linear(x) * 4) / 4)
+
+
+def straight_through(num_stages: int, batch_size: int) -> PipelineModel:
+    """A custom ``autograd.Function`` whose backward is not its forward's derivative (not in :data:`CELLS`):
+    ``pipeline()`` traces its forward, ``round``, whose derivative is zero."""
+    return _pipeline([QuantizedDense() for _ in range(num_stages)], batch_size)
+
+
 CELLS = (
     "mlp",
     "transformer",

@@ -2,10 +2,13 @@
 
 Each cell is a whole model: the stage modules of tests/pipeline_models.py chained in one module (plus a
 parameter shared by every stage, which ``pipeline()`` replicates into each stage), traced and cut with
-``pipeline(model, mb_args=..., split_spec=...)`` at every stage boundary. All stages run on rank 0 of a
+``pipeline(model, mb_args=..., split_spec=...)`` at every stage boundary
+(:func:`graphkit.split.pipelining.tracing_frontend.trace_pipeline`). All stages run on rank 0 of a
 world-size-1 gloo group. The oracle is a second, identically seeded model traced the same way, whose stage
-modules run one ordinary full backward per microbatch, chained in one process. Two tests (slow) repeat
-a few cells on 2 gloo processes, where V placements put two neighbour stages on one rank.
+modules run one ordinary full backward per microbatch, chained in one process
+(:meth:`~graphkit.split.pipelining.tracing_frontend.TracedPipeline.full_backward`). Two tests (slow) repeat
+a few cells on 2 gloo processes, where V placements put two neighbour stages on one rank. The last tests
+run ``check_pipeline(..., frontend="tracing")`` and ``graphkit verify-pipeline --frontend tracing``.
 """
 
 from __future__ import annotations
@@ -26,11 +29,15 @@ from torch.distributed.pipelining.stage import _PipelineStage
 import graphkit.split.pipelining.stage as stage_module
 from graphkit.pipelining import (
     PipelineContractError,
+    PipelineModel,
     SplitPoint,
+    StageChain,
+    TracedPipeline,
     TracedPipelineStage,
     build_schedule,
     build_stage,
     pipeline,
+    trace_pipeline,
 )
 from graphkit.split.pipelining.stage import _LocalNeighbourWarmup
 
@@ -53,21 +60,7 @@ def world_of_one():
         dist.destroy_process_group()
 
 
-class Chain(nn.Module):
-    """Stage modules run one after the other (a tuple output is the next stage's arguments)."""
-
-    def __init__(self, stages: list[nn.Module]) -> None:
-        super().__init__()
-        self.stages = nn.ModuleList(stages)
-
-    def forward(self, *values: Tensor) -> Any:
-        for stage in self.stages:
-            output = stage(*values)
-            values = output if isinstance(output, tuple) else (output,)
-        return values[0] if len(values) == 1 else values
-
-
-class ScaledChain(Chain):
+class ScaledChain(StageChain):
     """``x = stage(x) * scale`` for every stage: one parameter, owned by the whole model, used by every stage.
 
     ``pipeline()`` copies ``scale`` into each stage (``pipe.replicated_params``).
@@ -95,60 +88,22 @@ class SharedScale(nn.Module):
         return torch.tanh(self.linear(x) * self.shared.scale)
 
 
-@dataclass
-class TracedModel:
-    pipe: Any
-    modules: list[nn.Module]
-    loss_fn: Any
-    inputs: Tensor
-    target: Tensor
-
-
-def eager(cell: str, num_stages: int, microbatches: int) -> tuple[Chain, Any, Tensor, Tensor]:
-    """The cell's model in float64, built under a fixed seed: ``(model, loss_fn, inputs, target)``."""
+def eager(cell: str, num_stages: int, microbatches: int) -> tuple[StageChain, PipelineModel]:
+    """The cell's model in float64, built under a fixed seed: the whole model and its pipeline."""
     torch.manual_seed(0)
     model = getattr(pipeline_models, "mlp" if cell == SHARED_ACROSS else cell)(
         num_stages, MICROBATCH_SIZE * microbatches
     )
-    whole = (ScaledChain if cell == SHARED_ACROSS else Chain)(model.stages).double()
+    whole = (ScaledChain if cell == SHARED_ACROSS else StageChain)(model.stages).double()
     loss_fn = model.loss_fn.double() if isinstance(model.loss_fn, nn.Module) else model.loss_fn
-    return whole, loss_fn, model.inputs[0].double(), model.target.double()
+    stages = list(whole.stages)
+    return whole, PipelineModel(stages, loss_fn, (model.inputs[0].double(),), model.target.double())
 
 
-def traced(cell: str, num_stages: int, microbatches: int) -> TracedModel:
+def traced(cell: str, num_stages: int, microbatches: int) -> TracedPipeline:
     """The cell's model traced by ``pipeline()`` and cut into ``num_stages`` stages, one per stage module."""
-    model, loss_fn, inputs, target = eager(cell, num_stages, microbatches)
-    split_spec = {f"stages.{index}": SplitPoint.BEGINNING for index in range(1, num_stages)}
-    pipe = pipeline(model, mb_args=(inputs[:MICROBATCH_SIZE],), split_spec=split_spec)
-    modules = [pipe.get_stage_module(index) for index in range(num_stages)]
-    return TracedModel(pipe, modules, loss_fn, inputs, target)
-
-
-def named_parameters(model: TracedModel) -> dict[str, nn.Parameter]:
-    named = {
-        f"stage{index}.{name}": parameter
-        for index, module in enumerate(model.modules)
-        for name, parameter in module.named_parameters()
-    }
-    if isinstance(model.loss_fn, nn.Module):
-        named.update({f"loss_fn.{name}": parameter for name, parameter in model.loss_fn.named_parameters()})
-    return named
-
-
-def reference_backward(model: TracedModel, microbatches: int) -> None:
-    """One full backward per microbatch through the chained stage modules, scaled like ``scale_grads``."""
-    for microbatch in range(microbatches):
-        window = slice(microbatch * MICROBATCH_SIZE, (microbatch + 1) * MICROBATCH_SIZE)
-        values: tuple[Tensor, ...] = (model.inputs[window],)
-        for module in model.modules:
-            output = module(*values)
-            values = output if isinstance(output, tuple) else (output,)
-        model.loss_fn(values[0] if len(values) == 1 else values, model.target[window]).backward()
-    with torch.no_grad():  # PyTorch's scale_grads divides the stage modules' gradients only
-        for module in model.modules:
-            for parameter in module.parameters():
-                if parameter.grad is not None:
-                    parameter.grad.div_(microbatches)
+    whole, model = eager(cell, num_stages, microbatches)
+    return trace_pipeline(model, MICROBATCH_SIZE, whole=whole)
 
 
 class StockWarmedUp(_LocalNeighbourWarmup, _PipelineStage):
@@ -179,8 +134,8 @@ def run_traced(
     num_stages = SCHEDULES[schedule]
     model, reference = traced(cell, num_stages, microbatches), traced(cell, num_stages, microbatches)
     make = {"graphkit": build_stage, "torch": torch_build_stage, "stock": StockWarmedUp}[stage]
-    stages = [make(module, index, model.pipe.info(), CPU) for index, module in enumerate(model.modules)]
-    named, reference_named = named_parameters(model), named_parameters(reference)
+    stages = [make(module, index, model.pipe.info(), CPU) for index, module in enumerate(model.stages)]
+    named, reference_named = model.named_parameters(), reference.named_parameters()
     hooks: Counter[str] = Counter()
     handles = [
         parameter.register_post_accumulate_grad_hook(lambda _, name=name: hooks.update([name]))
@@ -194,13 +149,13 @@ def run_traced(
                 parameter.grad = None
             hooks.clear()
             try:
-                runner.step(model.inputs, target=model.target)
+                runner.step(*model.inputs, target=model.target)
             except Exception as error:  # a failing PyTorch stage is a result
                 while error.__cause__ is not None:
                     error = error.__cause__
                 result.error = f"{type(error).__name__}: {error}"
                 return result
-            reference_backward(reference, microbatches)
+            reference.full_backward(microbatches)
             for name, parameter in named.items():
                 grad, expected = parameter.grad, reference_named[name].grad
                 if (grad is None) != (expected is None) or (
@@ -331,8 +286,8 @@ def test_stock_results_are_what_the_xfails_say() -> None:
         and not silent.mismatched
         and silent.silent
         == [
-            "stage1.stages.1.linear.weight",
-            "stage1.stages.1.linear.bias",
+            "stage1.linear.weight",
+            "stage1.linear.bias",
         ]
     )
 
@@ -356,12 +311,12 @@ def test_build_stage_routes_every_i_and_w_action_through_graphkit(monkeypatch: p
         calls.clear()
         model = traced("mlp", SCHEDULES[schedule], 4)
         stages = [
-            build_stage(module, index, model.pipe.info(), CPU) for index, module in enumerate(model.modules)
+            build_stage(module, index, model.pipe.info(), CPU) for index, module in enumerate(model.stages)
         ]
         assert all(
             isinstance(stage, TracedPipelineStage) and isinstance(stage, _PipelineStage) for stage in stages
         )
-        build_schedule(schedule, stages, 4, model.loss_fn, ranks=1).step(model.inputs, target=model.target)
+        build_schedule(schedule, stages, 4, model.loss_fn, ranks=1).step(*model.inputs, target=model.target)
         made = Counter()
         for stage in stages:
             made.update(input=stage.backward_calls.input, weight=stage.backward_calls.weight)
@@ -376,7 +331,7 @@ def test_build_stage_checks_the_contract_of_the_tracing_frontends_class(
     checked: list[type] = []
     monkeypatch.setattr(stage_module, "check_torch_contract", checked.append)
     model = traced("mlp", 2, 4)
-    build_stage(model.modules[0], 0, model.pipe.info(), CPU)
+    build_stage(model.stages[0], 0, model.pipe.info(), CPU)
     stage_module.PipelineStage(nn.Linear(2, 2), 0, 2, CPU)
     assert checked == [_PipelineStage, torch.distributed.pipelining.PipelineStage]
 
@@ -385,7 +340,7 @@ def test_build_stage_checks_the_contract_of_the_tracing_frontends_class(
 
     monkeypatch.setattr(stage_module, "check_torch_contract", broken)
     with pytest.raises(PipelineContractError, match="_PipelineStage"):
-        build_stage(model.modules[1], 1, model.pipe.info(), CPU)
+        build_stage(model.stages[1], 1, model.pipe.info(), CPU)
 
 
 def test_the_installed_tracing_frontend_keeps_the_contract() -> None:
@@ -407,7 +362,7 @@ def test_build_stage_takes_the_arguments_of_pytorchs() -> None:
 
 def test_build_stage_rejects_a_ddp_stage_module_clearly() -> None:
     model = traced("mlp", 2, 4)
-    wrapped = nn.parallel.DistributedDataParallel(model.modules[0])
+    wrapped = nn.parallel.DistributedDataParallel(model.stages[0])
     with pytest.raises(ValueError, match="fx graph"):
         build_stage(wrapped, 0, model.pipe.info(), CPU)
 
@@ -418,18 +373,17 @@ def test_a_parameter_shared_across_stages_is_replicated_and_its_copies_sum_to_th
     microbatches = 4
     model = traced(SHARED_ACROSS, 2, microbatches)
     assert model.pipe.replicated_params == [{"submod_pp_0": "scale", "submod_pp_1": "scale"}]
-    stages = [
-        build_stage(module, index, model.pipe.info(), CPU) for index, module in enumerate(model.modules)
-    ]
+    stages = [build_stage(module, index, model.pipe.info(), CPU) for index, module in enumerate(model.stages)]
     build_schedule("ZBVZeroBubble", stages, microbatches, model.loss_fn, ranks=1).step(
-        model.inputs, target=model.target
+        *model.inputs, target=model.target
     )
-    copies = [dict(module.named_parameters())["scale"] for module in model.modules]
+    copies = [dict(module.named_parameters())["scale"] for module in model.stages]
     assert copies[0] is not copies[1]
-    untraced, loss_fn, inputs, target = eager(SHARED_ACROSS, 2, microbatches)
+    untraced, pipeline_model = eager(SHARED_ACROSS, 2, microbatches)
+    (inputs,), target = pipeline_model.inputs, pipeline_model.target
     for microbatch in range(microbatches):
         window = slice(microbatch * MICROBATCH_SIZE, (microbatch + 1) * MICROBATCH_SIZE)
-        loss_fn(untraced(inputs[window]), target[window]).backward()
+        pipeline_model.loss_fn(untraced(inputs[window]), target[window]).backward()
     expected = untraced.scale.grad / microbatches
     torch.testing.assert_close(copies[0].grad + copies[1].grad, expected, rtol=1e-14, atol=0)
 
@@ -439,7 +393,7 @@ def test_pipeline_traces_a_custom_functions_forward_only_and_drops_checkpointing
     (its forward is inlined as ATen ops; autograd differentiates those, not the Function's backward) nor
     the checkpoint (the block is traced as ordinary ops, whose activations are saved)."""
     custom = traced("custom_function", 2, 4)
-    stage = custom.modules[0]
+    stage = custom.stages[0]
     targets = [
         str(node.target)
         for module in stage.modules()
@@ -452,7 +406,7 @@ def test_pipeline_traces_a_custom_functions_forward_only_and_drops_checkpointing
     checkpointed = traced("checkpointed", 2, 4)
     targets = [
         str(node.target)
-        for module in checkpointed.modules[0].modules()
+        for module in checkpointed.stages[0].modules()
         if hasattr(module, "graph")
         for node in module.graph.nodes
     ]
@@ -466,7 +420,7 @@ def test_pipeline_traces_a_custom_functions_forward_only_and_drops_checkpointing
 )
 def test_pipeline_traces_a_submodule_registered_in_two_stages() -> None:
     shared = pipeline_models._Holder()
-    model = Chain([SharedScale(shared) for _ in range(2)]).double()
+    model = StageChain([SharedScale(shared) for _ in range(2)]).double()
     inputs = torch.randn(MICROBATCH_SIZE, pipeline_models.WIDTH, dtype=torch.float64)
     pipeline(model, mb_args=(inputs,), split_spec={"stages.1": SplitPoint.BEGINNING})
 
@@ -481,20 +435,20 @@ def across_ranks(cases: list[tuple[str, str]], stage: str) -> list[str]:
         model, reference = traced(cell, num_stages, 4), traced(cell, num_stages, 4)
         v_shaped = schedule in ("ZBVZeroBubble", "DualPipeV")
         indices = sorted({rank, num_stages - 1 - rank}) if v_shaped else [rank, rank + ranks]
-        stages = [make(model.modules[index], index, model.pipe.info(), CPU) for index in indices]
+        stages = [make(model.stages[index], index, model.pipe.info(), CPU) for index in indices]
         runner = build_schedule(schedule, stages, 4, model.loss_fn, ranks=ranks)
         try:
-            runner.step(*((model.inputs,) if rank == 0 else ()), target=model.target)
+            runner.step(*(model.inputs if rank == 0 else ()), target=model.target)
         except Exception as error:
             verdicts.append(f"{type(error).__name__}: {error}")
             break  # the process group may be broken: later cases would wait on it
-        reference_backward(reference, 4)
+        reference.full_backward(4)
         mismatched = [
             f"stage{index}.{name}"
             for index in indices
             for (name, parameter), (_, expected) in zip(
-                model.modules[index].named_parameters(),
-                reference.modules[index].named_parameters(),
+                model.stages[index].named_parameters(),
+                reference.stages[index].named_parameters(),
                 strict=True,
             )
             if (parameter.grad is None) != (expected.grad is None)

@@ -28,7 +28,11 @@ def add_verify_pipeline_command(commands: Any) -> None:
         help="run a torch.distributed.pipelining schedule step; compare every gradient with a full backward",
         description="Run one real schedule step of PIPELINE_SPEC's stages (two per rank) with graphkit's "
         "PipelineStage and compare every parameter's gradient with a single-process full backward over the "
-        "same microbatches. Exit 0 iff every gradient is exact and hooks fired once per microbatch.",
+        "same microbatches. With --frontend tracing the stages are traced and cut by pipeline() and built "
+        "by build_stage; the gradients are then compared bit for bit with a full backward of the traced "
+        "model, and within 1e-10 with the untraced model's (a parameter pipeline() copied into several "
+        "stages: its copies summed). Exit 0 iff every gradient is exact and hooks fired once per "
+        "microbatch, 1 if not, 2 on bad input (a spec that does not load or that pipeline() cannot trace).",
     )
     add_pipeline_spec(
         pipeline,
@@ -48,7 +52,17 @@ def add_verify_pipeline_command(commands: Any) -> None:
     add_stages_per_rank_option(
         pipeline, help="stages on each rank (default 2; other counts for InterleavedZeroBubble and CSV)"
     )
-    add_stage_option(pipeline, help="whose PipelineStage to run")
+    add_stage_option(
+        pipeline, help="whose stage to run: PipelineStage, or build_stage with --frontend tracing"
+    )
+    pipeline.add_argument(
+        "--frontend",
+        choices=["manual", "tracing"],
+        default="manual",
+        help="manual (default): the spec's stage modules are the stages; tracing: pipeline() traces them "
+        "composed into one model and cuts it at every stage boundary, build_stage builds the stages "
+        "(no --ddp / --fsdp)",
+    )
     add_run_timeout_option(pipeline, default=300.0, old_spelling="--deadline")
     pipeline.add_argument(
         "--timeline",
@@ -75,21 +89,35 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
         stages_per_rank=arguments.stages_per_rank,
         deadline=arguments.timeout,
         timeline=bool(arguments.timeline),
+        frontend=arguments.frontend,
     )
     written = write_checked_timeline(arguments, result) if arguments.timeline else []
     if arguments.json:
         print(json.dumps(result_payload(result, data_parallel, written), indent=1))
         return 0 if result.passed else 1
     where = f"{result.ranks} process{'es' if result.ranks > 1 else ''}"
+    tracing = result.case.frontend == "tracing"
     print(
         f"{arguments.spec}: {result.case.schedule}, {result.case.microbatches} microbatches, "
         f"{result.case.steps} step(s), {where}, {result.case.stage} stages"
+        + (", tracing frontend (pipeline() + build_stage)" if tracing else "")
         + (f", {data_parallel}" if data_parallel else "")
     )
     if result.error is not None:
         print(f"the schedule step failed: {result.error}")
+        if tracing and result.case.stage == "torch" and "Pair is not connected" in result.error:
+            print(
+                "(PyTorch's traced stage sends a warm-up tensor to each neighbour stage, also to one on its "
+                "own rank, which gloo cannot do; graphkit's build_stage leaves those sends out)"
+            )
     if result.parameters:
+        if tracing:
+            print(
+                "against a full backward of the traced model (each copy of a replicated parameter on its own):"
+            )
         print(result.table())
+    if tracing and result.untraced:
+        print_untraced(result)
     if result.backward_calls:
         calls = result.backward_calls
         print(
@@ -108,6 +136,14 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
             if result.exact
             else ("equal within 1e-10 (data-parallel all-reduce order)")
         )
+        if tracing:
+            verdict = "exact: every gradient equals the traced model's full backward bit for bit; " + (
+                "the untraced model's too"
+                if result.untraced_exact
+                else "the untraced model's within "
+                f"{max(check.relative_error for check in result.untraced):.2g} relative (rounding: copies "
+                "summed in another order, or a custom autograd.Function's forward traced as ATen operations)"
+            )
         print(f"{verdict}; hooks once per microbatch")
     elif result.error is not None:
         print("FAILED")
@@ -116,9 +152,32 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
     return 0 if result.passed else 1
 
 
+def print_untraced(result: Any) -> None:
+    """The tracing frontend's second comparison: what tracing changed, against the untraced model."""
+    for name, copies in result.replicated.items():
+        print(
+            f"pipeline() copied {name} into {len(copies)} stage-module parameters ({', '.join(copies)}); "
+            "the untraced gradient is their sum (sum them before the optimizer step)"
+        )
+    differing = [check for check in result.untraced if not check.bitwise]
+    print(
+        f"against the untraced model (pipeline()'s copies summed): {len(result.untraced) - len(differing)} of "
+        f"{len(result.untraced)} gradients bit for bit"
+        + (
+            f", the others differ by up to {max(check.relative_error for check in differing):.3g} relative "
+            f"(tolerance {1e-10:g})"
+            if differing
+            else ""
+        )
+    )
+    if differing:
+        print(result.table(untraced=True))
+
+
 def result_payload(result: Any, data_parallel: str | None, timeline_files: list[str]) -> dict[str, Any]:
     """The ``--json`` form of a checked pipeline step (a ``PipelineCheck``)."""
     return {
+        "frontend": result.case.frontend,
         "schedule": result.case.schedule,
         "microbatches": result.case.microbatches,
         "steps": result.case.steps,
@@ -129,19 +188,23 @@ def result_payload(result: Any, data_parallel: str | None, timeline_files: list[
         "exact": result.exact,
         "error": result.error,
         "backward_calls": result.backward_calls,
-        "parameters": [
-            {
-                "name": check.name,
-                "max_abs_error": check.max_abs_error,
-                "relative_error": check.relative_error,
-                "bitwise": check.bitwise,
-                "hooks": check.hooks,
-                "expected_hooks": check.expected_hooks,
-            }
-            for check in result.parameters
-        ],
+        "parameters": [_parameter_payload(check) for check in result.parameters],
+        "untraced": [_parameter_payload(check) for check in result.untraced],
+        "untraced_exact": result.untraced_exact,
+        "replicated": result.replicated,
         "timeline": result.timeline.summary() if result.timeline is not None else None,
         "timeline_files": timeline_files,
+    }
+
+
+def _parameter_payload(check: Any) -> dict[str, Any]:
+    return {
+        "name": check.name,
+        "max_abs_error": check.max_abs_error,
+        "relative_error": check.relative_error,
+        "bitwise": check.bitwise,
+        "hooks": check.hooks,
+        "expected_hooks": check.expected_hooks,
     }
 
 
@@ -157,10 +220,19 @@ def pipeline_failures(result: Any) -> str:
     ]
     reasons = []
     if wrong:
+        oracle = " from the traced model's full backward" if result.case.frontend == "tracing" else ""
         reasons.append(
-            f"{len(wrong)} of {len(result.parameters)} gradients differ ({', '.join(wrong[:3])}"
+            f"{len(wrong)} of {len(result.parameters)} gradients differ{oracle} ({', '.join(wrong[:3])}"
             + (", ..." if len(wrong) > 3 else "")
             + ")"
+        )
+    changed = [check.name for check in result.untraced if check.relative_error > 1e-10]
+    if changed:
+        reasons.append(
+            f"pipeline() changed {len(changed)} of {len(result.untraced)} gradients beyond 1e-10 of the "
+            f"untraced model's ({', '.join(changed[:3])}" + (", ..." if len(changed) > 3 else "") + "): "
+            "the traced model computes other gradients (pipeline() traces a custom autograd.Function's "
+            "forward and does not use its backward)"
         )
     if hooks:
         reasons.append(
@@ -181,8 +253,10 @@ def write_checked_timeline(arguments: argparse.Namespace, result: Any) -> list[s
         return []
     note = (
         f"graphkit verify-pipeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks}"
+        + (" --frontend tracing" if result.case.frontend == "tracing" else "")
     )
-    title = f"{result.timeline.schedule} timeline ({result.case.stage} stages)"
+    traced = ", traced" if result.case.frontend == "tracing" else ""
+    title = f"{result.timeline.schedule} timeline ({result.case.stage} stages{traced})"
     return [
         str(write_timeline(result.timeline, output, title=title, note=note)) for output in arguments.timeline
     ]

@@ -8,6 +8,8 @@
 - :mod:`~graphkit.split.pipelining.contract`: the check that the installed torch routes I and W as expected;
 - :mod:`~graphkit.split.pipelining.data_parallel`: DDP / FSDP2 settings around B and W;
 - :mod:`~graphkit.split.pipelining.schedules`: the zero-bubble schedules by name, and CSV schedules;
+- :mod:`~graphkit.split.pipelining.tracing_frontend`: :func:`trace_pipeline`, a pipeline spec's stage
+  modules composed into one model (:class:`StageChain`) and cut by ``pipeline()`` (:class:`TracedPipeline`);
 - :mod:`~graphkit.split.pipelining.checker`: :func:`check_pipeline`, a real schedule step against a full backward;
 - :mod:`~graphkit.split.pipelining.launcher`: running a function on R local processes with a deadline.
 
@@ -25,13 +27,22 @@ from torch.distributed.pipelining import SplitPoint, pipe_split, pipeline
 from graphkit.split.pipelining.contract import TESTED_TORCH, PipelineContractError, check_torch_contract
 from graphkit.split.pipelining.stage import BackwardCalls, PipelineStage, TracedPipelineStage, build_stage
 from graphkit.split.pipelining.stage_backward import stage_backward_input, stage_backward_weight
+from graphkit.split.pipelining.tracing_frontend import (
+    PipelineTracingError,
+    StageChain,
+    TracedPipeline,
+    trace_pipeline,
+)
 
 __all__ = [
     "TESTED_TORCH",
     "BackwardCalls",
     "PipelineContractError",
     "PipelineStage",
+    "PipelineTracingError",
     "SplitPoint",
+    "StageChain",
+    "TracedPipeline",
     "TracedPipelineStage",
     "build_stage",
     "check_torch_contract",
@@ -39,4 +50,5 @@ __all__ = [
     "pipeline",
     "stage_backward_input",
     "stage_backward_weight",
+    "trace_pipeline",
 ]

@@ -15,6 +15,19 @@ replicas; each replica runs its own shard of the batch, and the reference is the
 whole batch divided by ``microbatches x replicas``: exact up to the all-reduce's order of summation, so
 those runs compare within a relative error of ``1e-10`` instead of bit for bit.
 
+With ``frontend="tracing"`` the stages come from PyTorch's tracing frontend instead: the spec's stage modules,
+composed into one model, are traced and cut by ``pipeline()``
+(:func:`~graphkit.split.pipelining.tracing_frontend.trace_pipeline`) on every rank, and each rank builds its
+stages with ``build_stage`` (graphkit's, or PyTorch's). The oracle is then a full backward through the
+traced stage modules of a second, identically traced copy - the same operations as the split, so the
+comparison is bit for bit - and every parameter a stage module holds is compared, each copy of a parameter
+that ``pipeline()`` replicated into several stages on its own. A third copy, the untraced model, checks what
+tracing itself changed: the traced gradients (a replicated parameter's copies summed, across ranks) against
+its full backward, within a relative error of ``1e-10`` (``torch.export`` inlines a custom
+``autograd.Function``'s forward, whose rounding may differ from the Function's own backward by an ulp or
+so). Before each SGD step the copies of a replicated parameter all take their sum, as a training loop over
+traced stages must do, so the copies stay equal to the untraced parameter.
+
 With ``timeline=True`` the last step is recorded on every rank by
 :class:`graphkit.split.schedule_recording.ScheduleRecorder` (every F, I, W, B, send and receive) and returned
 as a :class:`~graphkit.split.schedule_recording.ScheduleTimeline` (``graphkit verify-pipeline --timeline``
@@ -50,6 +63,8 @@ class PipelineCase:
     ``stage`` is ``"graphkit"`` (graphkit's :class:`~graphkit.split.pipelining.stage.PipelineStage`) or
     ``"torch"`` (``torch.distributed.pipelining.PipelineStage``, for comparison). ``stages_per_rank`` other
     than 2 suits ``InterleavedZeroBubble`` and ``CSV`` only. ``record_timeline``: record the last step.
+    ``frontend`` is ``"manual"`` (the spec's stage modules are the stages) or ``"tracing"`` (``pipeline()``
+    traces them composed into one model, and ``build_stage`` builds the stages).
     """
 
     spec: Any
@@ -60,6 +75,7 @@ class PipelineCase:
     data_parallel: str | None = None
     stages_per_rank: int = 2
     record_timeline: bool = False
+    frontend: str = "manual"
 
 
 @dataclass(slots=True)
@@ -91,6 +107,12 @@ class PipelineCheck:
     within ``1e-10`` relative with it) and every counted hook fired once per microbatch. ``timeline``: the
     recorded last step on every rank (a :class:`~graphkit.split.schedule_recording.ScheduleTimeline`), when
     asked for and the step ran.
+
+    With the tracing frontend, ``parameters`` are the traced stage modules' (named ``stage{i}.{name}``,
+    each copy of a replicated parameter on its own) against the traced model's full backward, and
+    ``untraced`` compares the untraced model's parameters (hooks not counted) with the sum of their traced
+    copies; ``passed`` also needs every one of those within ``1e-10`` relative. ``replicated``: each
+    parameter ``pipeline()`` copied into several stages, with the names of its copies.
     """
 
     case: PipelineCase
@@ -99,6 +121,8 @@ class PipelineCheck:
     error: str | None = None
     backward_calls: dict[str, int] = field(default_factory=dict)
     timeline: Any = None
+    untraced: list[ParameterCheck] = field(default_factory=list)
+    replicated: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -113,9 +137,20 @@ class PipelineCheck:
         return all(check.hooks is None or check.hooks == check.expected_hooks for check in self.parameters)
 
     @property
+    def untraced_ok(self) -> bool:
+        """Whether tracing kept every gradient within ``1e-10`` of the untraced model's (True unless tracing)."""
+        return all(check.relative_error <= _TOLERANCE for check in self.untraced)
+
+    @property
+    def untraced_exact(self) -> bool:
+        """Whether every traced gradient (copies summed) equals the untraced model's bit for bit."""
+        return all(check.bitwise for check in self.untraced)
+
+    @property
     def passed(self) -> bool:
-        """Whether the run is correct: exact (or within tolerance with data parallelism) with hooks once each."""
-        if self.error is not None or not self.parameters or not self.hooks_ok:
+        """Whether the run is correct: exact (or within tolerance with data parallelism) with hooks once each;
+        with the tracing frontend, also within ``1e-10`` of the untraced model."""
+        if self.error is not None or not self.parameters or not self.hooks_ok or not self.untraced_ok:
             return False
         if self.case.data_parallel is None:
             return self.exact
@@ -128,10 +163,11 @@ class PipelineCheck:
             return math.inf
         return max(check.relative_error for check in self.parameters)
 
-    def table(self) -> str:
-        """A per-parameter text table: errors, bitwise equality and hook counts."""
+    def table(self, untraced: bool = False) -> str:
+        """A per-parameter text table: errors, bitwise equality and hook counts (``untraced``: of
+        :attr:`untraced`, the untraced model's parameters against their traced copies, summed)."""
         rows = [("parameter", "max abs error", "relative error", "bitwise", "hooks")]
-        for check in self.parameters:
+        for check in self.untraced if untraced else self.parameters:
             hooks = "n/a" if check.hooks is None else f"{check.hooks}/{check.expected_hooks}"
             rows.append(
                 (
@@ -163,6 +199,7 @@ def check_pipeline(
     stages_per_rank: int = 2,
     deadline: float = 120.0,
     timeline: bool = False,
+    frontend: str = "manual",
 ) -> PipelineCheck:
     """Run a real pipeline schedule step and compare every parameter's gradient with a full backward.
 
@@ -185,17 +222,25 @@ def check_pipeline(
         stages_per_rank: stages on each pipeline rank (2; any number for ``InterleavedZeroBubble`` and ``CSV``).
         deadline: seconds before spawned processes are ended (``ranks > 1``).
         timeline: record the last step on every rank (:attr:`PipelineCheck.timeline`).
+        frontend: ``"manual"`` (the spec's stage modules are the stages, ``PipelineStage``) or
+            ``"tracing"`` (``pipeline()`` traces them composed into one model, ``build_stage`` builds the
+            stages; no data parallelism).
 
     Returns:
         A :class:`PipelineCheck`; ``error`` holds the exception text when the schedule step itself raised.
 
     Raises:
-        ValueError: an unknown schedule, stage or data_parallel, or ``ranks`` that do not fit it.
+        ValueError: an unknown schedule, stage, frontend or data_parallel, ``ranks`` that do not fit it, or
+            data parallelism with the tracing frontend.
         graphkit.models.specs.SpecError: a bad pipeline spec.
+        graphkit.split.pipelining.tracing_frontend.PipelineTracingError: ``pipeline()`` cannot trace the
+            spec's stages (a ValueError; the message says why).
         graphkit.split.pipelining.launcher.LaunchError: a spawned process failed outside the step, or the
             deadline passed.
     """
-    case = PipelineCase(spec, schedule, microbatches, steps, stage, data_parallel, stages_per_rank, timeline)
+    case = PipelineCase(
+        spec, schedule, microbatches, steps, stage, data_parallel, stages_per_rank, timeline, frontend
+    )
     return run_cases([case], ranks=ranks, deadline=deadline)[0]
 
 
@@ -210,6 +255,11 @@ def run_cases(cases: list[PipelineCase], *, ranks: int = 1, deadline: float = 12
     if ranks == 1 or (dist.is_initialized() and dist.get_world_size() == ranks):
         with _local_group():
             return _run_rank(cases)
+    from graphkit.split.pipelining.schedules import stage_count
+
+    for case in cases:
+        if case.frontend == "tracing":  # an untraceable spec: a clear error here, not one per spawned rank
+            _traced(case, stage_count(case.schedule, ranks, case.stages_per_rank), 2 * case.microbatches)
     from graphkit.split.pipelining.launcher import run_on_processes
 
     per_rank = run_on_processes(_run_rank, (cases,), world_size=ranks, deadline=deadline)
@@ -222,6 +272,14 @@ def _validate(case: PipelineCase, ranks: int) -> None:
     stage_indices(case.schedule, 0, 1, case.stages_per_rank)  # an unknown schedule or placement raises
     if case.stage not in ("graphkit", "torch"):
         raise ValueError(f"stage must be 'graphkit' or 'torch', got {case.stage!r}")
+    if case.frontend not in ("manual", "tracing"):
+        raise ValueError(f"frontend must be 'manual' or 'tracing', got {case.frontend!r}")
+    if case.frontend == "tracing" and case.data_parallel is not None:
+        raise ValueError(
+            "the tracing frontend is checked without data parallelism: a traced stage module cannot be "
+            "wrapped in DistributedDataParallel (build_stage reads its fx graph), and fully_shard over "
+            "traced stages is not checked; drop --ddp / --fsdp, or use the manual frontend"
+        )
     if case.data_parallel not in (None, "ddp", "fsdp"):
         raise ValueError(f"data_parallel must be None, 'ddp' or 'fsdp', got {case.data_parallel!r}")
     if ranks < 1:
@@ -254,11 +312,17 @@ def _merge(checks: list[PipelineCheck]) -> PipelineCheck:
     errors.sort(key=lambda error: "Connection closed" in error or error.startswith("not run"))
     merged.error = errors[0] if errors else None
     seen: set[str] = set()
+    seen_untraced: set[str] = set()
     for check in checks:
         for parameter in check.parameters:
             if parameter.name not in seen:  # replicas report the same parameters: keep the first
                 seen.add(parameter.name)
                 merged.parameters.append(parameter)
+        for parameter in check.untraced:  # a replicated parameter is reported by each rank of a copy
+            if parameter.name not in seen_untraced:
+                seen_untraced.add(parameter.name)
+                merged.untraced.append(parameter)
+        merged.replicated.update(check.replicated)
         for kind, count in check.backward_calls.items():
             merged.backward_calls[kind] = merged.backward_calls.get(kind, 0) + count
     if all(check.timeline is not None for check in checks):
@@ -272,6 +336,7 @@ def _merge(checks: list[PipelineCheck]) -> PipelineCheck:
             first.schedule, first.microbatches, first.num_stages, ranks, first.device, first.memory_method
         )
     merged.parameters.sort(key=lambda parameter: _sort_key(parameter.name))
+    merged.untraced.sort(key=lambda parameter: _sort_key(parameter.name))
     return merged
 
 
@@ -355,11 +420,22 @@ def _named_parameters(model: Any, indices: list[int], num_stages: int) -> dict[s
     return named
 
 
-def _run_case(case: PipelineCase) -> PipelineCheck:
-    from graphkit.split.pipelining.schedules import build_schedule, stage_count, stage_indices
+@dataclass(slots=True)
+class _Run:
+    """One rank's side of a case: its stages, and the parameters to compare, zero and step."""
 
-    mesh = _mesh(case.data_parallel)
-    num_stages = stage_count(case.schedule, mesh.pipeline_size, case.stages_per_rank)
+    stages: list[Any]
+    loss_fn: Any
+    named: dict[str, nn.Parameter]  # this rank's parameters, in the pipeline that runs the schedule
+    reference_named: dict[str, nn.Parameter]  # the same names in the reference
+    reference_all: dict[str, nn.Parameter]  # every parameter of the reference (all stages)
+    inputs: tuple[Any, ...]
+    target: Any
+    reference_backward: Any  # () -> None: the reference's full backward over the step's microbatches
+    untraced: _UntracedComparison | None = None
+
+
+def _manual_run(case: PipelineCase, mesh: _Mesh, num_stages: int, indices: list[int]) -> _Run:
     per_replica = 2 * case.microbatches
     batch_size = per_replica * mesh.replicas
     pipeline = _build(case, num_stages, batch_size)
@@ -369,12 +445,66 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
             f"the batch ({pipeline.inputs[0].shape[0]}) does not split into {case.microbatches} equal "
             f"microbatches per replica x {mesh.replicas}; declare batch_size in the spec function"
         )
-    indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size, case.stages_per_rank)
-    check = PipelineCheck(case, dist.get_world_size())
     stages = [_make_stage(case, mesh, pipeline.stages[index], index, num_stages) for index in indices]
-    named = _named_parameters(pipeline, indices, num_stages)  # after wrapping: FSDP2 swaps in shards
-    reference_named = _named_parameters(reference, indices, num_stages)
-    reference_all = _named_parameters(reference, list(range(num_stages)), num_stages)
+    inputs, target = _replica_batch(pipeline, mesh.replica, per_replica)
+    return _Run(
+        stages,
+        pipeline.loss_fn,
+        _named_parameters(pipeline, indices, num_stages),  # after wrapping: FSDP2 swaps in shards
+        _named_parameters(reference, indices, num_stages),
+        _named_parameters(reference, list(range(num_stages)), num_stages),
+        inputs,
+        target,
+        lambda: _reference_backward(reference, case.microbatches, per_replica, mesh.replicas),
+    )
+
+
+def _traced(case: PipelineCase, num_stages: int, batch_size: int) -> Any:
+    """The case's pipeline spec traced by ``pipeline()`` into ``num_stages`` stages of 2 rows a microbatch."""
+    from graphkit.split.pipelining.tracing_frontend import trace_pipeline
+
+    model = _build(case, num_stages, batch_size)
+    if model.inputs and model.inputs[0].shape[0] != batch_size:
+        raise ValueError(
+            f"the batch ({model.inputs[0].shape[0]}) is not {case.microbatches} microbatches of 2 rows, as "
+            "the tracing frontend traces one microbatch's shapes; declare batch_size in the spec function"
+        )
+    name = case.spec if isinstance(case.spec, str) else getattr(case.spec, "__qualname__", repr(case.spec))
+    return trace_pipeline(model, 2, description=f"{name} ({num_stages} stages)")
+
+
+def _tracing_run(case: PipelineCase, mesh: _Mesh, num_stages: int, indices: list[int]) -> _Run:
+    batch_size = 2 * case.microbatches
+    pipeline, reference = _traced(case, num_stages, batch_size), _traced(case, num_stages, batch_size)
+    with_loss = num_stages - 1 in indices
+    stages = [_make_traced_stage(case, mesh, pipeline, index) for index in indices]
+    named = pipeline.named_parameters(indices, loss_fn=with_loss)
+    untraced = _UntracedComparison(
+        pipeline, named, reference, _build(case, num_stages, batch_size), indices, case.microbatches
+    )
+    return _Run(
+        stages,
+        pipeline.loss_fn,
+        named,
+        reference.named_parameters(indices, loss_fn=with_loss),
+        reference.named_parameters(),
+        pipeline.inputs,
+        pipeline.target,
+        lambda: reference.full_backward(case.microbatches),
+        untraced,
+    )
+
+
+def _run_case(case: PipelineCase) -> PipelineCheck:
+    from graphkit.split.pipelining.schedules import build_schedule, stage_count, stage_indices
+
+    mesh = _mesh(case.data_parallel)
+    num_stages = stage_count(case.schedule, mesh.pipeline_size, case.stages_per_rank)
+    indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size, case.stages_per_rank)
+    make_run = _tracing_run if case.frontend == "tracing" else _manual_run
+    run = make_run(case, mesh, num_stages, indices)
+    check = PipelineCheck(case, dist.get_world_size())
+    stages, named, untraced = run.stages, run.named, run.untraced
     hooks: Counter[str] = Counter()
     handles = []
     count_hooks = case.data_parallel != "fsdp"
@@ -385,32 +515,42 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
                     parameter.register_post_accumulate_grad_hook(lambda _, name=name: hooks.update([name]))
                 )
         schedule = build_schedule(
-            case.schedule, stages, case.microbatches, pipeline.loss_fn, ranks=mesh.pipeline_size
+            case.schedule, stages, case.microbatches, run.loss_fn, ranks=mesh.pipeline_size
         )
         results = {name: ParameterCheck(name) for name in named}
         for step in range(case.steps):
             _zero(named.values())
-            _zero(reference_all.values())
-            inputs, target = _replica_batch(pipeline, mesh.replica, per_replica)
+            _zero(run.reference_all.values())
+            if untraced is not None:
+                untraced.zero()
             try:
                 if case.record_timeline and step == case.steps - 1:
-                    check.timeline = _recorded_step(schedule, stages, inputs, target, mesh, num_stages, case)
+                    check.timeline = _recorded_step(
+                        schedule, stages, run.inputs, run.target, mesh, num_stages, case
+                    )
                 else:
-                    schedule.step(*inputs, target=target)
+                    schedule.step(*run.inputs, target=run.target)
             except Exception as error:  # a failing PyTorch stage is a result, not a crash of the check
                 check.error = f"{type(error).__name__}: {_root_message(error)}"
                 break
-            _reference_backward(reference, case.microbatches, per_replica, mesh.replicas)
+            run.reference_backward()
             grads = {name: _full_gradient(parameter) for name, parameter in named.items()}
             for name, result in results.items():
-                _compare(result, grads[name], reference_named[name].grad, case.microbatches, hooks)
+                _compare(result, grads[name], run.reference_named[name].grad, case.microbatches, hooks)
             hooks.clear()
+            if untraced is not None:
+                untraced.compare()  # and gives every copy of a replicated parameter their sum
             _sgd(named.values())
-            _sgd(reference_all.values())
+            _sgd(run.reference_all.values())
+            if untraced is not None:
+                untraced.sgd()
         check.parameters = list(results.values())
         if not count_hooks:
             for result in check.parameters:
                 result.hooks = None
+        if untraced is not None:
+            check.untraced = list(untraced.results.values()) if check.error is None else []
+            check.replicated = untraced.replicated
     finally:
         for handle in handles:
             handle.remove()
@@ -420,6 +560,113 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
             for kind in ("input", "weight", "full"):
                 check.backward_calls[kind] = check.backward_calls.get(kind, 0) + getattr(calls, kind)
     return check
+
+
+class _UntracedComparison:
+    """The tracing frontend's second oracle: the untraced model's gradients against the traced copies' sum.
+
+    ``pipeline()`` may copy a parameter into several stages (on several ranks); the untraced parameter's
+    gradient is the sum of its copies'. :meth:`compare` gathers the copies' gradients from every rank
+    (``all_gather_object``, only when some parameter has copies), adds them in stage order, compares the
+    sums with the untraced model's full backward, and gives each copy - in the pipeline and in the traced
+    reference alike - the sum, so the SGD step keeps every copy equal to the untraced parameter.
+    """
+
+    def __init__(
+        self,
+        pipeline: Any,
+        named: dict[str, nn.Parameter],
+        reference: Any,
+        untraced: Any,
+        indices: list[int],
+        microbatches: int,
+    ) -> None:
+        from graphkit.split.pipelining.tracing_frontend import StageChain
+
+        self.pipeline, self.named, self.reference, self.untraced = pipeline, named, reference, untraced
+        self.microbatches = microbatches
+        self.copies = pipeline.copies()
+        self.replicated = {
+            name: [copy for _, copy in copies] for name, copies in self.copies.items() if len(copies) > 1
+        }
+        chain = StageChain(untraced.stages)
+        self.untraced_named = {
+            pipeline.untraced_name(name): parameter for name, parameter in chain.named_parameters()
+        }
+        local = set(indices)
+        reported = [
+            name
+            for name in self.untraced_named
+            if name not in self.copies or any(index in local for index, _ in self.copies[name])
+        ]
+        self.loss_fn_named: dict[str, tuple[nn.Parameter, nn.Parameter]] = {}
+        if len(pipeline.stages) - 1 in local and isinstance(untraced.loss_fn, nn.Module):
+            ours = dict(pipeline.loss_fn.named_parameters())
+            for name, parameter in untraced.loss_fn.named_parameters():
+                self.loss_fn_named[f"loss_fn.{name}"] = (ours[name], parameter)
+        self.results = {name: ParameterCheck(name) for name in [*reported, *self.loss_fn_named]}
+        self.reference_named = reference.named_parameters()
+
+    def zero(self) -> None:
+        _zero(self.untraced_named.values())
+        if isinstance(self.untraced.loss_fn, nn.Module):
+            _zero(self.untraced.loss_fn.parameters())
+
+    def compare(self) -> None:
+        _reference_backward(self.untraced, self.microbatches, 2 * self.microbatches, 1, once=True)
+        gathered = self._gathered_copies()
+        for name, result in self.results.items():
+            if name in self.loss_fn_named:
+                ours, theirs = self.loss_fn_named[name]
+                total = ours.grad
+                reference = theirs.grad
+            else:
+                total = _sum(gathered.get(name, {}).get(copy) for _, copy in self.copies.get(name, []))
+                reference = self.untraced_named[name].grad
+            _compare(result, total, reference, 0, Counter())
+            result.hooks = None
+        for name, copies in self.copies.items():
+            if len(copies) < 2:
+                continue
+            total = _sum(gathered[name].get(copy) for _, copy in copies)
+            expected = _sum(self.reference_named[copy].grad for _, copy in copies)
+            for _, copy in copies:
+                if copy in self.named:
+                    self.named[copy].grad = None if total is None else total.clone()
+                self.reference_named[copy].grad = None if expected is None else expected.clone()
+
+    def _gathered_copies(self) -> dict[str, dict[str, torch.Tensor | None]]:
+        """Every copy's gradient, ``{untraced name: {copy's name: grad}}``: this rank's, and, of the
+        replicated parameters, every rank's."""
+        local: dict[str, dict[str, torch.Tensor | None]] = {}
+        for name, copies in self.copies.items():
+            for _, copy in copies:
+                if copy in self.named:
+                    grad = self.named[copy].grad
+                    local.setdefault(name, {})[copy] = None if grad is None else grad.detach().clone()
+        if not self.replicated or dist.get_world_size() == 1:
+            return local
+        shared = {name: local.get(name, {}) for name in self.replicated}
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, shared)
+        for theirs in everyone:
+            for name, grads in theirs.items():
+                local.setdefault(name, {}).update(grads)
+        return local
+
+    def sgd(self) -> None:
+        _sgd(self.untraced_named.values())
+        if isinstance(self.untraced.loss_fn, nn.Module):
+            _sgd(self.untraced.loss_fn.parameters())
+
+
+def _sum(grads: Any) -> torch.Tensor | None:
+    """The sum of the gradients that are not None, in order (None if all are)."""
+    total = None
+    for grad in grads:
+        if grad is not None:
+            total = grad.clone() if total is None else total + grad
+    return total
 
 
 def _recorded_step(
@@ -466,6 +713,16 @@ def _make_stage(case: PipelineCase, mesh: _Mesh, module: nn.Module, index: int, 
     return PipelineStage(module, index, num_stages, torch.device("cpu"), group=mesh.pipeline_group)
 
 
+def _make_traced_stage(case: PipelineCase, mesh: _Mesh, traced: Any, index: int) -> Any:
+    if case.stage == "graphkit":
+        from graphkit.split.pipelining.stage import build_stage
+    else:
+        from torch.distributed.pipelining import build_stage
+    return build_stage(
+        traced.stages[index], index, traced.pipe.info(), torch.device("cpu"), group=mesh.pipeline_group
+    )
+
+
 def _replica_batch(model: Any, replica: int, per_replica: int) -> tuple[tuple[Any, ...], Any]:
     window = slice(replica * per_replica, (replica + 1) * per_replica)
     inputs = tuple(value[window] if isinstance(value, torch.Tensor) else value for value in model.inputs)
@@ -473,8 +730,14 @@ def _replica_batch(model: Any, replica: int, per_replica: int) -> tuple[tuple[An
     return inputs, target
 
 
-def _reference_backward(model: Any, microbatches: int, per_replica: int, replicas: int) -> None:
-    """Full backward over every replica's microbatches, in the schedule's order; scaled like the schedule."""
+def _reference_backward(
+    model: Any, microbatches: int, per_replica: int, replicas: int, *, once: bool = False
+) -> None:
+    """Full backward over every replica's microbatches, in the schedule's order; scaled like the schedule.
+
+    ``once``: divide each parameter's gradient once, also one held by several stage modules (the untraced
+    model's mean gradient), not once per stage module that holds it, as ``scale_grads`` on one rank does.
+    """
     size = per_replica // microbatches
     for replica in range(replicas):
         inputs, target = _replica_batch(model, replica, per_replica)
@@ -488,6 +751,8 @@ def _reference_backward(model: Any, microbatches: int, per_replica: int, replica
             model.loss_fn(values[0] if len(values) == 1 else values, chunk).backward()
     # as the schedule's scale_grads, which divides the stage modules' gradients only (not loss_fn's)
     parameters = [parameter for stage in model.stages for parameter in stage.parameters()]
+    if once:
+        parameters = list({id(parameter): parameter for parameter in parameters}.values())
     with torch.no_grad():
         for parameter in parameters:
             if parameter.grad is not None:
@@ -536,7 +801,9 @@ def _zero(parameters: Any) -> None:
 
 
 def _sgd(parameters: Any) -> None:
+    """``p -= 0.1 * p.grad``, once for each parameter (one held under two names is stepped once)."""
+    unique = {id(parameter): parameter for parameter in parameters}
     with torch.no_grad():
-        for parameter in parameters:
+        for parameter in unique.values():
             if parameter.grad is not None:
                 parameter.sub_(_LEARNING_RATE * parameter.grad)
