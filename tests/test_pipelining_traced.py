@@ -36,6 +36,8 @@ from graphkit.pipelining import (
     TracedPipelineStage,
     build_schedule,
     build_stage,
+    check_pipeline,
+    load_pipeline_spec,
     pipeline,
     trace_pipeline,
 )
@@ -487,3 +489,184 @@ def test_across_two_gloo_processes_stock_build_stage_fails_on_a_v_placement() ->
         across_ranks, ([("mlp", "InterleavedZeroBubble")], "torch"), world_size=2, deadline=120
     )
     assert per_rank == [["exact"], ["exact"]]  # no two neighbour stages on one rank: PyTorch's warm-up works
+
+
+# --- check_pipeline and graphkit verify-pipeline with the tracing frontend -----------------------------------
+def spec(cell: str) -> str:
+    return f"{pipeline_models.__file__}:{cell}"
+
+
+def untraced_names(pipeline_spec: str, num_stages: int) -> set[str]:
+    """``stage{i}.{name}`` of every parameter of the spec's stage modules (one held by several: the first)."""
+    model = load_pipeline_spec(pipeline_spec, num_stages=num_stages, batch_size=8, seed=0)
+    names, seen = set(), set()
+    for index, stage in enumerate(model.stages):
+        for name, parameter in stage.named_parameters():
+            if id(parameter) not in seen:
+                seen.add(id(parameter))
+                names.add(f"stage{index}.{name}")
+    if isinstance(model.loss_fn, nn.Module):
+        names |= {f"loss_fn.{name}" for name, _ in model.loss_fn.named_parameters()}
+    return names
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        pytest.param(cell, marks=[pytest.mark.slow] if cell == "transformer" else [])
+        for cell in (*pipeline_models.CELLS, "shared_across_stages")
+    ],
+)
+def test_check_pipeline_with_the_tracing_frontend_is_exact_against_the_traced_and_untraced_models(
+    cell: str,
+) -> None:
+    result = check_pipeline(spec(cell), schedule="ZBVZeroBubble", microbatches=4, steps=2, frontend="tracing")
+    assert result.passed and result.exact and result.error is None, result.error or result.table()
+    assert result.case.frontend == "tracing"
+    for (
+        parameter
+    ) in result.parameters:  # one hook call per microbatch and step; 0: a copy its stage leaves unused
+        assert parameter.hooks == parameter.expected_hooks in (0, 8), result.table()
+    assert {check.name for check in result.untraced} == untraced_names(spec(cell), 2)
+    # tracing changes the untraced gradients by rounding at most (a custom Function traced as ATen
+    # operations; a replicated parameter's copies summed in another order than autograd adds them)
+    assert all(check.relative_error <= 1e-14 for check in result.untraced), result.table(untraced=True)
+    if cell not in ("custom_function", "shared_across_stages"):
+        assert result.untraced_exact, result.table(untraced=True)
+    assert result.backward_calls == {"input": 8, "weight": 8, "full": 8}
+
+
+def test_the_copies_pipeline_makes_of_a_parameter_sum_to_its_untraced_gradient_over_two_steps() -> None:
+    """Four stages on one rank; every copy gets its own stage's share, and before the SGD step their sum."""
+    result = check_pipeline(
+        spec("shared_across_stages"),
+        schedule="InterleavedZeroBubble",
+        microbatches=4,
+        steps=2,
+        stages_per_rank=4,
+        frontend="tracing",
+    )
+    assert result.passed, result.error or result.table()
+    (copies,) = result.replicated.values()
+    assert list(result.replicated) == ["stage0.scale"]
+    assert {"stage0.scale", "stage1.scale", "stage2.scale", "stage3.scale"} <= set(copies)
+    used = {check.name: check for check in result.parameters if check.expected_hooks}
+    assert all(used[f"stage{index}.scale"].hooks == 8 for index in range(4))
+    (scale,) = [check for check in result.untraced if check.name == "stage0.scale"]
+    assert 0 <= scale.relative_error <= 1e-14
+
+
+def test_a_trace_that_changes_the_gradients_fails_the_check_though_the_split_is_exact() -> None:
+    """A straight-through estimator: pipeline() traces round(), whose derivative is zero."""
+    result = check_pipeline(spec("straight_through"), microbatches=4, frontend="tracing")
+    assert result.exact and result.hooks_ok  # the split matches the traced model bit for bit
+    assert not result.untraced_ok and not result.passed
+    assert all(check.relative_error == pytest.approx(1.0) for check in result.untraced)
+    manual = check_pipeline(spec("straight_through"), microbatches=4)
+    assert manual.passed and manual.exact  # the manual frontend runs the Function's own backward
+
+
+def test_a_spec_that_pipeline_cannot_trace_is_refused_with_its_reason() -> None:
+    from graphkit.pipelining import PipelineTracingError
+
+    for ranks in (1, 2):  # with 2 the parent traces first: no process is spawned
+        with pytest.raises(PipelineTracingError, match="cannot trace .*shared_submodule.* not a descendant"):
+            check_pipeline(spec("shared_submodule"), ranks=ranks, frontend="tracing")
+    with pytest.raises(ValueError, match="without data parallelism"):
+        check_pipeline(spec("mlp"), ranks=2, data_parallel="ddp", frontend="tracing")
+    with pytest.raises(ValueError, match="frontend must be 'manual' or 'tracing'"):
+        check_pipeline(spec("mlp"), frontend="traced")
+
+
+def test_gpt2_cut_into_two_stages_traces_and_checks_exactly_in_one_process() -> None:
+    pytest.importorskip("transformers")
+    result = check_pipeline("hf:gpt2?n_layer=2", schedule="ZBVZeroBubble", microbatches=4, frontend="tracing")
+    assert result.passed and result.exact and result.untraced_exact, result.error or result.table()
+    names = {check.name for check in result.parameters}
+    assert {"stage0.wte.weight", "stage1.lm_head.weight"} <= names
+    assert names == {check.name for check in result.untraced}
+
+
+def test_verify_pipeline_frontend_tracing_exits_0_exact_1_not_exact_2_bad_input(
+    capsys: pytest.CaptureFixture,
+) -> None:
+    import json
+
+    from graphkit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["verify-pipeline", "--help"])
+    assert "--frontend {manual,tracing}" in capsys.readouterr().out
+    command = ["verify-pipeline", spec("shared_across_stages"), "--frontend", "tracing", "--steps", "2"]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "tracing frontend" in out and "stage0.stages.1.scale" in out
+    assert "pipeline() copied stage0.scale into 3 stage-module parameters" in out
+    assert out.strip().splitlines()[-1].startswith("exact: every gradient equals the traced model's")
+    assert main([*command, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["frontend"] == "tracing" and payload["passed"] and payload["exact"]
+    assert payload["replicated"] == {
+        "stage0.scale": ["stage0.scale", "stage0.stages.1.scale", "stage1.scale"]
+    }
+    assert {parameter["name"] for parameter in payload["untraced"]} == untraced_names(
+        "shared_across_stages", 2
+    )
+
+    assert main(["verify-pipeline", spec("straight_through"), "--frontend", "tracing"]) == 1
+    verdict = capsys.readouterr().out.strip().splitlines()[-1]
+    assert verdict.startswith("NOT exact: pipeline() changed 4 of 4 gradients beyond 1e-10")
+    assert main(["verify-pipeline", spec("straight_through")]) == 0  # the manual frontend
+    capsys.readouterr()
+    assert main(["verify-pipeline", "zoo-pipeline:mlp", "--frontend", "tracing", "--stage", "torch"]) == 1
+    out = capsys.readouterr().out
+    assert "Pair is not connected" in out and "graphkit's build_stage leaves those sends out" in out
+    assert main(["verify-pipeline", spec("shared_submodule"), "--frontend", "tracing"]) == 2
+    assert "pipeline() cannot trace" in capsys.readouterr().err
+    assert main(["verify-pipeline", spec("mlp"), "--frontend", "tracing", "--ranks", "2", "--ddp"]) == 2
+    assert "without data parallelism" in capsys.readouterr().err
+
+
+def test_copies_of_a_parameter_on_two_gloo_processes_are_summed_across_them() -> None:
+    """2 ranks x 2 stages (V: stages 0 and 3 on rank 0, 1 and 2 on rank 1), two steps; each rank sums
+    the copies of both (all_gather_object) before comparing with the untraced model and stepping."""
+    result = check_pipeline(
+        spec("shared_across_stages"), microbatches=4, steps=2, ranks=2, deadline=120, frontend="tracing"
+    )
+    assert result.passed and result.exact and result.ranks == 2, result.error or result.table()
+    (copies,) = result.replicated.values()
+    assert {f"stage{index}.scale" for index in range(4)} <= set(copies)
+    assert {check.name for check in result.untraced} == untraced_names(spec("shared_across_stages"), 4)
+    assert all(check.relative_error <= 1e-14 for check in result.untraced)
+    assert all(check.hooks == check.expected_hooks for check in result.parameters)
+
+
+@pytest.mark.slow
+def test_check_pipeline_with_the_tracing_frontend_across_two_gloo_processes() -> None:
+    """One spawn: a V placement (stages 1 and 2 on one rank), a view output, a parameter-only output,
+    loss_fn's parameters, every schedule."""
+    from graphkit.pipelining import PipelineCase, run_cases
+
+    cases = [
+        PipelineCase(spec("view_outputs"), "InterleavedZeroBubble", 4, 2, frontend="tracing"),
+        PipelineCase(spec("param_only_output"), "DualPipeV", 4, 1, frontend="tracing"),
+        PipelineCase(spec("loss_parameter"), "CSV", 4, 1, frontend="tracing"),
+        PipelineCase(spec("tied"), "ZBVZeroBubble", 8, 2, frontend="tracing"),
+        PipelineCase("zoo-pipeline:mlp", "ZBVZeroBubble", 4, 1, frontend="tracing"),
+    ]
+    results = run_cases(cases, ranks=2, deadline=240)
+    for result in results:
+        assert result.passed and result.exact, (result.case.spec, result.error, result.table())
+        assert result.ranks == 2 and result.untraced_exact
+        assert {check.name for check in result.untraced} == untraced_names(result.case.spec, 4)
+
+
+@pytest.mark.slow
+def test_verify_pipeline_checks_gpt2_traced_across_two_processes(capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("transformers")
+    from graphkit.cli import main
+
+    command = ["verify-pipeline", "hf:gpt2?n_layer=4", "--frontend", "tracing", "--ranks", "2"]
+    assert main([*command, "--schedule", "DualPipeV", "--timeout", "240"]) == 0
+    out = capsys.readouterr().out
+    assert "2 processes" in out and "stage3.lm_head.weight" in out and "the untraced model's too" in out
