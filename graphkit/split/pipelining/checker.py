@@ -464,9 +464,9 @@ def _traced(case: PipelineCase, num_stages: int, batch_size: int) -> Any:
     from graphkit.split.pipelining.tracing_frontend import trace_pipeline
 
     model = _build(case, num_stages, batch_size)
-    if model.inputs and model.inputs[0].shape[0] != batch_size:
+    if model.batch_size != batch_size:
         raise ValueError(
-            f"the batch ({model.inputs[0].shape[0]}) is not {case.microbatches} microbatches of 2 rows, as "
+            f"the batch ({model.batch_size}) is not {case.microbatches} microbatches of 2 rows, as "
             "the tracing frontend traces one microbatch's shapes; declare batch_size in the spec function"
         )
     name = case.spec if isinstance(case.spec, str) else getattr(case.spec, "__qualname__", repr(case.spec))

@@ -152,8 +152,8 @@ class TracedPipeline:
     def microbatch(self, index: int) -> tuple[tuple[Any, ...], Any]:
         """Microbatch ``index``: stage 0's arguments and the target, rows ``index * microbatch_size`` on."""
         window = slice(index * self.microbatch_size, (index + 1) * self.microbatch_size)
-        inputs = tuple(value[window] if isinstance(value, Tensor) else value for value in self.inputs)
-        target = self.target[window] if isinstance(self.target, Tensor) else self.target
+        inputs = tuple(value[window] if _batched(value) else value for value in self.inputs)
+        target = self.target[window] if _batched(self.target) else self.target
         return inputs, target
 
     def full_backward(self, microbatches: int) -> None:
@@ -200,7 +200,7 @@ def trace_pipeline(
     traced = StageChain(model.stages) if whole is None else whole
     num_stages = len(model.stages)
     split_spec = {f"stages.{index}": SplitPoint.BEGINNING for index in range(1, num_stages)}
-    example = tuple(value[:microbatch_size] if isinstance(value, Tensor) else value for value in model.inputs)
+    example = tuple(value[:microbatch_size] if _batched(value) else value for value in model.inputs)
     what = description or f"the {num_stages} stage modules"
     try:
         with warnings.catch_warnings():
@@ -223,6 +223,11 @@ def trace_pipeline(
     return TracedPipeline(
         pipe, traced, stages, model.loss_fn, tuple(model.inputs), model.target, microbatch_size
     )
+
+
+def _batched(value: Any) -> bool:
+    """Whether ``value`` is split into microbatches: a tensor with a batch dimension (dimension 0)."""
+    return isinstance(value, Tensor) and value.dim() > 0
 
 
 def _first_line(error: BaseException) -> str:
