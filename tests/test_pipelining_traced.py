@@ -610,7 +610,7 @@ def test_verify_pipeline_frontend_tracing_exits_0_exact_1_not_exact_2_bad_input(
         "stage0.scale": ["stage0.scale", "stage0.stages.1.scale", "stage1.scale"]
     }
     assert {parameter["name"] for parameter in payload["untraced"]} == untraced_names(
-        "shared_across_stages", 2
+        spec("shared_across_stages"), 2
     )
 
     assert main(["verify-pipeline", spec("straight_through"), "--frontend", "tracing"]) == 1
