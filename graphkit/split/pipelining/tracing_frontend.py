@@ -30,11 +30,14 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.pipelining import SplitPoint, pipeline
+
+if TYPE_CHECKING:
+    from graphkit.models.pipeline_specs import PipelineModel
 
 __all__ = ["PipelineTracingError", "StageChain", "TracedPipeline", "trace_pipeline"]
 
@@ -177,7 +180,11 @@ class TracedPipeline:
 
 
 def trace_pipeline(
-    model: Any, microbatch_size: int, *, whole: nn.Module | None = None, description: str | None = None
+    model: PipelineModel,
+    microbatch_size: int,
+    *,
+    whole: nn.Module | None = None,
+    description: str | None = None,
 ) -> TracedPipeline:
     """Compose a pipeline's stage modules into one model and cut it into stages with ``pipeline()``.
 
