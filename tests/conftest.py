@@ -69,3 +69,20 @@ def repo_root() -> Path:
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """True when pytest runs with ``--update-golden``: golden-file tests write instead of compare."""
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """One world-size-1 gloo process group for a module's one-process pipeline tests (no ports: a HashStore).
+
+    Modules use it with ``pytestmark = pytest.mark.usefixtures("world_of_one")``; it is destroyed after the
+    module, unless a group already existed.
+    """
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()

@@ -15,7 +15,6 @@ from pathlib import Path
 import pipeline_models
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from graphkit.pipelining import (
@@ -40,15 +39,7 @@ def spec(cell: str) -> str:
     return f"{CELLS_FILE}:{cell}"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one():
-    """One world-size-1 gloo group for the module's one-process tests (no ports: a HashStore)."""
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")
 
 
 @pytest.mark.parametrize(("microbatches", "steps"), RUNS)

@@ -51,15 +51,7 @@ MICROBATCH_SIZE = 2
 LEARNING_RATE = 0.1
 
 
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one():
-    """One world-size-1 gloo group for the module (no ports: a HashStore)."""
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("world_of_one")
 
 
 class ScaledChain(StageChain):
