@@ -86,7 +86,11 @@ def add_threads_option(parser: argparse.ArgumentParser, help: str, default: int 
 def add_drawing_size_options(parser: argparse.ArgumentParser) -> None:
     """How big a diagram may get: ``--collapse``, ``--max-nodes``, ``--fold | --no-fold`` and ``--timeout``."""
     parser.add_argument(
-        "--collapse", type=int, default=None, metavar="DEPTH", help="collapse modules deeper than DEPTH"
+        "--collapse",
+        type=int,
+        default=None,
+        metavar="DEPTH",
+        help="draw each module at depth DEPTH of the module tree (blocks.0 is depth 2) as one node",
     )
     parser.add_argument(
         "--max-nodes",
