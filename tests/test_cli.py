@@ -308,3 +308,26 @@ def test_verify_pipeline_names_a_rank_that_died_without_a_timeout_hint(capsys, m
     monkeypatch.setattr(checker, "check_pipeline", died)
     status, out, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2")
     assert status == 1 and "process 1 exited with status -9" in err and "--timeout" not in err
+
+
+def test_list_wraps_its_descriptions_to_a_terminal_and_keeps_one_line_per_row_in_a_pipe(monkeypatch):
+    import io
+
+    from graphkit.cli.terminal import print_table
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("COLUMNS", "60")
+    rows = [("spec", "what it is"), ("hf:llama", "Llama: " + "word " * 30), ("hf:gpt2", "short")]
+    terminal, pipe = Terminal(), io.StringIO()
+    print_table(rows, out=terminal, wrap_last=True)
+    print_table(rows, out=pipe, wrap_last=True)
+    wrapped = terminal.getvalue().splitlines()
+    assert max(len(line) for line in wrapped) <= 59
+    assert wrapped[0] == "spec      what it is" and wrapped[1] == "-" * 8 + "  " + "-" * 49
+    assert wrapped[2].startswith("hf:llama  Llama: word") and wrapped[3].startswith(" " * 10 + "word")
+    assert wrapped[-1] == "hf:gpt2   short"
+    assert " ".join(" ".join(wrapped[2:-1]).split()) == "hf:llama " + rows[1][1].strip()  # nothing lost
+    assert len(pipe.getvalue().splitlines()) == 4  # header, dashes, one line per row
