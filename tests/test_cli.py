@@ -331,3 +331,12 @@ def test_list_wraps_its_descriptions_to_a_terminal_and_keeps_one_line_per_row_in
     assert wrapped[-1] == "hf:gpt2   short"
     assert " ".join(" ".join(wrapped[2:-1]).split()) == "hf:llama " + rows[1][1].strip()  # nothing lost
     assert len(pipe.getvalue().splitlines()) == 4  # header, dashes, one line per row
+
+
+def test_inspect_help_names_the_model_it_inspects_by_default(capsys, monkeypatch):
+    from graphkit.drawing.report import DEFAULT_SPEC
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    assert f"(default: {DEFAULT_SPEC}," in capsys.readouterr().out
