@@ -282,7 +282,9 @@ def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(c
     from graphkit.split.pipelining.launcher import LaunchError
 
     def too_slow(spec, **keywords):
-        raise LaunchError(f"2 of 2 processes did not finish within {keywords['deadline']:g} s; they were ended")
+        raise LaunchError(
+            f"2 of 2 processes did not finish within {keywords['deadline']:g} s; they were ended"
+        )
 
     monkeypatch.setattr(checker, "check_pipeline", too_slow)
     status, out, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2.5")
@@ -293,7 +295,9 @@ def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(c
     )
     assert out.strip() == "FAILED: nothing was verified"
 
-    status, out, _ = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2", "--json")
+    status, out, _ = run(
+        capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2", "--json"
+    )
     payload = json.loads(out)
     assert status == 1 and payload["passed"] is False and "within 2 s" in payload["error"]
 
