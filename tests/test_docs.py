@@ -153,3 +153,23 @@ def test_python_examples_on_the_page_run(
         assert len(namespace["config"]["cost_f"]) == 4 and namespace["timeline"].bubble_fraction < 1
         stages, _, (features,), _ = namespace["pipeline"](num_stages=2, batch_size=8)
         assert len(stages) == 2 and features.shape == (8, 64)
+
+
+def test_the_tracing_frontends_complete_example_runs_and_matches_a_full_backward(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    # it makes a process group of its own: a fresh interpreter, not this test process
+    (block,) = [
+        block
+        for block in PYTHON_BLOCK.findall((repo_root / "docs" / "pipelining.md").read_text())
+        if "build_stage(" in block and "init_process_group" in block
+    ]
+    script = tmp_path / "traced_example.py"
+    script.write_text(block)
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == (
+        "[BackwardCalls(input=0, weight=0, full=4), BackwardCalls(input=4, weight=4, full=0)]"
+    )
