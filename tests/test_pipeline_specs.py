@@ -273,13 +273,14 @@ def test_pipeline_options_on_a_model_spec_are_refused_not_dropped(
         ({"batch_size": 16}, "batch_size=16 (--batch-size)"),
         ({"microbatches": 2}, "microbatches=2 (--microbatches)"),
     ]:
-        with pytest.raises(SpecError, match=re.escape(named) + " apply to pipeline specs only$"):
+        with pytest.raises(SpecError, match=re.escape(named) + " applies to pipeline specs only$"):
             spec_costs("zoo:mlp", repeat=1, warmup=0, **keywords)
     with pytest.raises(SpecError, match="is a model spec"):
         spec_costs(f"{pipeline_file}:model", num_stages=2, repeat=1, warmup=0)  # a file's model function
     assert main(["costs", "zoo:mlp", "--num-stages", "4", "--microbatches", "2"]) == 2
     err = capsys.readouterr().err
-    assert "'zoo:mlp' is a model spec" in err and "num_stages=4 (--num-stages), microbatches=2" in err
+    assert "'zoo:mlp' is a model spec" in err
+    assert "num_stages=4 (--num-stages), microbatches=2 (--microbatches) apply to pipeline specs only" in err
 
 
 def test_hf_pipeline_architectures_without_pipeline_true_say_how_to_cut_them(

@@ -518,7 +518,7 @@ def spec_costs(
         )
         raise SpecError(
             f"{spec!r} is a model spec, measured as one stage on its own inputs: {', '.join(ignored)} "
-            f"apply to pipeline specs only{hint}"
+            f"{'applies' if len(ignored) == 1 else 'apply'} to pipeline specs only{hint}"
         )
     module, inputs = loaded
     return PipelineCosts(
