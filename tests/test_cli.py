@@ -264,11 +264,15 @@ def test_the_pipeline_commands_document_one_timeout_and_hide_deadline(capsys, mo
         ("verify-pipeline", "--deadline"),
         ("timeline", "--timeout"),
         ("compare-schedules", "--timeout"),
+        ("render", "--timeout"),  # Graphviz's layout budget
+        ("inspect", "--timeout"),
     ],
 )
 @pytest.mark.parametrize("seconds", ["0", "-5", "nan", "soon"])
 def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(capsys, command, option, seconds):
-    extra = ["--schedule", "1F1B", "-o", "unused.svg"] if command == "timeline" else []
+    extra = {"timeline": ["--schedule", "1F1B", "-o", "unused.svg"], "render": ["-o", "unused.svg"]}.get(
+        command, []
+    )
     with pytest.raises(SystemExit) as stopped:
         main([command, "zoo-pipeline:mlp", *extra, f"{option}={seconds}"])
     assert stopped.value.code == 2

@@ -111,7 +111,7 @@ def add_drawing_size_options(parser: argparse.ArgumentParser) -> None:
     folding.add_argument("--no-fold", dest="fold", action="store_false", help="never fold repeated structure")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=60.0,
         metavar="S",
         help="seconds Graphviz may take to lay out the diagram before a smaller one is drawn (default 60)",
@@ -145,7 +145,7 @@ def add_stages_per_rank_option(parser: argparse.ArgumentParser, help: str) -> No
 
 
 def positive_seconds(text: str) -> float:
-    """An argparse ``type``: a number of seconds above 0 (``--timeout 0`` would end every run at once)."""
+    """An argparse ``type``: a number of seconds above 0 (``--timeout 0`` would stop every run at once)."""
     try:
         seconds = float(text)
     except ValueError:
