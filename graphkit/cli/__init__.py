@@ -75,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphkit",
         description="See, analyse and split PyTorch autograd graphs.",
-        epilog="SPEC: zoo:NAME | path/to/file.py:function | package.module:function | hf:ARCH?key=value",
+        epilog="SPEC: zoo:NAME | path/to/file.py:function | package.module:function | hf:ARCH?key=value. "
+        "PIPELINE_SPEC (costs, timeline, compare-schedules, verify-pipeline): zoo-pipeline:NAME | "
+        "path/to/file.py:function | package.module:function | hf:gpt2?key=value | hf:llama?key=value. "
+        "graphkit list names the built-in ones.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_command in COMMANDS:
