@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from graphkit.models import zoo
-from graphkit.split.benchmark import HEADER, benchmark_split, format_row
+from graphkit.split.benchmark import HEADER, LEGEND, benchmark_split, format_row
 
 
 def encoder(layers: int, width: int, batch: int = 4, sequence: int = 32):
@@ -117,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_row(name, result), flush=True)
     if arguments.json:
         print(json.dumps(results, indent=1))
+    else:
+        print(textwrap.fill(LEGEND, width=110))
     return 0
 
 

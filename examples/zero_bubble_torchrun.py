@@ -13,7 +13,9 @@ would silently miss them; the graphs on which PyTorch's own split crashes or giv
 listed in docs/pipelining.md (``graphkit verify-pipeline ... --stage torch`` shows each).
 
 On CPU the ranks talk over gloo; with CUDA, each rank takes one GPU and nccl. The last stage's rank prints
-the mean loss of each step, and every rank reports how many B, W and full backwards its stages ran.
+the mean loss of each step, and every rank reports how often its parameters' post-accumulate-grad hooks
+fired (once per parameter and microbatch is what DDP needs) and, with graphkit's stage, how many B, W and
+full backwards its stages ran.
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ def main() -> None:
     stage_class = torch.distributed.pipelining.PipelineStage if arguments.stock else PipelineStage
     stages = [stage_class(blocks[index].to(device), index, num_stages, device) for index in mine]
     parameters = [parameter for index in mine for parameter in blocks[index].parameters()]
+    hook_calls = [0]  # post-accumulate-grad hooks fired: what DDP's gradient all-reduce waits for
+
+    def count_hook(_: torch.Tensor) -> None:
+        hook_calls[0] += 1
+
+    hooks = [parameter.register_post_accumulate_grad_hook(count_hook) for parameter in parameters]
     optimizer = torch.optim.SGD(parameters, lr=0.05)
     schedule = ScheduleZBVZeroBubble(
         stages, arguments.microbatches, loss_fn=lambda output, goal: nn.functional.mse_loss(output, goal)
@@ -83,6 +91,14 @@ def main() -> None:
         optimizer.step()
         if losses:  # the rank that holds the last stage
             print(f"step {step}: loss {torch.stack(losses).mean().item():.6f}", flush=True)
+    for hook in hooks:
+        hook.remove()
+    expected = len(parameters) * arguments.microbatches * arguments.steps
+    print(
+        f"rank {rank}: post-accumulate-grad hooks fired {hook_calls[0]} of {expected} times "
+        f"({len(parameters)} parameters x {arguments.microbatches} microbatches x {arguments.steps} steps)",
+        flush=True,
+    )
     if not arguments.stock:
         calls = [stage.backward_calls for stage in stages]
         print(

@@ -5,7 +5,7 @@
 - ``llama-stage.png``: ``graphkit render 'hf:llama?stage=middle&n_layer=1'`` (the README's first picture);
 - ``recurrence-folded.png``: the 1500-step recurrence of bench/scale_models.py, folded;
 - ``llama-3-8b-meta-stage.png``: a Llama-3-8B-sized decoder layer (4096 hidden, 2048 tokens) drawn from
-  the meta device, collapsed at depth 2;
+  the meta device, collapsed at depth 3 (layers.0.self_attn, layers.0.mlp, ...);
 - ``inspect-report.png``: the top of ``graphkit inspect zoo:gpt_ends``'s page, in headless Chromium;
 - ``explorer.png`` comes from the browser test (tests/test_browser.py writes
   test-artifacts/browser-jupyterlab-explorer.png; this script copies it when present).

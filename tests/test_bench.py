@@ -104,3 +104,20 @@ def test_checkpointing_bench_counts_forwards_flops_and_memory_for_every_variant(
     # more), recomputing in W much less
     assert retained["non-reentrant, keep-from-b"] == pytest.approx(retained["no checkpointing"], rel=1e-3)
     assert retained["non-reentrant, in-w"] < 0.8 * retained["non-reentrant, keep-from-b"]
+
+
+def test_graphkit_bench_explains_every_column_under_its_table(capsys):
+    from graphkit.cli import main
+    from graphkit.split.benchmark import HEADER
+
+    threads = torch.get_num_threads()
+    try:
+        assert main(["bench", "zoo:mlp", "--repeat", "1", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    header, row, *legend = capsys.readouterr().out.splitlines()
+    assert header == HEADER and row.startswith("zoo:mlp ")
+    legend_text = " ".join(legend)
+    for column in ("B+W:", "Beng:", "FLOPs:", "Wc:", "kept MiB:", "/need:", "graph MiB:", "pytorch:"):
+        assert column in legend_text
+    assert max(len(line) for line in legend) <= 110

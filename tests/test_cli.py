@@ -251,7 +251,100 @@ def test_the_pipeline_commands_document_one_timeout_and_hide_deadline(capsys, mo
     text = capsys.readouterr().out
     described = (
         "--timeout S wall-clock limit in seconds, after which graphkit ends the processes it started "
-        f"(default {default})"
+        f"with --ranks above 1 (default {default})"
     )
     assert described in " ".join(text.split())
     assert "--deadline" not in text
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [
+        ("verify-pipeline", "--timeout"),
+        ("verify-pipeline", "--deadline"),
+        ("timeline", "--timeout"),
+        ("compare-schedules", "--timeout"),
+        ("render", "--timeout"),  # Graphviz's layout budget
+        ("inspect", "--timeout"),
+    ],
+)
+@pytest.mark.parametrize("seconds", ["0", "-5", "nan", "soon"])
+def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(capsys, command, option, seconds):
+    extra = {"timeline": ["--schedule", "1F1B", "-o", "unused.svg"], "render": ["-o", "unused.svg"]}.get(
+        command, []
+    )
+    with pytest.raises(SystemExit) as stopped:
+        main([command, "zoo-pipeline:mlp", *extra, f"{option}={seconds}"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err
+    assert "seconds" in err and "Traceback" not in err
+
+
+def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(capsys, monkeypatch):
+    import graphkit.split.pipelining.checker as checker
+    from graphkit.split.pipelining.launcher import LaunchError
+
+    def too_slow(spec, **keywords):
+        raise LaunchError(
+            f"2 of 2 processes did not finish within {keywords['deadline']:g} s; they were ended"
+        )
+
+    monkeypatch.setattr(checker, "check_pipeline", too_slow)
+    status, out, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2.5")
+    assert status == 1
+    assert err.strip() == (
+        "graphkit verify-pipeline: error: 2 of 2 processes did not finish within 2.5 s; they were ended; "
+        "raise --timeout (now 2.5 s) if the step is only slow"
+    )
+    assert out.strip() == "FAILED: nothing was verified"
+
+    status, out, _ = run(
+        capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2", "--json"
+    )
+    payload = json.loads(out)
+    assert status == 1 and payload["passed"] is False and "within 2 s" in payload["error"]
+
+
+def test_verify_pipeline_names_a_rank_that_died_without_a_timeout_hint(capsys, monkeypatch):
+    import graphkit.split.pipelining.checker as checker
+    from graphkit.split.pipelining.launcher import LaunchError
+
+    def died(spec, **keywords):
+        raise LaunchError("process 1 exited with status -9 without a result")
+
+    monkeypatch.setattr(checker, "check_pipeline", died)
+    status, out, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2")
+    assert status == 1 and "process 1 exited with status -9" in err and "--timeout" not in err
+
+
+def test_list_wraps_its_descriptions_to_a_terminal_and_keeps_one_line_per_row_in_a_pipe(monkeypatch):
+    import io
+
+    from graphkit.cli.terminal import print_table
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("COLUMNS", "60")
+    rows = [("spec", "what it is"), ("hf:llama", "Llama: " + "word " * 30), ("hf:gpt2", "short")]
+    terminal, pipe = Terminal(), io.StringIO()
+    print_table(rows, out=terminal, wrap_last=True)
+    print_table(rows, out=pipe, wrap_last=True)
+    wrapped = terminal.getvalue().splitlines()
+    assert max(len(line) for line in wrapped) <= 59
+    assert wrapped[0] == "spec      what it is" and wrapped[1] == "-" * 8 + "  " + "-" * 49
+    assert wrapped[2].startswith("hf:llama  Llama: word") and wrapped[3].startswith(" " * 10 + "word")
+    assert wrapped[-1] == "hf:gpt2   short"
+    assert " ".join(" ".join(wrapped[2:-1]).split()) == "hf:llama " + rows[1][1].strip()  # nothing lost
+    assert len(pipe.getvalue().splitlines()) == 4  # header, dashes, one line per row
+
+
+def test_inspect_help_names_the_model_it_inspects_by_default(capsys, monkeypatch):
+    from graphkit.drawing.report import DEFAULT_SPEC
+
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["inspect", "--help"])
+    assert f"(default: {DEFAULT_SPEC}," in capsys.readouterr().out

@@ -130,7 +130,9 @@ def test_notebook_pages_carry_their_executed_outputs(built_docs: Path) -> None:
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-@pytest.mark.parametrize("page", ["index.md", "getting_started.md", "cli.md", "pipeline_specs.md"])
+@pytest.mark.parametrize(
+    "page", ["index.md", "getting_started.md", "cli.md", "pipeline_specs.md", "pipeline_costs.md"]
+)
 def test_python_examples_on_the_page_run(
     page: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -138,8 +140,36 @@ def test_python_examples_on_the_page_run(
     assert blocks
     monkeypatch.chdir(tmp_path)  # examples that write files write them here
     namespace: dict[str, object] = {"__name__": f"docs_{page}"}
-    for block in blocks:  # one namespace per page: later examples use what earlier ones made
-        exec(compile(block, f"docs/{page}", "exec"), namespace)
+    threads = torch.get_num_threads()  # pipeline_costs.md sets one thread, as graphkit costs does
+    try:
+        for block in blocks:  # one namespace per page: later examples use what earlier ones made
+            exec(compile(block, f"docs/{page}", "exec"), namespace)
+    finally:
+        torch.set_num_threads(threads)
     if page == "cli.md":
         module, inputs = namespace["make_stage"]()
         assert isinstance(module, torch.nn.Module) and inputs[0].requires_grad
+    if page == "pipeline_costs.md":  # four stages, and one recorded ZBV step of two on this process's rank
+        assert len(namespace["config"]["cost_f"]) == 4 and namespace["timeline"].bubble_fraction < 1
+        stages, _, (features,), _ = namespace["pipeline"](num_stages=2, batch_size=8)
+        assert len(stages) == 2 and features.shape == (8, 64)
+
+
+def test_the_tracing_frontends_complete_example_runs_and_matches_a_full_backward(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    # it makes a process group of its own: a fresh interpreter, not this test process
+    (block,) = [
+        block
+        for block in PYTHON_BLOCK.findall((repo_root / "docs" / "pipelining.md").read_text())
+        if "build_stage(" in block and "init_process_group" in block
+    ]
+    script = tmp_path / "traced_example.py"
+    script.write_text(block)
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == (
+        "[BackwardCalls(input=0, weight=0, full=4), BackwardCalls(input=4, weight=4, full=0)]"
+    )

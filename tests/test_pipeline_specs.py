@@ -4,6 +4,7 @@ model specs to ``graphkit costs``, the stage counts the schedule commands ask fo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,33 @@ def test_hf_specs_are_model_specs_to_costs_unless_asked_for_a_pipeline():
     assert isinstance(model, PipelineModel) and len(model.stages) == 2
     model = load_stage_or_pipeline("hf:llama?num_hidden_layers=2", pipeline=True, num_stages=2, batch_size=2)
     assert isinstance(model, PipelineModel) and len(model.stages) == 2
+
+
+def test_pipeline_options_on_a_model_spec_are_refused_not_dropped(
+    pipeline_file: Path, capsys: pytest.CaptureFixture[str]
+):
+    # zoo:mlp is one stage on its own inputs: a stage count or batch would silently not apply
+    for keywords, named in [
+        ({"num_stages": 4}, "num_stages=4 (--num-stages)"),
+        ({"batch_size": 16}, "batch_size=16 (--batch-size)"),
+        ({"microbatches": 2}, "microbatches=2 (--microbatches)"),
+    ]:
+        with pytest.raises(SpecError, match=re.escape(named) + " applies to pipeline specs only$"):
+            spec_costs("zoo:mlp", repeat=1, warmup=0, **keywords)
+    with pytest.raises(SpecError, match="is a model spec"):
+        spec_costs(f"{pipeline_file}:model", num_stages=2, repeat=1, warmup=0)  # a file's model function
+    assert main(["costs", "zoo:mlp", "--num-stages", "4", "--microbatches", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "'zoo:mlp' is a model spec" in err
+    assert "num_stages=4 (--num-stages), microbatches=2 (--microbatches) apply to pipeline specs only" in err
+
+
+def test_hf_pipeline_architectures_without_pipeline_true_say_how_to_cut_them(
+    capsys: pytest.CaptureFixture[str],
+):
+    pytest.importorskip("transformers")
+    assert main(["costs", "hf:llama?num_hidden_layers=2", "--num-stages", "2", "--repeat", "1"]) == 2
+    assert "pass pipeline=True (graphkit costs --pipeline)" in capsys.readouterr().err
 
 
 def test_costs_cli_takes_a_pipeline_spec_file_with_its_options(

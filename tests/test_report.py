@@ -353,7 +353,10 @@ def test_dtype_and_collapse_depth_reach_the_report(tmp_path):
     assert report["summary"]["diagram"]["collapse_depth"] == 2
     assert report["summary"]["outputs"][0]["dtype"] == "float64"
     dot = (tmp_path / "graph.dot").read_text()
-    assert "module.blocks.0" in dot and "module.blocks.1" in dot
+    assert "module.blocks.0" in dot and "module.blocks.1" in dot  # blocks.0 has depth 2: drawn as one node
+    assert "module.blocks.0.attn" not in dot
+    page_text = " ".join(run.html.split())
+    assert "Each module at depth 2 of the module tree is collapsed into one node" in page_text
     loaded = nx.read_graphml(tmp_path / "graph.graphml")
     assert {json.loads(dtypes)[0] for _, dtypes in loaded.nodes(data="dtypes") if dtypes} == {"float64"}
 

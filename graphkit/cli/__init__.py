@@ -27,7 +27,7 @@ SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` 
 ``zoo-pipeline:NAME``, ``hf:gpt2?key=value`` or ``hf:llama?key=value`` (one format for every pipeline command, see
 :mod:`graphkit.models.pipeline_specs`); ``graphkit list`` lists the built-in ones. Quote a spec with ``?``
 or ``&`` in a shell (``'hf:gpt2?n_layer=4'``). The pipeline commands' ``--timeout`` is the wall-clock limit
-in seconds after which graphkit ends the processes it started. Exit status: 0 on success, 1 when a
+in seconds after which graphkit ends the processes ``--ranks R`` started. Exit status: 0 on success, 1 when a
 verification fails, 2 on bad input.
 
 One module per command family: :mod:`~graphkit.cli.graph_commands` (capture, groups, list),
@@ -75,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graphkit",
         description="See, analyse and split PyTorch autograd graphs.",
-        epilog="SPEC: zoo:NAME | path/to/file.py:function | package.module:function | hf:ARCH?key=value",
+        epilog="SPEC: zoo:NAME | path/to/file.py:function | package.module:function | hf:ARCH?key=value. "
+        "PIPELINE_SPEC (costs, timeline, compare-schedules, verify-pipeline): zoo-pipeline:NAME | "
+        "path/to/file.py:function | package.module:function | hf:gpt2?key=value | hf:llama?key=value. "
+        "graphkit list names the built-in ones.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_command in COMMANDS:

@@ -91,7 +91,11 @@ def run_render(arguments: argparse.Namespace) -> int:
 # --- inspect -----------------------------------------------------------------------------------------------
 def add_inspect_command(commands: Any) -> None:
     inspect = commands.add_parser("inspect", help="capture, group, verify, measure and draw: an HTML report")
-    add_model_spec(inspect, optional=True, help="model spec (default: the zoo's GPT-style stage)")
+    add_model_spec(
+        inspect,
+        optional=True,
+        help="model spec (default: zoo:gpt_ends, a GPT-style stage with an LM head tied to its embedding)",
+    )
     inspect.add_argument("-o", "--output", default="graphkit-report", metavar="DIR", help="report folder")
     add_model_device_option(inspect, help=f"{MODEL_DEVICE_HELP}; meta: shapes only, no memory, no verify")
     add_dtype_option(inspect)

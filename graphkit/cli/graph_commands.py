@@ -154,10 +154,10 @@ def run_list(arguments: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=1))
         return 0
     print("built-in models (zoo:NAME):")
-    print_table([("spec", "what it is"), *zoo_rows])
+    print_table([("spec", "what it is"), *zoo_rows], wrap_last=True)
     print()
     print("Hugging Face architectures (hf:ARCH[?key=value&...], needs the 'models' extra; no download):")
-    print_table([("spec", "what it is"), *hf_rows])
+    print_table([("spec", "what it is"), *hf_rows], wrap_last=True)
     print()
     print("Also: path/to/file.py:function or package.module:function returning (module, inputs).")
     print(
@@ -165,12 +165,12 @@ def run_list(arguments: argparse.Namespace) -> int:
     )
     print()
     print("built-in pipelines (zoo-pipeline:NAME):")
-    print_table([("pipeline spec", "what it is"), *pipeline_rows])
+    print_table([("pipeline spec", "what it is"), *pipeline_rows], wrap_last=True)
     print()
     print(
         "Hugging Face architectures cut into pipeline stages (hf:ARCH[?key=value&...], the 'models' extra):"
     )
-    print_table([("pipeline spec", "what it is"), *hf_pipeline_rows])
+    print_table([("pipeline spec", "what it is"), *hf_pipeline_rows], wrap_last=True)
     print()
     print(
         "Also: path/to/file.py:function or package.module:function returning (stages, loss_fn, inputs, target)."

@@ -29,6 +29,7 @@ __all__ = [
     "add_steps_option",
     "add_threads_option",
     "dtype_of",
+    "positive_seconds",
 ]
 
 DTYPES = {
@@ -86,7 +87,11 @@ def add_threads_option(parser: argparse.ArgumentParser, help: str, default: int 
 def add_drawing_size_options(parser: argparse.ArgumentParser) -> None:
     """How big a diagram may get: ``--collapse``, ``--max-nodes``, ``--fold | --no-fold`` and ``--timeout``."""
     parser.add_argument(
-        "--collapse", type=int, default=None, metavar="DEPTH", help="collapse modules deeper than DEPTH"
+        "--collapse",
+        type=int,
+        default=None,
+        metavar="DEPTH",
+        help="draw each module at depth DEPTH of the module tree (blocks.0 is depth 2) as one node",
     )
     parser.add_argument(
         "--max-nodes",
@@ -106,7 +111,7 @@ def add_drawing_size_options(parser: argparse.ArgumentParser) -> None:
     folding.add_argument("--no-fold", dest="fold", action="store_false", help="never fold repeated structure")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=60.0,
         metavar="S",
         help="seconds Graphviz may take to lay out the diagram before a smaller one is drawn (default 60)",
@@ -139,10 +144,24 @@ def add_stages_per_rank_option(parser: argparse.ArgumentParser, help: str) -> No
     parser.add_argument("--stages-per-rank", type=int, default=2, metavar="K", help=help)
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse ``type``: a number of seconds above 0 (``--timeout 0`` would stop every run at once)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not seconds > 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text}")
+    return seconds
+
+
 def add_run_timeout_option(
     parser: argparse.ArgumentParser, default: float, old_spelling: str | None = None
 ) -> None:
     """``--timeout S``: the wall-clock limit of a pipeline run, after which graphkit ends what it started.
+
+    It limits the processes ``--ranks R`` (R > 1) starts; with one rank every stage runs in the command's
+    own process, which graphkit does not end. A limit of 0 or less is refused (exit status 2).
 
     Args:
         parser: the command's parser.
@@ -152,13 +171,17 @@ def add_run_timeout_option(
     """
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=default,
         metavar="S",
-        help="wall-clock limit in seconds, after which graphkit ends the processes it started "
-        f"(default {default:g})",
+        help="wall-clock limit in seconds, after which graphkit ends the processes it started with --ranks "
+        f"above 1 (default {default:g})",
     )
     if old_spelling is not None:
         parser.add_argument(
-            old_spelling, dest="timeout", type=float, default=argparse.SUPPRESS, help=argparse.SUPPRESS
+            old_spelling,
+            dest="timeout",
+            type=positive_seconds,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
         )

@@ -74,11 +74,11 @@ def run_verify(arguments: argparse.Namespace) -> int:
 def add_bench_command(commands: Any) -> None:
     bench = commands.add_parser("bench", help="time full backward against B and W")
     add_model_spec(bench)
-    bench.add_argument("--repeat", type=int, default=10)
+    bench.add_argument("--repeat", type=int, default=10, help="timed microbatches (medians; default 10)")
     add_threads_option(
         bench, default=None, help="intra-op CPU threads (default: PyTorch's; 1 gives steadier ratios)"
     )
-    add_json_option(bench, help=None)
+    add_json_option(bench, help="print JSON (every field of the benchmark)")
     bench.set_defaults(run=run_bench)
 
 

@@ -76,21 +76,35 @@ def add_verify_pipeline_command(commands: Any) -> None:
 
 def run_verify_pipeline(arguments: argparse.Namespace) -> int:
     from graphkit.split.pipelining.checker import check_pipeline
+    from graphkit.split.pipelining.launcher import LaunchError
 
     data_parallel = "ddp" if arguments.ddp else "fsdp" if arguments.fsdp else None
-    result = check_pipeline(
-        arguments.spec,
-        schedule=arguments.schedule,
-        microbatches=arguments.microbatches,
-        steps=arguments.steps,
-        ranks=arguments.ranks,
-        data_parallel=data_parallel,
-        stage=arguments.stage,
-        stages_per_rank=arguments.stages_per_rank,
-        deadline=arguments.timeout,
-        timeline=bool(arguments.timeline),
-        frontend=arguments.frontend,
-    )
+    try:
+        result = check_pipeline(
+            arguments.spec,
+            schedule=arguments.schedule,
+            microbatches=arguments.microbatches,
+            steps=arguments.steps,
+            ranks=arguments.ranks,
+            data_parallel=data_parallel,
+            stage=arguments.stage,
+            stages_per_rank=arguments.stages_per_rank,
+            deadline=arguments.timeout,
+            timeline=bool(arguments.timeline),
+            frontend=arguments.frontend,
+        )
+    except LaunchError as error:  # the ranks ran past --timeout, or one died: nothing was verified
+        hint = (
+            f"; raise --timeout (now {arguments.timeout:g} s) if the step is only slow"
+            if "did not finish within" in str(error)
+            else ""
+        )
+        print(f"graphkit verify-pipeline: error: {error}{hint}", file=sys.stderr)
+        if arguments.json:
+            print(json.dumps({"passed": False, "exact": False, "error": f"{error}{hint}"}, indent=1))
+        else:
+            print("FAILED: nothing was verified")
+        return 1
     written = write_checked_timeline(arguments, result) if arguments.timeline else []
     if arguments.json:
         print(json.dumps(result_payload(result, data_parallel, written), indent=1))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
+import textwrap
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -362,6 +363,14 @@ HEADER = (
     f"{'kept MiB':>8s} {'/need':>5s} {'graph MiB':>8s}  pytorch (B+W)/full"
 )
 
+LEGEND = (
+    "times: medians per microbatch; B+W: (B + W) time / full backward time; Beng: torch.autograd.grad to "
+    "the stage inputs alone (what B cannot go below) / full; FLOPs: (B + W) FLOPs / full; Wc: autograd-engine calls in W; kept MiB: bytes kept alive "
+    "from B to W, /need: that over what W cannot do without; graph MiB: saved tensors of the whole stage "
+    "graph; pytorch: torch.distributed.pipelining's own split (I + W) / full, with its W's engine calls"
+)
+"""What the columns of :data:`HEADER` mean, printed under the table."""
+
 
 @dataclass(slots=True)
 class SplitTimeAccount:
@@ -530,4 +539,5 @@ def bench_spec(
     else:
         print(HEADER)
         print(format_row(spec, result))
+        print(textwrap.fill(LEGEND, width=110))
     return 0

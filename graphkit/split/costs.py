@@ -486,16 +486,39 @@ def spec_costs(
         repeat, warmup, device: as :func:`stage_costs`.
 
     Raises:
-        graphkit.models.specs.SpecError: the spec does not load, or its batch does not split.
+        graphkit.models.specs.SpecError: the spec does not load, its batch does not split, or it is a model
+            spec and ``num_stages``, ``batch_size`` or ``microbatches`` is given (they shape a pipeline).
         GraphkitInputError: as :func:`stage_costs`.
     """
-    from graphkit.models.pipeline_specs import PipelineModel, load_stage_or_pipeline
+    from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PipelineModel, load_stage_or_pipeline
 
     loaded = load_stage_or_pipeline(spec, pipeline=pipeline, num_stages=num_stages, batch_size=batch_size)
     if isinstance(loaded, PipelineModel):
         inputs, target = loaded.microbatch(microbatches)
         return pipeline_costs(
             loaded.stages, inputs, loaded.loss_fn, target, repeat=repeat, warmup=warmup, device=device
+        )
+    ignored = [
+        f"{name}={value} ({flag})"
+        for name, flag, value, unset in (
+            ("num_stages", "--num-stages", num_stages, None),
+            ("batch_size", "--batch-size", batch_size, None),
+            ("microbatches", "--microbatches", microbatches, 1),
+        )
+        if value != unset
+    ]
+    if ignored:  # a model spec is one stage on its own inputs: these would be silently dropped
+        from graphkit.models.specs import SpecError
+
+        hint = (
+            "; to cut it into stages, pass pipeline=True (graphkit costs --pipeline)"
+            if isinstance(spec, str)
+            and spec.strip().partition("?")[0] in {f"hf:{arch}" for arch in PIPELINE_ARCHITECTURES}
+            else ""
+        )
+        raise SpecError(
+            f"{spec!r} is a model spec, measured as one stage on its own inputs: {', '.join(ignored)} "
+            f"{'applies' if len(ignored) == 1 else 'apply'} to pipeline specs only{hint}"
         )
     module, inputs = loaded
     return PipelineCosts(

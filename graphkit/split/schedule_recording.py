@@ -1090,8 +1090,8 @@ def _spawn(
                         raise TimelineError(f"rank {rank} failed: {_rank_failure(result, log)}")
                 if time.monotonic() > deadline:
                     raise TimelineError(
-                        f"the {ranks} ranks did not finish within {timeout_s:.0f} s; raise timeout_s, or "
-                        "look for a rank stuck in a receive"
+                        f"the {ranks} ranks did not finish within {timeout_s:g} s; raise timeout_s "
+                        "(--timeout on the command line), or look for a rank stuck in a receive"
                     )
                 time.sleep(0.05)
             payloads = []

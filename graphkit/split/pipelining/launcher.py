@@ -111,7 +111,7 @@ def run_on_processes(
             if remaining <= 0:
                 raise LaunchError(
                     f"{world_size - len(collected)} of {world_size} processes did not finish within "
-                    f"{deadline:.0f} s; they were ended"
+                    f"{deadline:g} s; they were ended"
                     + (f"; first failure: {failures[0]}" if failures else "")
                 )
             try:
