@@ -699,6 +699,7 @@ def backward_input(
     # the gradients custom Function backwards receive in B, after the engine materialized them
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
     run_once_positions, hook_candidates = _opaque_positions(plan, nodes)
+    _refuse_post_hooks_on_intermediates(plan, nodes, run_once_positions)
     run_once = _run_once_nodes(plan, nodes, run_once_positions)
     checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
     try:
@@ -753,6 +754,48 @@ def backward_input(
     _mark_materialized(plan, work, materialized)
     _watch_for_other_backwards(state, output_edges)
     return state
+
+
+def _refuse_post_hooks_on_intermediates(plan: _Plan, nodes: list[Node], run_once: tuple[int, ...]) -> None:
+    """Raise if an intermediate carries a post-hook (``Node.register_hook``, a module full backward hook).
+
+    A post-hook sees, and may replace, every gradient its Node computes. B computes only an
+    intermediate's input-side gradients and W its weight-side ones (by a formula or a direct call, which
+    runs no hooks), so the hook could neither see nor change the weight-side ones as in a full backward.
+    A run-once Node (reentrant checkpoint, compiled region) runs whole in B, its hooks included: allowed.
+
+    Raises:
+        SplitError: naming the Node and how to move the hook.
+    """
+    skip = set(run_once)
+    for index, _ in plan.intermediates:
+        if index in skip:
+            continue
+        hooks = _autograd.user_post_hooks(nodes[index])
+        if not hooks:
+            continue
+        node_name = type(nodes[index]).__name__
+        if any(getattr(hook, "__qualname__", "").startswith("BackwardHook.") for hook in hooks):
+            raise SplitError(
+                "a module full backward hook (nn.Module.register_full_backward_hook or "
+                "register_full_backward_pre_hook) is on a module one of whose inputs or outputs is computed "
+                f"from parameters alone, so its hook Node ({node_name}) feeds both the stage inputs and "
+                "parameters: B would pass the hook only the input-path gradients and W would never call it, "
+                "so it could not see or change the others. Register the hook on a module whose inputs and "
+                "outputs all depend on the stage inputs, use tensor.register_hook on the tensors instead, or "
+                "run a full backward (graphkit.backward_full) for this stage"
+            )
+        raise SplitError(
+            f"{node_name} has a post-hook registered with Node.register_hook ({_hook_name(hooks[0])}), and "
+            "its gradients feed both the stage inputs and parameters: B computes only its input-side "
+            "gradients and W its weight-side ones, so the hook could not see or change them as in a full "
+            "backward. Use tensor.register_hook on the tensors the Node takes or returns instead (the split "
+            "honours tensor hooks), or run a full backward (graphkit.backward_full) for this stage"
+        )
+
+
+def _hook_name(hook: Any) -> str:
+    return getattr(hook, "__qualname__", None) or type(hook).__name__
 
 
 def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
