@@ -1,4 +1,4 @@
-"""The split backward on graphs built to break it: Node post-hooks and module full backward hooks.
+"""The split backward on graphs built to break it: Node post-hooks, module full backward hooks, inference mode.
 
 Every case either equals PyTorch's own full backward (in float64, on a second, identically seeded copy) or
 is refused with an error that says what is wrong and how to fix it - never a silent wrong gradient.
@@ -139,3 +139,21 @@ def test_verify_split_counts_flops_of_opaque_intermediates_without_refusing_its_
     report = verify_split(Model(), (torch.randn(5, 4, requires_grad=True),), dtype=torch.float64)
     assert report.ok, report.table()
     assert report.opaque, "the custom Function is an opaque Node"
+
+
+def test_b_and_w_under_inference_mode_give_the_full_backwards_gradients():
+    # PyTorch's own backward runs under torch.inference_mode(); the split must too (or say why not)
+    model, x, cotangent = _two_layers()
+    with torch.inference_mode():
+        model(x.detach())  # an unrelated inference forward in the same block
+    output = model(x)
+    with torch.inference_mode():
+        output.backward(cotangent, retain_graph=True)
+    expected, expected_input = _grads(model), x.grad.clone()
+    model.zero_grad(set_to_none=True)
+    with torch.inference_mode():
+        state = backward_input(output, cotangent, x)
+        backward_weight(state)
+    _assert_same(expected, _grads(model))
+    torch.testing.assert_close(state.input_grads[0], expected_input, rtol=1e-12, atol=1e-12)
+    model[0].weight.grad.add_(1)  # a normal tensor: usable by an optimizer outside inference mode

@@ -649,7 +649,33 @@ def backward_input(
             structure or keys differ from the outputs'.
         GraphFreedError: the graph was already freed by an earlier backward.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
+
+    Under ``torch.inference_mode()`` B runs as a full backward does there, with ``inference_mode(False)``
+    inside (so the gradients, and the parameters' ``.grad`` in W, are ordinary tensors).
     """
+    with _outside_inference_mode():
+        return _backward_input(outputs, grad_outputs, inputs, params, recompute, stacklevel=3)
+
+
+@contextmanager
+def _outside_inference_mode() -> Iterator[None]:
+    """``torch.inference_mode(False)`` where inference mode is on (no cost otherwise): B and W create small
+    graphs of their own and read gradient edges, which inference mode would prevent."""
+    if not torch.is_inference_mode_enabled():
+        yield
+        return
+    with torch.inference_mode(False):
+        yield
+
+
+def _backward_input(
+    outputs: Any,
+    grad_outputs: Any,
+    inputs: Any,
+    params: Iterable[torch.Tensor] | torch.nn.Module | None,
+    recompute: Recompute | str,
+    stacklevel: int,
+) -> SplitState:
     recompute = recompute_policy(recompute)
     pairs = _pair_outputs(outputs, grad_outputs)
     if not pairs:
@@ -662,7 +688,7 @@ def backward_input(
                 f"stage input {name!r} is not a leaf: the split backward stops at it, so nothing before it "
                 "(an earlier stage's graph) receives gradients; pass .detach().requires_grad_() inputs, as "
                 "a pipeline stage receives them",
-                stacklevel=2,
+                stacklevel=stacklevel,
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
@@ -726,7 +752,7 @@ def backward_input(
     work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
     if run_once is not None:
         _use_kept_gradients(plan, work, run_once)
-        run_once.warn_about_reentrant(stacklevel=2)
+        run_once.warn_about_reentrant(stacklevel=stacklevel)
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     input_grads = tuple(
         _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
@@ -964,6 +990,7 @@ def backward_weight(state: SplitState) -> None:
 
     Effects: every parameter receives exactly the gradient a full backward would give it, added to its
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
+    Under ``torch.inference_mode()`` W runs with ``inference_mode(False)`` inside, as B does.
 
     Memory: the weight-side gradients are computed before the engine call, so for a moment W holds
     one gradient per weight-side edge - about one copy of the parameters' gradients, or k copies for a
@@ -1011,7 +1038,7 @@ def backward_weight(state: SplitState) -> None:
         )
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     try:
-        with _opaque_weight_phase(state):
+        with _outside_inference_mode(), _opaque_weight_phase(state):
             _run_weight_phase(state)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
