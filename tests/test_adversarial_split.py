@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from graphkit.split.backward import SplitError, backward_input, backward_weight
+from graphkit.graph.tensors import GraphkitInputError
+from graphkit.split.backward import SplitError, backward_full, backward_input, backward_weight
 from graphkit.split.verification import verify_split
 
 
@@ -157,3 +158,31 @@ def test_b_and_w_under_inference_mode_give_the_full_backwards_gradients():
     _assert_same(expected, _grads(model))
     torch.testing.assert_close(state.input_grads[0], expected_input, rtol=1e-12, atol=1e-12)
     model[0].weight.grad.add_(1)  # a normal tensor: usable by an optimizer outside inference mode
+
+
+@pytest.mark.parametrize("phase", ["split", "full"])
+def test_params_given_as_a_generator_restrict_like_a_list(phase):
+    # model.parameters() is a generator: read once, it must not leave the parameters without gradients
+    def run(params_of):
+        model, x, cotangent = _two_layers()
+        output = model(x)
+        if phase == "split":
+            backward_weight(backward_input(output, cotangent, x, params=params_of(model)))
+        else:
+            backward_full(output, cotangent, x, params=params_of(model))
+        return _grads(model)
+
+    expected = run(lambda model: list(model[0].parameters()))
+    assert expected["0.weight"] is not None and expected["2.weight"] is None
+    _assert_same(expected, run(lambda model: model[0].parameters()))
+
+
+@pytest.mark.parametrize("phase", ["split", "full"])
+def test_params_holding_a_tensor_that_is_not_a_leaf_is_refused(phase):
+    # W accumulates into leaves only: a computed tensor in params would silently get nothing
+    model, x, cotangent = _two_layers()
+    scaled = model[0].weight * 2
+    output = model[2](torch.tanh(torch.nn.functional.linear(x, scaled, model[0].bias)))
+    run = backward_input if phase == "split" else backward_full
+    with pytest.raises(GraphkitInputError, match="not a leaf"):
+        run(output, cotangent, x, params=[scaled, model[2].weight])

@@ -288,12 +288,35 @@ def _named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
     return flatten_tensors(inputs)
 
 
-def _weight_filter(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> set[int] | None:
+def _weight_filter(params: list[torch.Tensor] | None) -> set[int] | None:
     if params is None:
         return None
-    if isinstance(params, torch.nn.Module):
-        params = params.parameters()
     return {id(parameter) for parameter in params}
+
+
+def _parameter_list(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> list[torch.Tensor] | None:
+    """``params`` read once into a list (``module.parameters()`` is a generator), or None.
+
+    Raises:
+        GraphkitInputError: an entry is not a tensor, or not a leaf (W accumulates into leaves only, so
+            a computed tensor would silently receive nothing).
+    """
+    if params is None:
+        return None
+    parameters = list(params.parameters() if isinstance(params, torch.nn.Module) else params)
+    for position, parameter in enumerate(parameters):
+        if not isinstance(parameter, torch.Tensor):
+            raise GraphkitInputError(
+                f"params[{position}] is a {type(parameter).__name__}, not a tensor: pass a module or the "
+                "parameters (leaf tensors) whose gradients W should accumulate"
+            )
+        if parameter.grad_fn is not None:
+            raise GraphkitInputError(
+                f"params[{position}] (shape {tuple(parameter.shape)}, made by {type(parameter.grad_fn).__name__}) "
+                "is not a leaf: W accumulates into leaves only, so it would receive no gradient; pass the "
+                "parameters it is computed from instead"
+            )
+    return parameters
 
 
 def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -646,7 +669,7 @@ def backward_input(
 
     Raises:
         graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose
-            structure or keys differ from the outputs'.
+            structure or keys differ from the outputs', ``params`` holding a tensor that is not a leaf.
         GraphFreedError: the graph was already freed by an earlier backward.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
 
@@ -677,6 +700,7 @@ def _backward_input(
     stacklevel: int,
 ) -> SplitState:
     recompute = recompute_policy(recompute)
+    params = _parameter_list(params)
     pairs = _pair_outputs(outputs, grad_outputs)
     if not pairs:
         raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
@@ -1256,6 +1280,7 @@ def backward_full(
         graphkit.graph.tensors.GraphkitInputError: as :func:`backward_input`.
         GraphFreedError: the graph was already freed by an earlier backward.
     """
+    params = _parameter_list(params)
     pairs = _pair_outputs(outputs, grad_outputs)
     named_inputs = _named_inputs(inputs)
     stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
@@ -1272,9 +1297,7 @@ def backward_full(
     restrict = None
     allowed = _weight_filter(params)
     if allowed is not None:
-        restrict = list(stage_inputs) + [
-            parameter for parameter in _parameters_of(params) if parameter.requires_grad
-        ]
+        restrict = list(stage_inputs) + [parameter for parameter in params if parameter.requires_grad]
     try:
         for tensor in stage_inputs:
             handles.append(tensor.register_hook(keep(tensor)))
@@ -1290,7 +1313,3 @@ def backward_full(
             if tensor.is_leaf:
                 tensor.grad = saved
     return tuple(received.get(id(tensor)) if tensor.requires_grad else None for _, tensor in named_inputs)
-
-
-def _parameters_of(params: Iterable[torch.Tensor] | torch.nn.Module) -> Sequence[torch.Tensor]:
-    return list(params.parameters()) if isinstance(params, torch.nn.Module) else list(params)
