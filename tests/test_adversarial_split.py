@@ -6,13 +6,18 @@ is refused with an error that says what is wrong and how to fix it - never a sil
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from graphkit.graph.tensors import GraphkitInputError
 from graphkit.split.backward import SplitError, backward_full, backward_input, backward_weight
 from graphkit.split.verification import verify_split
+from tests import models
 
 
 def _grads(module: nn.Module) -> dict[str, torch.Tensor | None]:
@@ -186,3 +191,69 @@ def test_params_holding_a_tensor_that_is_not_a_leaf_is_refused(phase):
     run = backward_input if phase == "split" else backward_full
     with pytest.raises(GraphkitInputError, match="not a leaf"):
         run(output, cotangent, x, params=[scaled, model[2].weight])
+
+
+class _HookedRandomModel(nn.Module):
+    """A random model (tests/models.py) whose values get tensor hooks that scale their gradient, or
+    ``retain_grad``, as drawn; its parameters get scaling hooks too (registered on each copy)."""
+
+    def __init__(self, inner: nn.Module, value_hooks: dict[int, float | None]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.value_hooks = value_hooks
+        self.retained: list[torch.Tensor] = []
+
+    def forward(self, **inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        plan = self.inner.plan
+        values = [inputs[f"x{index}"] for index in range(plan.num_inputs)]
+        values.extend(getattr(self.inner, name) for name in self.inner._param_attributes)
+        self.retained = []
+        for op in plan.ops:
+            value = models._apply(op, [values[index] for index in op.operands])
+            if value.requires_grad and len(values) in self.value_hooks:
+                factor = self.value_hooks[len(values)]
+                if factor is None:
+                    value.retain_grad()
+                    self.retained.append(value)
+                else:
+                    value.register_hook(lambda grad, factor=factor: grad * factor)
+            values.append(value)
+        return tuple(values[index] for index in plan.outputs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_tensor_hooks_anywhere_in_random_models_give_the_full_backwards_gradients(data):
+    inner, inputs = models.random_model(data, custom_functions=data.draw(st.booleans()))
+    inner = inner.double()
+    count = inner.plan.num_inputs + len(inner.plan.param_shapes) + len(inner.plan.ops)
+    factor = st.one_of(st.none(), st.sampled_from([0.5, -2.0, 3.0]))
+    value_hooks = data.draw(st.dictionaries(st.integers(0, count - 1), factor, max_size=4))
+    parameter_hooks = data.draw(st.lists(st.sampled_from([None, 0.25, -1.0]), min_size=4, max_size=4))
+    inputs = {name: t.detach().double().requires_grad_(t.requires_grad) for name, t in inputs.items()}
+
+    def run(split: bool):
+        model = _HookedRandomModel(copy.deepcopy(inner), value_hooks)
+        for (_, parameter), scale in zip(model.inner.named_parameters(), parameter_hooks, strict=False):
+            if scale is not None:
+                parameter.register_hook(lambda grad, scale=scale: grad * scale)
+        fresh = {name: t.detach().clone().requires_grad_(t.requires_grad) for name, t in inputs.items()}
+        outputs = model(**fresh)
+        generator = torch.Generator().manual_seed(0)
+        grads = [torch.randn(out.shape, generator=generator, dtype=out.dtype) for out in outputs]
+        pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True) if out.requires_grad]
+        if split:
+            state = backward_input([out for out, _ in pairs], [grad for _, grad in pairs], fresh)
+            backward_weight(state)
+            input_grads = dict(zip(fresh, state.input_grads, strict=True))
+        else:
+            torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+            input_grads = {name: tensor.grad for name, tensor in fresh.items()}
+        retained = [tensor.grad for tensor in model.retained]
+        return _grads(model), input_grads, retained
+
+    expected, expected_inputs, expected_retained = run(False)
+    actual, actual_inputs, actual_retained = run(True)
+    _assert_same(expected, actual)
+    _assert_same(expected_inputs, actual_inputs)
+    _assert_same(dict(enumerate(expected_retained)), dict(enumerate(actual_retained)))
