@@ -248,3 +248,19 @@ def test_verify_refuses_a_cuda_device_this_torch_cannot_use(monkeypatch):
     module, inputs = zoo.build("mlp")
     with pytest.raises(GraphkitInputError, match="no CUDA device"):
         verify_split(module, inputs, device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"dtype": "float64"}, "dtype must be a torch.dtype"),
+        ({"autocast_dtype": "bfloat16"}, "autocast_dtype must be a torch.dtype"),
+        ({"module": lambda x: x * 2}, "torch.nn.Module"),
+    ],
+)
+def test_verify_says_what_is_wrong_with_a_dtype_name_or_a_function_instead_of_a_module(arguments, message):
+    from graphkit.graph.tensors import GraphkitInputError
+
+    call = {"module": torch.nn.Linear(3, 3), "inputs": (torch.randn(2, 3, requires_grad=True),), **arguments}
+    with pytest.raises(GraphkitInputError, match=message):
+        verify_split(call.pop("module"), call.pop("inputs"), **call)

@@ -477,10 +477,21 @@ def verify_split(
         outputs reach: registered parameters by name, other leaves as ``unregistered[i] (shape)``.
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: the module's outputs have no autograd graph, or
+        graphkit.graph.tensors.GraphkitInputError: ``module`` is not a module, ``dtype`` or
+            ``autocast_dtype`` not a ``torch.dtype``, the module's outputs have no autograd graph, or
             ``device`` is not a device name or a CUDA device this torch cannot use.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
+    if not isinstance(module, torch.nn.Module):
+        raise GraphkitInputError(
+            f"verify_split needs the stage as a torch.nn.Module, got {type(module).__name__}; wrap a function "
+            "in a module whose forward calls it, with its parameters registered"
+        )
+    for name, value in (("dtype", dtype), ("autocast_dtype", autocast_dtype)):
+        if value is not None and not isinstance(value, torch.dtype):
+            raise GraphkitInputError(
+                f"{name} must be a torch.dtype such as torch.float64, got {value!r} ({type(value).__name__})"
+            )
     device = _checked_device(device)
     recompute = recompute_policy(recompute)
     with _borrowed(module, dtype, device) as (buffers, parameter_values):
