@@ -257,3 +257,20 @@ def test_tensor_hooks_anywhere_in_random_models_give_the_full_backwards_gradient
     _assert_same(expected, actual)
     _assert_same(expected_inputs, actual_inputs)
     _assert_same(dict(enumerate(expected_retained)), dict(enumerate(actual_retained)))
+
+
+def test_a_parameter_frozen_after_the_forward_gets_no_gradient_as_in_a_full_backward():
+    # PyTorch's AccumulateGrad skips a leaf that no longer requires grad; the split must do the same in W
+    def run(split: bool) -> dict:
+        model, x, cotangent = _two_layers()
+        output = model(x)
+        model[0].weight.requires_grad_(False)
+        if split:
+            backward_weight(backward_input(output, cotangent, x))
+        else:
+            output.backward(cotangent)
+        return _grads(model)
+
+    expected = run(False)
+    assert expected["0.weight"] is None and expected["0.bias"] is not None
+    _assert_same(expected, run(True))

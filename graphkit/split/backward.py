@@ -730,6 +730,17 @@ def _backward_input(
     )
     plan = _cached_plan(walk, input_nodes, excluded, input_positions)
     nodes = walk.nodes
+    weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+    if not all([tensor.requires_grad for tensor in weight_tensors]):
+        # requires_grad turned off after the forward: a full backward's AccumulateGrad skips such a leaf,
+        # so W leaves it out, as params= would
+        excluded = excluded | {
+            leaf
+            for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
+            if not tensor.requires_grad
+        }
+        plan = _cached_plan(walk, input_nodes, excluded, input_positions)
+        weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
 
     closure_outputs = []
     output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
@@ -777,7 +788,6 @@ def _backward_input(
     if run_once is not None:
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
-    weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     input_grads = tuple(
         _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
     )
