@@ -501,3 +501,14 @@ def test_check_pipeline_records_a_timeline_on_every_rank_across_two_processes() 
         assert rank.compute_order() == rank.expected_order
         assert rank.comm_order() == rank.expected_comms and rank.expected_comms
     assert 0 < timeline.bubble_fraction < 1
+
+
+def test_a_loss_that_does_not_require_grad_is_a_clear_error_in_the_last_stages_b() -> None:
+    # PyTorch's full backward raises for it; graphkit's B must not return no gradients silently
+    from graphkit.graph.tensors import GraphkitInputError
+
+    stage = nn.Linear(3, 3)
+    x = torch.randn(2, 3, requires_grad=True)
+    loss = (stage(x).detach() ** 2).sum()
+    with pytest.raises(GraphkitInputError, match="does not require grad"):
+        stage_backward_input([loss], None, [x], stage.parameters())
