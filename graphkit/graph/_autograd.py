@@ -51,8 +51,8 @@ __all__ = [
     "run_engine_grad",
     "saved_tensors",
     "sequence_number",
+    "post_hooks_beside",
     "storage_key",
-    "user_post_hooks",
     "uses_saved_tensor_hooks",
 ]
 
@@ -262,39 +262,29 @@ _OWN_HOOK = "_graphkit_own_hook"
 
 
 def mark_own_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """Mark ``hook`` (a function or ``functools.partial``) as graphkit's own: :func:`user_post_hooks` skips it."""
+    """Mark ``hook`` (a function or ``functools.partial``) as graphkit's own: :func:`post_hooks_beside` skips it."""
     setattr(hook, _OWN_HOOK, True)
     return hook
 
 
-def _no_op_post_hook(_grad_inputs: Any, _grad_outputs: Any) -> None:
-    return None
+def post_hooks_beside(handle: Any, hook: Callable[..., Any]) -> tuple[Callable[..., Any], ...]:
+    """The other Python post-hooks of the Node that ``hook`` was just registered on, graphkit's own left out.
 
-
-def user_post_hooks(node: Node) -> tuple[Callable[..., Any], ...]:
-    """The Python post-hooks registered on ``node`` with ``Node.register_hook``, except graphkit's own.
-
-    A post-hook receives every gradient the Node computed and may replace them. PyTorch keeps a Node's
-    Python post-hooks in one dict and has no getter for it; registering a hook returns a
-    ``RemovableHandle`` whose ``hooks_dict_ref()`` is that dict (``registerFunctionHook`` in
-    ``torch/csrc/autograd/python_cpp_function.cpp``), so a no-op hook is registered and removed at once.
-    Module full backward hooks are among them: PyTorch runs them from post-hooks on the identity Nodes
-    that stand for a module's inputs and outputs (``BackwardHook`` in ``torch/utils/hooks.py``). Empty
-    where PyTorch offers no such dict.
+    ``handle`` is what ``node.register_hook(hook)`` returned. A post-hook receives every gradient the
+    Node computed and may replace them. PyTorch keeps a Node's Python post-hooks in one dict and has no
+    getter for it, but the ``RemovableHandle`` of a registration refers to that dict
+    (``hooks_dict_ref()``; ``registerFunctionHook`` in ``torch/csrc/autograd/python_cpp_function.cpp``
+    adds every Python post-hook of a Node to the same dict). Module full backward hooks are among them:
+    PyTorch runs them from post-hooks on the identity Nodes that stand for a module's inputs and outputs
+    (``BackwardHook`` in ``torch/utils/hooks.py``). Empty where PyTorch offers no such dict.
     """
-    handle = node.register_hook(_no_op_post_hook)
-    try:
-        reference = getattr(handle, "hooks_dict_ref", None)
-        hooks = reference() if reference is not None else None
-        if not hooks:
-            return ()
-        return tuple(
-            hook
-            for hook in hooks.values()
-            if hook is not _no_op_post_hook and not getattr(hook, _OWN_HOOK, False)
-        )
-    finally:
-        handle.remove()
+    reference = getattr(handle, "hooks_dict_ref", None)
+    hooks = reference() if reference is not None else None
+    if not hooks or len(hooks) == 1:
+        return ()
+    return tuple(
+        other for other in hooks.values() if other is not hook and not getattr(other, _OWN_HOOK, False)
+    )
 
 
 _saved_names_by_class: dict[type, tuple[str, ...]] = {}

@@ -9,10 +9,13 @@ the parameter groups of the captured graph (:mod:`graphkit.analysis.parameter_gr
 ``torch.autograd.grad(outputs, inputs=stage_inputs, retain_graph=True)``. The engine runs only Nodes on a
 path to a stage input, and a Node computes only the outputs whose ``next_functions`` entry is on such a
 path (``Node::task_should_compute_output`` in ``torch/csrc/autograd/function.h``): ``AddmmBackward0``
-computes ``grad_mat1`` and not ``grad_mat2``. A pre-hook on every intermediate captures the gradients it
-receives, one per forward output. (Not the engine's own captures for ``inputs=GradientEdge(...)``:
-those are taken before the tensor hooks of the intermediate's outputs run, and W needs the gradient
-the Node itself receives, after them.)
+computes ``grad_mat1`` and not ``grad_mat2``. A post-hook on every intermediate captures the gradients it
+received, one per forward output (a post-hook is passed them as the Node received them, after its
+pre-hooks and the tensor hooks of its outputs). (Not the engine's own captures for
+``inputs=GradientEdge(...)``: those are taken before the tensor hooks of the intermediate's outputs run,
+and W needs the gradient the Node itself receives, after them.) Registering it also shows any other
+post-hook of the intermediate (``Node.register_hook``, a module full backward hook): B refuses those,
+since W, which computes the weight-side gradients by a formula or a direct call, could not run them.
 
 **W phase** (:func:`backward_weight`). First the gradient along every weight-side edge is computed:
 
@@ -358,6 +361,11 @@ def _unaliased(grad: torch.Tensor | None, captured: list[torch.Tensor]) -> torch
 def _register_prehook(node: Node, hook: Any) -> Any:
     """Every pre-hook graphkit puts on a Node goes through here (one place to audit their removal)."""
     return node.register_prehook(hook)
+
+
+def _register_posthook(node: Node, hook: Any) -> Any:
+    """Every post-hook the split puts on a Node goes through here (one place to audit their removal)."""
+    return node.register_hook(hook)
 
 
 def _freed_error(error: RuntimeError) -> Exception:
@@ -751,8 +759,8 @@ def _backward_input(
         else:
             closure_outputs.append((tensor, grad))
 
-    # a Node pre-hook receives the gradients after the tensor hooks of the Node's outputs ran, as the
-    # Node itself does (the engine's captures for ``inputs=GradientEdge`` come before them)
+    # a Node post-hook receives the gradients the Node received, after the tensor hooks of its outputs
+    # and its pre-hooks ran (the engine's captures for ``inputs=GradientEdge`` come before them)
     captured: dict[int, tuple[torch.Tensor | None, ...]] = {}
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
@@ -760,12 +768,15 @@ def _backward_input(
     # the gradients custom Function backwards receive in B, after the engine materialized them
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
     run_once_positions, hook_candidates = _opaque_positions(plan, nodes)
-    _refuse_post_hooks_on_intermediates(plan, nodes, run_once_positions)
     run_once = _run_once_nodes(plan, nodes, run_once_positions)
     checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
     try:
         for index, _ in plan.intermediates:
-            handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
+            capture = partial(_capture_received, captured, index)
+            handles.append(_register_posthook(nodes[index], capture))
+            others = _autograd.post_hooks_beside(handles[-1], capture)
+            if others and index not in run_once_positions:
+                raise _post_hook_error(nodes[index], others)
         if stage_inputs and closure_outputs:
             with (
                 _custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
@@ -778,7 +789,10 @@ def _backward_input(
                 )
             input_grads_by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
     except RuntimeError as error:
-        raise _freed_error(error) from error
+        freed = _freed_error(error)
+        if freed is error:
+            raise
+        raise freed from error
     finally:
         for handle in handles:
             handle.remove()
@@ -816,42 +830,39 @@ def _backward_input(
     return state
 
 
-def _refuse_post_hooks_on_intermediates(plan: _Plan, nodes: list[Node], run_once: tuple[int, ...]) -> None:
-    """Raise if an intermediate carries a post-hook (``Node.register_hook``, a module full backward hook).
+def _capture_received(
+    captured: dict[int, tuple[torch.Tensor | None, ...]], index: int, _grad_inputs: Any, grad_outputs: Any
+) -> None:
+    """Post-hook of intermediate ``index`` in B: note the gradients it received (one per forward output)."""
+    captured[index] = grad_outputs
+
+
+def _post_hook_error(node: Node, hooks: tuple[Any, ...]) -> SplitError:
+    """Why an intermediate may not carry a post-hook (``Node.register_hook``, a module full backward hook).
 
     A post-hook sees, and may replace, every gradient its Node computes. B computes only an
     intermediate's input-side gradients and W its weight-side ones (by a formula or a direct call, which
     runs no hooks), so the hook could neither see nor change the weight-side ones as in a full backward.
-    A run-once Node (reentrant checkpoint, compiled region) runs whole in B, its hooks included: allowed.
-
-    Raises:
-        SplitError: naming the Node and how to move the hook.
+    (A run-once Node - reentrant checkpoint, compiled region - runs whole in B, its hooks included: allowed.)
     """
-    skip = set(run_once)
-    for index, _ in plan.intermediates:
-        if index in skip:
-            continue
-        hooks = _autograd.user_post_hooks(nodes[index])
-        if not hooks:
-            continue
-        node_name = type(nodes[index]).__name__
-        if any(getattr(hook, "__qualname__", "").startswith("BackwardHook.") for hook in hooks):
-            raise SplitError(
-                "a module full backward hook (nn.Module.register_full_backward_hook or "
-                "register_full_backward_pre_hook) is on a module one of whose inputs or outputs is computed "
-                f"from parameters alone, so its hook Node ({node_name}) feeds both the stage inputs and "
-                "parameters: B would pass the hook only the input-path gradients and W would never call it, "
-                "so it could not see or change the others. Register the hook on a module whose inputs and "
-                "outputs all depend on the stage inputs, use tensor.register_hook on the tensors instead, or "
-                "run a full backward (graphkit.backward_full) for this stage"
-            )
-        raise SplitError(
-            f"{node_name} has a post-hook registered with Node.register_hook ({_hook_name(hooks[0])}), and "
-            "its gradients feed both the stage inputs and parameters: B computes only its input-side "
-            "gradients and W its weight-side ones, so the hook could not see or change them as in a full "
-            "backward. Use tensor.register_hook on the tensors the Node takes or returns instead (the split "
-            "honours tensor hooks), or run a full backward (graphkit.backward_full) for this stage"
+    node_name = type(node).__name__
+    if any(getattr(hook, "__qualname__", "").startswith("BackwardHook.") for hook in hooks):
+        return SplitError(
+            "a module full backward hook (nn.Module.register_full_backward_hook or "
+            "register_full_backward_pre_hook) is on a module one of whose inputs or outputs is computed "
+            f"from parameters alone, so its hook Node ({node_name}) feeds both the stage inputs and "
+            "parameters: B would pass the hook only the input-path gradients and W would never call it, "
+            "so it could not see or change the others. Register the hook on a module whose inputs and "
+            "outputs all depend on the stage inputs, use tensor.register_hook on the tensors instead, or "
+            "run a full backward (graphkit.backward_full) for this stage"
         )
+    return SplitError(
+        f"{node_name} has a post-hook registered with Node.register_hook ({_hook_name(hooks[0])}), and "
+        "its gradients feed both the stage inputs and parameters: B computes only its input-side "
+        "gradients and W its weight-side ones, so the hook could not see or change them as in a full "
+        "backward. Use tensor.register_hook on the tensors the Node takes or returns instead (the split "
+        "honours tensor hooks), or run a full backward (graphkit.backward_full) for this stage"
+    )
 
 
 def _hook_name(hook: Any) -> str:
