@@ -222,7 +222,8 @@ class TracedPipelineStage(_SplitBackwardStage, _LocalNeighbourWarmup, _TorchTrac
     :func:`build_stage` returns it; construct it with the same arguments as PyTorch's ``_PipelineStage``:
     ``(stage_module, stage_index, pipe_info, device, group=None)``. Its I and W actions differ from
     PyTorch's exactly as :class:`PipelineStage`'s do (exact gradients, AccumulateGrad Nodes run, outputs
-    that are not views detached after I, ``backward_calls``). One more difference: the P2P warm-up before
+    that are not views detached after I, a parameter shared by stages on one rank scaled once per step,
+    ``backward_calls``). One more difference: the P2P warm-up before
     the first step skips neighbour stages on the same rank, so one-process pipelines and V placements run
     over gloo (PyTorch's stage fails there with "Pair is not connected").
 
