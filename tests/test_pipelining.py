@@ -140,19 +140,24 @@ def test_pytorchs_stage_divides_a_shared_parameter_once_per_stage_and_the_check_
     assert shared and all(check.relative_error > 0.1 for check in shared), result.table()
 
 
-def test_shared_gradient_scaling_divides_once_per_round_and_starts_over_after_an_aborted_step() -> None:
-    class Holder:  # stands for a stage: any object a weak reference can point to
-        pass
+class _Holder:
+    """Stands for a stage: an object a weak reference can point to, with a stage index."""
 
+    def __init__(self, stage_index: int) -> None:
+        self.stage_index = stage_index
+
+
+def test_shared_gradient_scaling_divides_once_per_round_and_starts_over_after_an_aborted_step() -> None:
     scaling = SharedGradientScaling()
     shared, own = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2))
-    first, second = Holder(), Holder()
+    first, second = _Holder(0), _Holder(3)
 
-    def step(scalers: list[Holder]) -> None:
+    def step(scalers: list[_Holder]) -> None:
         shared.grad, own.grad = torch.full((2,), 16.0), torch.full((2,), 16.0)
         scaling.join(first, [shared, own])
         scaling.join(second, [shared])
         for stage in scalers:
+            scaling.note_backward()
             scaling.scale(stage, [shared, own] if stage is first else [shared], 4)
 
     step([first])  # the step raised before the second stage scaled: the shared gradient waits
@@ -165,6 +170,24 @@ def test_shared_gradient_scaling_divides_once_per_round_and_starts_over_after_an
     outsider.grad = torch.full((2,), 8.0)
     scaling.scale(first, [outsider], 4)  # never joined (scale_grads called by hand): divided at once
     assert outsider.grad[0] == 2
+
+
+def test_shared_gradient_scaling_lets_rebuilt_stages_supersede_the_stale_ones_still_alive() -> None:
+    # a step raised before any backward; the pipeline is rebuilt over the same modules while the old
+    # stages live on (an exception's traceback holds them): the old ones must not hold the division back
+    scaling = SharedGradientScaling()
+    shared = nn.Parameter(torch.zeros(2))
+    stale = [_Holder(0), _Holder(3)]
+    for stage in stale:
+        scaling.join(stage, [shared])
+    rebuilt = [_Holder(0), _Holder(3)]
+    shared.grad = torch.full((2,), 16.0)
+    for stage in rebuilt:
+        scaling.join(stage, [shared])
+    for stage in rebuilt:
+        scaling.note_backward()
+        scaling.scale(stage, [shared], 4)
+    assert shared.grad[0] == 4
 
 
 def test_v_schedules_refuse_other_than_two_stages_per_rank() -> None:

@@ -9,12 +9,18 @@ other stage is still adding to it: a wrong gradient. graphkit's stages divide su
 the last of the stages that share it in this step has finished its backwards.
 
 Which stages share a parameter in a step: a schedule calls ``clear_runtime_states()`` on each of its stages
-when a step starts, before any forward (``PipelineScheduleSingle.step``, ``PipelineScheduleMulti.step``
-in ``torch/distributed/pipelining/schedules.py``), with ``has_backward`` set; a stage of a step with a
-backward joins every parameter of its module there (:meth:`SharedGradientScaling.join`). Its
-``scale_grads`` then divides at once the parameters no other joined stage holds, and a shared one when
-every stage that joined it has scaled (:meth:`SharedGradientScaling.scale`). A stage that joins again
-while the last round is incomplete (a step that raised) starts a new round.
+when a step starts, one after the other before any forward (``PipelineScheduleSingle.step``,
+``PipelineScheduleMulti.step`` in ``torch/distributed/pipelining/schedules.py``), with ``has_backward``
+set; a stage of a step with a backward joins every parameter of its module there
+(:meth:`SharedGradientScaling.join`). Its ``scale_grads`` then divides at once the parameters no other
+stage joined, and a shared one when every stage that joined it has scaled
+(:meth:`SharedGradientScaling.scale`).
+
+A round (the stages that hold one parameter in one step) starts over when a stage joins after any stage's
+backward or scaling since the round's last join (the next step), or when a stage that joined it joins
+again; a stage that joins in the place (stage index) of another supersedes it. So the stages of a step
+that raised, or of a pipeline rebuilt over the same modules while the old stages are still alive (an
+exception's traceback keeps them), never hold back the division of a later step.
 """
 
 from __future__ import annotations
@@ -33,10 +39,20 @@ __all__ = ["SharedGradientScaling", "shared_gradient_scaling"]
 
 @dataclass(slots=True)
 class _Round:
-    """The stages that hold one parameter in the current step, and those of them that scaled already."""
+    """The stages that hold one parameter in the current step (by stage index), and which of them scaled."""
 
-    joined: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
-    scaled: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    epoch: int
+    joined: dict[Any, weakref.ref[Any]] = field(default_factory=dict)
+    scaled: set[Any] = field(default_factory=set)
+
+    def complete(self) -> bool:
+        return all(place in self.scaled or stage() is None for place, stage in self.joined.items())
+
+
+def _place(stage: Any) -> Any:
+    """Where a stage sits in its pipeline: its stage index (any object without one is a place of its own)."""
+    index = getattr(stage, "stage_index", None)
+    return ("stage", index) if isinstance(index, int) else ("object", id(stage))
 
 
 class SharedGradientScaling:
@@ -46,38 +62,50 @@ class SharedGradientScaling:
         # by identity: a WeakKeyDictionary would compare tensors with ==
         self._rounds: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._lock = threading.Lock()
+        self._epoch = 0  # counts backwards and scalings: joins between two of them belong to one step
+
+    def note_backward(self) -> None:
+        """A stage ran a backward: the next join starts a new step's round."""
+        with self._lock:
+            self._epoch += 1
 
     def join(self, stage: Any, parameters: Iterable[torch.Tensor]) -> None:
         """``stage`` starts a step with a backward over ``parameters``."""
+        place = _place(stage)
         with self._lock:
             for parameter in parameters:
                 current = self._rounds.get(parameter)
-                if current is None:
-                    current = self._rounds[parameter] = _Round()
-                elif stage in current.joined or stage in current.scaled:
-                    current.joined, current.scaled = weakref.WeakSet(), weakref.WeakSet()  # a new round
-                current.joined.add(stage)
+                if current is None or current.epoch != self._epoch or _same(current.joined.get(place), stage):
+                    current = self._rounds[parameter] = _Round(self._epoch)
+                current.joined[place] = weakref.ref(stage)  # supersedes a stage of an older pipeline
+                current.scaled.discard(place)
 
     def scale(self, stage: Any, parameters: Iterable[torch.Tensor], factor: float) -> None:
         """``stage`` finished its backwards of this step: divide each gradient by ``factor`` once.
 
         A parameter no other stage joined is divided now; a shared one when its last stage scales.
         """
+        place = _place(stage)
         ready = []
         with self._lock:
+            self._epoch += 1
             for parameter in parameters:
                 current = self._rounds.get(parameter)
-                if current is None or stage not in current.joined or len(current.joined) == 1:
+                if current is None or not _same(current.joined.get(place), stage) or len(current.joined) == 1:
                     ready.append(parameter)
                     continue
-                current.scaled.add(stage)
-                if all(holder in current.scaled for holder in current.joined):
-                    current.joined, current.scaled = weakref.WeakSet(), weakref.WeakSet()
+                current.scaled.add(place)
+                if current.complete():
+                    del self._rounds[parameter]
                     ready.append(parameter)
         with torch.no_grad():
             for parameter in ready:
                 if parameter.grad is not None:
                     parameter.grad.div_(factor)
+
+
+def _same(reference: weakref.ref[Any] | None, stage: Any) -> bool:
+    return reference is not None and reference() is stage
 
 
 shared_gradient_scaling = SharedGradientScaling()

@@ -102,6 +102,7 @@ class _SplitBackwardStage:
             ``(input_grads, state)`` for ``"input"`` (one gradient per input value; the state W needs),
             ``((), None)`` for ``"weight"``, PyTorch's result for ``"full"``.
         """
+        shared_gradient_scaling.note_backward()
         if backward_type == "input":
             self.backward_calls.input += 1
             outputs = bwd_kwargs["stage_output"]
