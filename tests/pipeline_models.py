@@ -300,6 +300,33 @@ def straight_through(num_stages: int, batch_size: int) -> PipelineModel:
     return _pipeline([QuantizedDense() for _ in range(num_stages)], batch_size)
 
 
+class TiedEnds(nn.Module):
+    """``tanh(ends(tanh(linear(x))))``, where ``ends`` may be a Linear that another stage holds too."""
+
+    def __init__(self, ends: nn.Module) -> None:
+        super().__init__()
+        self.linear = nn.Linear(WIDTH, WIDTH)
+        self.ends = ends
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(self.ends(torch.tanh(self.linear(x))))
+
+
+def tied_first_and_last(num_stages: int, batch_size: int) -> PipelineModel:
+    """The first and the last stage share one Linear, as tied input and output embeddings do.
+
+    A V schedule places both on rank 0, where PyTorch's ``scale_grads`` divides the shared gradient once
+    per stage. Not in :data:`CELLS`: its gradient sums two stages' contributions in the schedule's order,
+    so it matches a full backward within rounding, not bit for bit.
+    """
+    ends = nn.Linear(WIDTH, WIDTH)
+    last = num_stages - 1
+    return _pipeline(
+        [TiedEnds(ends if index in (0, last) else nn.Linear(WIDTH, WIDTH)) for index in range(num_stages)],
+        batch_size,
+    )
+
+
 CELLS = (
     "mlp",
     "transformer",

@@ -348,3 +348,25 @@ def test_inspect_help_names_the_model_it_inspects_by_default(capsys, monkeypatch
     with pytest.raises(SystemExit):
         main(["inspect", "--help"])
     assert f"(default: {DEFAULT_SPEC}," in capsys.readouterr().out
+
+
+def test_verify_on_a_model_whose_hook_the_split_refuses_exits_2_with_the_reason(capsys, tmp_path):
+    # a post-hook on an intermediate Node (the Linear's addmm): B refuses it with a SplitError
+    spec = tmp_path / "hooked.py"
+    spec.write_text(
+        "import torch\n"
+        "from torch import nn\n\n"
+        "class Hooked(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        y = self.linear(x)\n"
+        "        y.grad_fn.register_hook(lambda grad_inputs, grad_outputs: None)\n"
+        "        return torch.tanh(y)\n\n"
+        "def make_stage():\n"
+        "    return Hooked(), (torch.randn(3, 4, requires_grad=True),)\n"
+    )
+    status, out, err = run(capsys, "verify", f"{spec}:make_stage", "--dtype", "float64")
+    assert status == 2, (out, err)
+    assert "graphkit verify: error:" in err and "hook" in err and "Traceback" not in err

@@ -28,6 +28,7 @@ from graphkit.pipelining import (
     stage_backward_input,
     stage_backward_weight,
 )
+from graphkit.split.pipelining.gradient_scaling import SharedGradientScaling
 from graphkit.split.pipelining.schedules import io_schedule_rows, stage_indices
 
 CELLS_FILE = Path(pipeline_models.__file__)
@@ -89,6 +90,95 @@ def _stock_four_stage_cells() -> list:
 def test_stock_stage_fails_on_four_stages_on_one_rank(cell: str, schedule: str) -> None:
     result = check_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
     assert result.passed, result.error or result.table()
+
+
+TIED_SCHEDULES = [("ZBVZeroBubble", 2), ("DualPipeV", 2), ("InterleavedZeroBubble", 4), ("CSV", 4)]
+
+
+@pytest.mark.parametrize(("microbatches", "steps"), [(4, 1), (8, 2)])
+@pytest.mark.parametrize(("schedule", "stages_per_rank"), TIED_SCHEDULES)
+def test_a_parameter_two_stages_on_one_rank_share_is_divided_once_per_step(
+    schedule: str, stages_per_rank: int, microbatches: int, steps: int
+) -> None:
+    # PyTorch's scale_grads divides each stage's parameters: a shared one twice, the first time while
+    # the other stage still adds to it. graphkit's stages divide it once, after both finished.
+    result = check_pipeline(
+        spec("tied_first_and_last"),
+        schedule=schedule,
+        microbatches=microbatches,
+        steps=steps,
+        stages_per_rank=stages_per_rank,
+    )
+    assert result.passed, result.error or result.table()
+    shared = [check for check in result.parameters if ".ends." in check.name and check.stages > 1]
+    assert {check.name for check in shared} == {
+        f"stage{index}.ends.{name}" for index in (0, stages_per_rank - 1) for name in ("weight", "bias")
+    }
+    for check in shared:
+        assert check.stages == 2 and check.relative_error <= 1e-12, result.table()
+        assert check.hooks == check.expected_hooks == 2 * microbatches * steps, result.table()
+
+
+@pytest.mark.parametrize(("schedule", "stages_per_rank"), TIED_SCHEDULES)
+def test_pytorchs_stage_divides_a_shared_parameter_once_per_stage_and_the_check_reports_it(
+    schedule: str, stages_per_rank: int
+) -> None:
+    result = check_pipeline(
+        spec("tied_first_and_last"), schedule=schedule, stage="torch", stages_per_rank=stages_per_rank
+    )
+    assert not result.passed
+    shared = [check for check in result.parameters if check.stages > 1]
+    assert shared and all(check.relative_error > 0.1 for check in shared), result.table()
+
+
+class _Holder:
+    """Stands for a stage: an object a weak reference can point to, with a stage index."""
+
+    def __init__(self, stage_index: int) -> None:
+        self.stage_index = stage_index
+
+
+def test_shared_gradient_scaling_divides_once_per_round_and_starts_over_after_an_aborted_step() -> None:
+    scaling = SharedGradientScaling()
+    shared, own = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(2))
+    first, second = _Holder(0), _Holder(3)
+
+    def step(scalers: list[_Holder]) -> None:
+        shared.grad, own.grad = torch.full((2,), 16.0), torch.full((2,), 16.0)
+        scaling.join(first, [shared, own])
+        scaling.join(second, [shared])
+        for stage in scalers:
+            scaling.note_backward()
+            scaling.scale(stage, [shared, own] if stage is first else [shared], 4)
+
+    step([first])  # the step raised before the second stage scaled: the shared gradient waits
+    assert own.grad[0] == 4 and shared.grad[0] == 16
+    step([first, second])  # the next step starts a new round: divided once, after both
+    assert own.grad[0] == 4 and shared.grad[0] == 4
+    step([second, first])
+    assert shared.grad[0] == 4
+    outsider = nn.Parameter(torch.zeros(2))
+    outsider.grad = torch.full((2,), 8.0)
+    scaling.scale(first, [outsider], 4)  # never joined (scale_grads called by hand): divided at once
+    assert outsider.grad[0] == 2
+
+
+def test_shared_gradient_scaling_lets_rebuilt_stages_supersede_the_stale_ones_still_alive() -> None:
+    # a step raised before any backward; the pipeline is rebuilt over the same modules while the old
+    # stages live on (an exception's traceback holds them): the old ones must not hold the division back
+    scaling = SharedGradientScaling()
+    shared = nn.Parameter(torch.zeros(2))
+    stale = [_Holder(0), _Holder(3)]
+    for stage in stale:
+        scaling.join(stage, [shared])
+    rebuilt = [_Holder(0), _Holder(3)]
+    shared.grad = torch.full((2,), 16.0)
+    for stage in rebuilt:
+        scaling.join(stage, [shared])
+    for stage in rebuilt:
+        scaling.note_backward()
+        scaling.scale(stage, [shared], 4)
+    assert shared.grad[0] == 4
 
 
 def test_v_schedules_refuse_other_than_two_stages_per_rank() -> None:
@@ -242,9 +332,13 @@ def test_import_graphkit_does_not_import_torch_distributed_pipelining() -> None:
 
 
 def test_across_two_gloo_processes_every_cell_is_exact() -> None:
-    """One spawn: 2 ranks x 2 stages each, every schedule x every cell on one process group."""
+    """One spawn: 2 ranks x 2 stages each, every schedule x every cell on one process group; and tied
+    first and last stages on rank 0 of the V schedules."""
     cases = [
         PipelineCase(spec(cell), schedule, 4, 1) for cell in pipeline_models.CELLS for schedule in SCHEDULES
+    ] + [
+        PipelineCase(spec("tied_first_and_last"), schedule, 4, 1)
+        for schedule in ("ZBVZeroBubble", "DualPipeV")
     ]
     results = run_cases(cases, ranks=2, deadline=240)
     failures = [
@@ -421,3 +515,14 @@ def test_check_pipeline_records_a_timeline_on_every_rank_across_two_processes() 
         assert rank.compute_order() == rank.expected_order
         assert rank.comm_order() == rank.expected_comms and rank.expected_comms
     assert 0 < timeline.bubble_fraction < 1
+
+
+def test_a_loss_that_does_not_require_grad_is_a_clear_error_in_the_last_stages_b() -> None:
+    # PyTorch's full backward raises for it; graphkit's B must not return no gradients silently
+    from graphkit.graph.tensors import GraphkitInputError
+
+    stage = nn.Linear(3, 3)
+    x = torch.randn(2, 3, requires_grad=True)
+    loss = (stage(x).detach() ** 2).sum()
+    with pytest.raises(GraphkitInputError, match="does not require grad"):
+        stage_backward_input([loss], None, [x], stage.parameters())

@@ -371,20 +371,26 @@ class FailingInWeightPhase(torch.autograd.Function):
 
 def test_hooks_are_removed_when_a_custom_backward_raises(monkeypatch):
     registered, removed = [], []
-    original = split._register_prehook
 
-    def counting(node, hook):
-        handle = original(node, hook)
-        registered.append(handle)
+    def counting(original):
+        def register(node, hook):
+            handle = original(node, hook)
+            registered.append(handle)
 
-        class Tracked:
-            def remove(self):
-                removed.append(handle)
-                handle.remove()
+            class Tracked:
+                def remove(self):
+                    removed.append(handle)
+                    handle.remove()
 
-        return Tracked()
+                def __getattr__(self, name):
+                    return getattr(handle, name)
 
-    monkeypatch.setattr(split, "_register_prehook", counting)
+            return Tracked()
+
+        return register
+
+    monkeypatch.setattr(split, "_register_prehook", counting(split._register_prehook))
+    monkeypatch.setattr(split, "_register_posthook", counting(split._register_posthook))
     weight = nn.Parameter(torch.randn(4, 3, dtype=torch.float64))
     x = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
     out = FailingInWeightPhase.apply(torch.tanh(x), weight)

@@ -208,3 +208,37 @@ def test_a_weight_backward_refused_before_it_started_can_be_retried():
         module.named_parameters(), reference.named_parameters(), strict=True
     ):
         torch.testing.assert_close(parameter.grad, expected.grad, rtol=1e-12, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("second_backward", ["backward_input", "backward_full"])
+def test_a_new_backward_of_a_microbatch_whose_w_is_pending_is_refused_instead_of_dropping_that_w(
+    second_backward,
+):
+    # the microbatch id is reused (the next step) before its W ran: the first W's gradients would be lost
+    stage = _stage_with_forward()
+    stage.backward_input(0, None)
+    stage.pop_input_grads(0)
+    stage.forward(0, {"hidden": torch.randn(2, 5, 8, requires_grad=True)})
+    with pytest.raises(StageError, match="W has not run"):
+        getattr(stage, second_backward)(0, None)
+    stage.backward_weight(0)  # the pending W is still there, and runs
+    assert all(parameter.grad is not None for parameter in stage.module.parameters())
+    getattr(stage, second_backward)(0, None)  # now the new microbatch's backward runs
+
+
+def test_a_new_backward_of_a_microbatch_whose_input_gradients_were_not_popped_is_refused():
+    stage = StageCompute(Second(), 1)
+    stage.forward(0, {"hidden": torch.randn(2, 5, 8, requires_grad=True)})
+    stage.backward_full(0, None)
+    stage.forward(0, {"hidden": torch.randn(2, 5, 8, requires_grad=True)})
+    with pytest.raises(StageError, match="not popped"):
+        stage.backward_full(0, None)
+
+
+def test_a_first_stage_whose_empty_input_gradients_are_never_popped_runs_the_next_step():
+    # token ids need no gradient: nothing is lost when the same microbatch id comes back
+    stage = StageCompute(First(), 0)
+    for _ in range(2):
+        stage.forward(0, {"tokens": torch.randint(0, 20, (2, 5))})
+        stage.backward_input(0, {"hidden": torch.ones(2, 5, 8)})
+        stage.backward_weight(0)

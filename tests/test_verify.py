@@ -205,6 +205,42 @@ def test_a_forward_that_updates_buffers_verifies_and_the_buffers_are_restored():
         assert after[name].dtype == value.dtype and torch.equal(after[name], value), name
 
 
+class ShrinksItsWeightInForward(torch.nn.Module):
+    """A forward that changes a parameter in place (as ``nn.Embedding(max_norm=...)`` renormalizes rows)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.linear.weight.mul_(0.5)
+        return torch.tanh(self.linear(x))
+
+
+@pytest.mark.parametrize("dtype", [None, torch.float64])
+@pytest.mark.parametrize(
+    "build",
+    [ShrinksItsWeightInForward, lambda: torch.nn.Sequential(torch.nn.Embedding(6, 4, max_norm=0.5))],
+    ids=["in-place update", "embedding max_norm"],
+)
+def test_a_forward_that_changes_parameters_in_place_verifies_and_the_parameters_are_restored(build, dtype):
+    # both runs must start from the same weights (as from the same buffers), and the user gets theirs back
+    torch.manual_seed(0)
+    module = build().double()
+    before = {name: value.clone() for name, value in module.state_dict().items()}
+    inputs = (
+        (torch.tensor([[1, 2, 5]]),)
+        if isinstance(module, torch.nn.Sequential)
+        else (torch.randn(5, 4, dtype=torch.float64, requires_grad=True),)
+    )
+    report = verify_split(module, inputs, dtype=dtype)
+    assert report.ok, report.table()
+    after = module.state_dict()
+    for name, value in before.items():
+        assert torch.equal(after[name], value), name
+
+
 def test_verify_refuses_a_cuda_device_this_torch_cannot_use(monkeypatch):
     from graphkit.graph.tensors import GraphkitInputError
 
@@ -212,3 +248,19 @@ def test_verify_refuses_a_cuda_device_this_torch_cannot_use(monkeypatch):
     module, inputs = zoo.build("mlp")
     with pytest.raises(GraphkitInputError, match="no CUDA device"):
         verify_split(module, inputs, device="cuda")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"dtype": "float64"}, "dtype must be a torch.dtype"),
+        ({"autocast_dtype": "bfloat16"}, "autocast_dtype must be a torch.dtype"),
+        ({"module": lambda x: x * 2}, "torch.nn.Module"),
+    ],
+)
+def test_verify_says_what_is_wrong_with_a_dtype_name_or_a_function_instead_of_a_module(arguments, message):
+    from graphkit.graph.tensors import GraphkitInputError
+
+    call = {"module": torch.nn.Linear(3, 3), "inputs": (torch.randn(2, 3, requires_grad=True),), **arguments}
+    with pytest.raises(GraphkitInputError, match=message):
+        verify_split(call.pop("module"), call.pop("inputs"), **call)

@@ -96,7 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:
-        if type(error).__name__ in {"GraphvizNotFoundError", "RenderTimeoutError"}:
+        # what graphkit refuses or cannot draw, said in one line (SplitError includes GraphFreedError, ...)
+        if {"GraphvizNotFoundError", "RenderTimeoutError", "SplitError"} & {
+            kind.__name__ for kind in type(error).__mro__
+        }:
             print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
             return 2
         raise

@@ -148,7 +148,13 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
         verdict = (
             "exact: every gradient equals the full backward's bit for bit"
             if result.exact
-            else ("equal within 1e-10 (data-parallel all-reduce order)")
+            else "equal within 1e-10 ("
+            + (
+                "data-parallel all-reduce order"
+                if result.case.data_parallel is not None
+                else "stages on one rank share a parameter: its gradient sums their contributions"
+            )
+            + ")"
         )
         if tracing:
             verdict = "exact: every gradient equals the traced model's full backward bit for bit; " + (
@@ -219,13 +225,14 @@ def _parameter_payload(check: Any) -> dict[str, Any]:
         "bitwise": check.bitwise,
         "hooks": check.hooks,
         "expected_hooks": check.expected_hooks,
+        "stages": check.stages,
     }
 
 
 def pipeline_failures(result: Any) -> str:
     """What made a checked pipeline step fail: wrong gradients, silent or repeated hooks, or both."""
     wrong = [check.name for check in result.parameters if not check.bitwise]
-    if result.case.data_parallel is not None:
+    if result.case.data_parallel is not None or any(check.stages > 1 for check in result.parameters):
         wrong = [check.name for check in result.parameters if check.relative_error > 1e-10]
     hooks = [
         check.name

@@ -10,6 +10,7 @@ in PyTorch breaks one small file and nothing else - except the per-op weight-sid
 - ``_raw_saved_<name>``: the packed form of a saved tensor (``SavedTensor.unpack_hook`` tells whether
   ``torch.autograd.graph.saved_tensors_hooks`` packed it);
 - ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes;
+- ``RemovableHandle.hooks_dict_ref`` of a ``Node.register_hook`` handle: the Node's Python post-hooks;
 - ``run_function`` of a reentrant checkpoint's Node (its ctx): the function whose parameters the nested
   backward reaches;
 - ``torch.autograd.graph._engine_run_backward``: the engine call behind ``torch.autograd.backward`` and
@@ -24,8 +25,9 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.autograd.function import BackwardCFunction
@@ -43,11 +45,13 @@ __all__ = [
     "gradient_metadata",
     "is_accumulate_grad",
     "is_custom_function",
+    "mark_own_hook",
     "reentrant_checkpoint_parameters",
     "run_engine_backward",
     "run_engine_grad",
     "saved_tensors",
     "sequence_number",
+    "post_hooks_beside",
     "storage_key",
     "uses_saved_tensor_hooks",
 ]
@@ -252,6 +256,35 @@ def set_sequence_number(node: Node, number: int) -> bool:
         return False
     setter(number)
     return True
+
+
+_OWN_HOOK = "_graphkit_own_hook"
+
+
+def mark_own_hook(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``hook`` (a function or ``functools.partial``) as graphkit's own: :func:`post_hooks_beside` skips it."""
+    setattr(hook, _OWN_HOOK, True)
+    return hook
+
+
+def post_hooks_beside(handle: Any, hook: Callable[..., Any]) -> tuple[Callable[..., Any], ...]:
+    """The other Python post-hooks of the Node that ``hook`` was just registered on, graphkit's own left out.
+
+    ``handle`` is what ``node.register_hook(hook)`` returned. A post-hook receives every gradient the
+    Node computed and may replace them. PyTorch keeps a Node's Python post-hooks in one dict and has no
+    getter for it, but the ``RemovableHandle`` of a registration refers to that dict
+    (``hooks_dict_ref()``; ``registerFunctionHook`` in ``torch/csrc/autograd/python_cpp_function.cpp``
+    adds every Python post-hook of a Node to the same dict). Module full backward hooks are among them:
+    PyTorch runs them from post-hooks on the identity Nodes that stand for a module's inputs and outputs
+    (``BackwardHook`` in ``torch/utils/hooks.py``). Empty where PyTorch offers no such dict.
+    """
+    reference = getattr(handle, "hooks_dict_ref", None)
+    hooks = reference() if reference is not None else None
+    if not hooks or len(hooks) == 1:
+        return ()
+    return tuple(
+        other for other in hooks.values() if other is not hook and not getattr(other, _OWN_HOOK, False)
+    )
 
 
 _saved_names_by_class: dict[type, tuple[str, ...]] = {}

@@ -9,10 +9,13 @@ the parameter groups of the captured graph (:mod:`graphkit.analysis.parameter_gr
 ``torch.autograd.grad(outputs, inputs=stage_inputs, retain_graph=True)``. The engine runs only Nodes on a
 path to a stage input, and a Node computes only the outputs whose ``next_functions`` entry is on such a
 path (``Node::task_should_compute_output`` in ``torch/csrc/autograd/function.h``): ``AddmmBackward0``
-computes ``grad_mat1`` and not ``grad_mat2``. A pre-hook on every intermediate captures the gradients it
-receives, one per forward output. (Not the engine's own captures for ``inputs=GradientEdge(...)``:
-those are taken before the tensor hooks of the intermediate's outputs run, and W needs the gradient
-the Node itself receives, after them.)
+computes ``grad_mat1`` and not ``grad_mat2``. A post-hook on every intermediate captures the gradients it
+received, one per forward output (a post-hook is passed them as the Node received them, after its
+pre-hooks and the tensor hooks of its outputs). (Not the engine's own captures for
+``inputs=GradientEdge(...)``: those are taken before the tensor hooks of the intermediate's outputs run,
+and W needs the gradient the Node itself receives, after them.) Registering it also shows any other
+post-hook of the intermediate (``Node.register_hook``, a module full backward hook): B refuses those,
+since W, which computes the weight-side gradients by a formula or a direct call, could not run them.
 
 **W phase** (:func:`backward_weight`). First the gradient along every weight-side edge is computed:
 
@@ -288,12 +291,35 @@ def _named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
     return flatten_tensors(inputs)
 
 
-def _weight_filter(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> set[int] | None:
+def _weight_filter(params: list[torch.Tensor] | None) -> set[int] | None:
     if params is None:
         return None
-    if isinstance(params, torch.nn.Module):
-        params = params.parameters()
     return {id(parameter) for parameter in params}
+
+
+def _parameter_list(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> list[torch.Tensor] | None:
+    """``params`` read once into a list (``module.parameters()`` is a generator), or None.
+
+    Raises:
+        GraphkitInputError: an entry is not a tensor, or not a leaf (W accumulates into leaves only, so
+            a computed tensor would silently receive nothing).
+    """
+    if params is None:
+        return None
+    parameters = list(params.parameters() if isinstance(params, torch.nn.Module) else params)
+    for position, parameter in enumerate(parameters):
+        if not isinstance(parameter, torch.Tensor):
+            raise GraphkitInputError(
+                f"params[{position}] is a {type(parameter).__name__}, not a tensor: pass a module or the "
+                "parameters (leaf tensors) whose gradients W should accumulate"
+            )
+        if parameter.grad_fn is not None:
+            raise GraphkitInputError(
+                f"params[{position}] (shape {tuple(parameter.shape)}, made by {type(parameter.grad_fn).__name__}) "
+                "is not a leaf: W accumulates into leaves only, so it would receive no gradient; pass the "
+                "parameters it is computed from instead"
+            )
+    return parameters
 
 
 def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -335,6 +361,11 @@ def _unaliased(grad: torch.Tensor | None, captured: list[torch.Tensor]) -> torch
 def _register_prehook(node: Node, hook: Any) -> Any:
     """Every pre-hook graphkit puts on a Node goes through here (one place to audit their removal)."""
     return node.register_prehook(hook)
+
+
+def _register_posthook(node: Node, hook: Any) -> Any:
+    """Every post-hook the split puts on a Node goes through here (one place to audit their removal)."""
+    return node.register_hook(hook)
 
 
 def _freed_error(error: RuntimeError) -> Exception:
@@ -646,11 +677,38 @@ def backward_input(
 
     Raises:
         graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose
-            structure or keys differ from the outputs'.
+            structure or keys differ from the outputs', ``params`` holding a tensor that is not a leaf.
         GraphFreedError: the graph was already freed by an earlier backward.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
+
+    Under ``torch.inference_mode()`` B runs as a full backward does there, with ``inference_mode(False)``
+    inside (so the gradients, and the parameters' ``.grad`` in W, are ordinary tensors).
     """
+    with _outside_inference_mode():
+        return _backward_input(outputs, grad_outputs, inputs, params, recompute, stacklevel=3)
+
+
+@contextmanager
+def _outside_inference_mode() -> Iterator[None]:
+    """``torch.inference_mode(False)`` where inference mode is on (no cost otherwise): B and W create small
+    graphs of their own and read gradient edges, which inference mode would prevent."""
+    if not torch.is_inference_mode_enabled():
+        yield
+        return
+    with torch.inference_mode(False):
+        yield
+
+
+def _backward_input(
+    outputs: Any,
+    grad_outputs: Any,
+    inputs: Any,
+    params: Iterable[torch.Tensor] | torch.nn.Module | None,
+    recompute: Recompute | str,
+    stacklevel: int,
+) -> SplitState:
     recompute = recompute_policy(recompute)
+    params = _parameter_list(params)
     pairs = _pair_outputs(outputs, grad_outputs)
     if not pairs:
         raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
@@ -662,7 +720,7 @@ def backward_input(
                 f"stage input {name!r} is not a leaf: the split backward stops at it, so nothing before it "
                 "(an earlier stage's graph) receives gradients; pass .detach().requires_grad_() inputs, as "
                 "a pipeline stage receives them",
-                stacklevel=2,
+                stacklevel=stacklevel,
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
@@ -680,6 +738,17 @@ def backward_input(
     )
     plan = _cached_plan(walk, input_nodes, excluded, input_positions)
     nodes = walk.nodes
+    weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+    if not all([tensor.requires_grad for tensor in weight_tensors]):
+        # requires_grad turned off after the forward: a full backward's AccumulateGrad skips such a leaf,
+        # so W leaves it out, as params= would
+        excluded = excluded | {
+            leaf
+            for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
+            if not tensor.requires_grad
+        }
+        plan = _cached_plan(walk, input_nodes, excluded, input_positions)
+        weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
 
     closure_outputs = []
     output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
@@ -690,8 +759,8 @@ def backward_input(
         else:
             closure_outputs.append((tensor, grad))
 
-    # a Node pre-hook receives the gradients after the tensor hooks of the Node's outputs ran, as the
-    # Node itself does (the engine's captures for ``inputs=GradientEdge`` come before them)
+    # a Node post-hook receives the gradients the Node received, after the tensor hooks of its outputs
+    # and its pre-hooks ran (the engine's captures for ``inputs=GradientEdge`` come before them)
     captured: dict[int, tuple[torch.Tensor | None, ...]] = {}
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
@@ -703,7 +772,11 @@ def backward_input(
     checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
     try:
         for index, _ in plan.intermediates:
-            handles.append(_register_prehook(nodes[index], partial(captured.__setitem__, index)))
+            capture = partial(_capture_received, captured, index)
+            handles.append(_register_posthook(nodes[index], capture))
+            others = _autograd.post_hooks_beside(handles[-1], capture)
+            if others and index not in run_once_positions:
+                raise _post_hook_error(nodes[index], others)
         if stage_inputs and closure_outputs:
             with (
                 _custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
@@ -716,7 +789,10 @@ def backward_input(
                 )
             input_grads_by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
     except RuntimeError as error:
-        raise _freed_error(error) from error
+        freed = _freed_error(error)
+        if freed is error:
+            raise
+        raise freed from error
     finally:
         for handle in handles:
             handle.remove()
@@ -725,8 +801,7 @@ def backward_input(
     work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
     if run_once is not None:
         _use_kept_gradients(plan, work, run_once)
-        run_once.warn_about_reentrant(stacklevel=2)
-    weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+        run_once.warn_about_reentrant(stacklevel=stacklevel)
     input_grads = tuple(
         _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
     )
@@ -753,6 +828,45 @@ def backward_input(
     _mark_materialized(plan, work, materialized)
     _watch_for_other_backwards(state, output_edges)
     return state
+
+
+def _capture_received(
+    captured: dict[int, tuple[torch.Tensor | None, ...]], index: int, _grad_inputs: Any, grad_outputs: Any
+) -> None:
+    """Post-hook of intermediate ``index`` in B: note the gradients it received (one per forward output)."""
+    captured[index] = grad_outputs
+
+
+def _post_hook_error(node: Node, hooks: tuple[Any, ...]) -> SplitError:
+    """Why an intermediate may not carry a post-hook (``Node.register_hook``, a module full backward hook).
+
+    A post-hook sees, and may replace, every gradient its Node computes. B computes only an
+    intermediate's input-side gradients and W its weight-side ones (by a formula or a direct call, which
+    runs no hooks), so the hook could neither see nor change the weight-side ones as in a full backward.
+    (A run-once Node - reentrant checkpoint, compiled region - runs whole in B, its hooks included: allowed.)
+    """
+    node_name = type(node).__name__
+    if any(getattr(hook, "__qualname__", "").startswith("BackwardHook.") for hook in hooks):
+        return SplitError(
+            "a module full backward hook (nn.Module.register_full_backward_hook or "
+            "register_full_backward_pre_hook) is on a module one of whose inputs or outputs is computed "
+            f"from parameters alone, so its hook Node ({node_name}) feeds both the stage inputs and "
+            "parameters: B would pass the hook only the input-path gradients and W would never call it, "
+            "so it could not see or change the others. Register the hook on a module whose inputs and "
+            "outputs all depend on the stage inputs, use tensor.register_hook on the tensors instead, or "
+            "run a full backward (graphkit.backward_full) for this stage"
+        )
+    return SplitError(
+        f"{node_name} has a post-hook registered with Node.register_hook ({_hook_name(hooks[0])}), and "
+        "its gradients feed both the stage inputs and parameters: B computes only its input-side "
+        "gradients and W its weight-side ones, so the hook could not see or change them as in a full "
+        "backward. Use tensor.register_hook on the tensors the Node takes or returns instead (the split "
+        "honours tensor hooks), or run a full backward (graphkit.backward_full) for this stage"
+    )
+
+
+def _hook_name(hook: Any) -> str:
+    return getattr(hook, "__qualname__", None) or type(hook).__name__
 
 
 def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -921,6 +1035,7 @@ def backward_weight(state: SplitState) -> None:
 
     Effects: every parameter receives exactly the gradient a full backward would give it, added to its
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
+    Under ``torch.inference_mode()`` W runs with ``inference_mode(False)`` inside, as B does.
 
     Memory: the weight-side gradients are computed before the engine call, so for a moment W holds
     one gradient per weight-side edge - about one copy of the parameters' gradients, or k copies for a
@@ -968,7 +1083,7 @@ def backward_weight(state: SplitState) -> None:
         )
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     try:
-        with _opaque_weight_phase(state):
+        with _outside_inference_mode(), _opaque_weight_phase(state):
             _run_weight_phase(state)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
@@ -1186,6 +1301,7 @@ def backward_full(
         graphkit.graph.tensors.GraphkitInputError: as :func:`backward_input`.
         GraphFreedError: the graph was already freed by an earlier backward.
     """
+    params = _parameter_list(params)
     pairs = _pair_outputs(outputs, grad_outputs)
     named_inputs = _named_inputs(inputs)
     stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
@@ -1202,9 +1318,7 @@ def backward_full(
     restrict = None
     allowed = _weight_filter(params)
     if allowed is not None:
-        restrict = list(stage_inputs) + [
-            parameter for parameter in _parameters_of(params) if parameter.requires_grad
-        ]
+        restrict = list(stage_inputs) + [parameter for parameter in params if parameter.requires_grad]
     try:
         for tensor in stage_inputs:
             handles.append(tensor.register_hook(keep(tensor)))
@@ -1220,7 +1334,3 @@ def backward_full(
             if tensor.is_leaf:
                 tensor.grad = saved
     return tuple(received.get(id(tensor)) if tensor.requires_grad else None for _, tensor in named_inputs)
-
-
-def _parameters_of(params: Iterable[torch.Tensor] | torch.nn.Module) -> Sequence[torch.Tensor]:
-    return list(params.parameters()) if isinstance(params, torch.nn.Module) else list(params)

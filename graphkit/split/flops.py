@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from torch.autograd.graph import Node
 from torch.utils.flop_counter import FlopCounterMode
 
+from graphkit.graph import _autograd
+
 __all__ = ["FlopCounter", "flops_per_node"]
 
 
@@ -93,7 +95,9 @@ def flops_per_node(counter: FlopCounterMode, nodes: Mapping[str, Node]) -> Itera
     try:
         for node, name in names.items():
             handles.append(node.register_prehook(lambda grads, name=name: start(name)))
-            handles.append(node.register_hook(lambda inputs, outputs, name=name: stop(name)))
+            handles.append(
+                node.register_hook(_autograd.mark_own_hook(lambda inputs, outputs, name=name: stop(name)))
+            )
         with observing_direct_calls(counted):
             yield found
     finally:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
+from graphkit.graph import _autograd
 from graphkit.split.weight_rules import PreparedWeightGradient
 
 __all__ = ["RunOnceKind", "RunOnceNodes", "kept_gradient", "run_once_kind"]
@@ -171,7 +172,7 @@ class RunOnceNodes:
         with ExitStack() as stack:
             handles = []
             for index, node, _ in self.nodes:
-                handles.append(node.register_hook(self._post_hook(index)))
+                handles.append(node.register_hook(_autograd.mark_own_hook(self._post_hook(index))))
             for handle in handles:
                 stack.callback(handle.remove)
             if self.reentrant:

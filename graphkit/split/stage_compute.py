@@ -117,7 +117,8 @@ class StageCompute:
             grad_outputs: cotangent per output name; None when the outputs are scalar losses.
 
         Raises:
-            StageError: no cached forward (never ran, or backward already ran for it).
+            StageError: no cached forward (never ran, or backward already ran for it), or an earlier
+                backward of this microbatch id has not finished (W pending, input gradients not popped).
         """
         cached = self._cached_forward(microbatch)
         grads = backward_full(cached.outputs, self._cotangents(cached, grad_outputs), cached.inputs)
@@ -130,7 +131,8 @@ class StageCompute:
         """B phase of ``microbatch``: input gradients now, parameter gradients left for :meth:`backward_weight`.
 
         Raises:
-            StageError: no cached forward (never ran, or backward already ran for it).
+            StageError: no cached forward (never ran, or backward already ran for it), or an earlier
+                backward of this microbatch id has not finished (W pending, input gradients not popped).
         """
         cached = self._cached_forward(microbatch)
         state = backward_input(
@@ -203,6 +205,21 @@ class StageCompute:
             if microbatch in self._backwards:
                 raise StageError(f"{self._where(microbatch)}: double backward: backward already ran for it")
             raise StageError(f"{self._where(microbatch)}: no forward is cached; run forward first")
+        earlier = self._backwards.get(microbatch)
+        # (stage 0's record, with no input that requires grad, holds nothing to lose once W ran)
+        if earlier is not None and (
+            earlier.split is not None or (earlier.requires_grad and not earlier.popped)
+        ):
+            # the id came back (a new step) before the earlier backward of it finished: replacing its
+            # record would drop its W, or the input gradients the previous stage still waits for
+            pending = (
+                "its W has not run" if earlier.split is not None else "its input gradients were not popped"
+            )
+            raise StageError(
+                f"{self._where(microbatch)}: an earlier backward of this microbatch id is not finished "
+                f"({pending}); finish it (backward_weight, pop_input_grads) before the next backward of "
+                "the same id"
+            )
         return found
 
     @staticmethod

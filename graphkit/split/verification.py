@@ -3,10 +3,11 @@
 :func:`verify_split` runs the stage's forward twice from the same inputs and random state: once followed
 by an ordinary full backward (the reference), once followed by :func:`graphkit.split.backward_input`
 and :func:`graphkit.split.backward_weight`. Both run on the user's module itself (no copy: pruned
-modules, tensor hooks and leaves kept outside the module stay as they are); its buffers and the random
-state are restored before the second forward (a forward may update buffers: batch norm's running
-statistics, spectral norm's power iteration), and the parameters, their ``.grad`` and the buffers are
-restored at the end. Every floating or complex output that requires grad receives the same seeded
+modules, tensor hooks and leaves kept outside the module stay as they are); its buffers, any parameter
+the forward changed in place, and the random state are restored before the second forward (a forward
+may update buffers: batch norm's running statistics, spectral norm's power iteration; or parameters:
+``nn.Embedding(max_norm=...)``), and the parameters, their ``.grad`` and the buffers are restored at
+the end. Every floating or complex output that requires grad receives the same seeded
 random cotangent in both runs. Every stage-input gradient and the gradient of every leaf the outputs
 reach (registered parameters or not) is compared - complex ones as complex values - and the FLOPs of
 each phase are counted (:class:`graphkit.split.flops.FlopCounter`), also per *opaque Node*
@@ -330,12 +331,14 @@ def _checked_device(device: str | torch.device | None) -> torch.device | None:
 @contextlib.contextmanager
 def _borrowed(
     module: torch.nn.Module, dtype: torch.dtype | None, device: torch.device | None
-) -> Iterator[list[torch.Tensor]]:
+) -> Iterator[tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]]:
     """The user's own module, moved and cast as asked, with everything restored on exit (errors too).
 
-    Yields the buffers, to reset between the two forwards with :func:`_reset`. Restored: every
-    parameter's data and ``.grad`` (the same Parameter objects, so hooks and pruning stay), every buffer
-    (the original tensors, with their values of before).
+    Yields the buffers, to reset between the two forwards with :func:`_reset`, and each parameter with a
+    copy of its values as moved and cast, to reset with :func:`_reset_changed` (a forward may change a
+    parameter in place: ``nn.Embedding(max_norm=...)`` renormalizes rows). Restored: every parameter's
+    data and ``.grad`` (the same Parameter objects, so hooks and pruning stay; values a forward changed in
+    place put back), every buffer (the original tensors, with their values of before).
     """
     parameters = list(module.parameters())
     saved_parameters = [(parameter, parameter.data, parameter.grad) for parameter in parameters]
@@ -344,23 +347,33 @@ def _borrowed(
         for owner in module.modules()
         for name, buffer in owner.named_buffers(recurse=False)
     ]
+    # the parameters the stage runs on without a copy (no move or cast needed): their own storage
+    worked_in_place: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
+        values = []
         with torch.no_grad():
-            for parameter in parameters:
-                moved = parameter.data if device is None else parameter.data.to(device)
-                parameter.data = moved if dtype is None else _cast(moved, dtype)
+            for parameter, data, _ in saved_parameters:
+                moved = data if device is None else data.to(device)
+                working = moved if dtype is None else _cast(moved, dtype)
+                parameter.data = working
                 parameter.grad = None
+                values.append((parameter, working.clone()))
+                if working is data:
+                    worked_in_place.append((data, values[-1][1]))
             for owner, name, buffer, _ in saved_buffers:
                 moved = buffer if device is None else buffer.to(device)
                 setattr(owner, name, moved if dtype is None else _cast(moved, dtype))
-        yield [getattr(owner, name) for owner, name, _, _ in saved_buffers]
+        yield [getattr(owner, name) for owner, name, _, _ in saved_buffers], values
     finally:
         with torch.no_grad():
             for parameter, data, grad in saved_parameters:
                 parameter.data = data
                 parameter.grad = grad
-            for owner, name, buffer, values in saved_buffers:
-                buffer.copy_(values)
+            for data, value in worked_in_place:
+                if not torch.equal(data, value):
+                    data.copy_(value)
+            for owner, name, buffer, values_before in saved_buffers:
+                buffer.copy_(values_before)
                 setattr(owner, name, buffer)
 
 
@@ -373,6 +386,14 @@ def _reset(buffers: list[torch.Tensor], values: list[torch.Tensor]) -> None:
     with torch.no_grad():
         for buffer, value in zip(buffers, values, strict=True):
             buffer.copy_(value)
+
+
+def _reset_changed(parameters: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Put back the values of the parameters a forward changed in place (the others stay untouched)."""
+    with torch.no_grad():
+        for parameter, value in parameters:
+            if not torch.equal(parameter, value):
+                parameter.copy_(value)
 
 
 def _reached_leaves(outputs: Any, stage_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -456,19 +477,33 @@ def verify_split(
         outputs reach: registered parameters by name, other leaves as ``unregistered[i] (shape)``.
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: the module's outputs have no autograd graph, or
+        graphkit.graph.tensors.GraphkitInputError: ``module`` is not a module, ``dtype`` or
+            ``autocast_dtype`` not a ``torch.dtype``, the module's outputs have no autograd graph, or
             ``device`` is not a device name or a CUDA device this torch cannot use.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
+    if not isinstance(module, torch.nn.Module):
+        raise GraphkitInputError(
+            f"verify_split needs the stage as a torch.nn.Module, got {type(module).__name__}; wrap a function "
+            "in a module whose forward calls it, with its parameters registered"
+        )
+    for name, value in (("dtype", dtype), ("autocast_dtype", autocast_dtype)):
+        if value is not None and not isinstance(value, torch.dtype):
+            raise GraphkitInputError(
+                f"{name} must be a torch.dtype such as torch.float64, got {value!r} ({type(value).__name__})"
+            )
     device = _checked_device(device)
     recompute = recompute_policy(recompute)
-    with _borrowed(module, dtype, device) as buffers:
-        return _verify_in_place(module, buffers, inputs, dtype, device, seed, autocast_dtype, recompute)
+    with _borrowed(module, dtype, device) as (buffers, parameter_values):
+        return _verify_in_place(
+            module, buffers, parameter_values, inputs, dtype, device, seed, autocast_dtype, recompute
+        )
 
 
 def _verify_in_place(
     stage: torch.nn.Module,
     buffers: list[torch.Tensor],
+    parameter_values: list[tuple[torch.Tensor, torch.Tensor]],
     inputs: Any,
     dtype: torch.dtype | None,
     device: torch.device | None,
@@ -481,6 +516,7 @@ def _verify_in_place(
 
     def forward() -> tuple[Any, Any]:
         _reset(buffers, initial_buffers)  # a forward may update buffers: both start from the same ones
+        _reset_changed(parameter_values)  # and parameters a forward changed in place
         prepared = fresh_inputs(inputs, dtype, device)
         with torch.random.fork_rng(devices=[run_device] if run_device.type == "cuda" else []):
             torch.manual_seed(seed)

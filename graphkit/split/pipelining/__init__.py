@@ -7,6 +7,8 @@
   with the signatures of PyTorch's ``_backward.py`` functions;
 - :mod:`~graphkit.split.pipelining.contract`: the check that the installed torch routes I and W as expected;
 - :mod:`~graphkit.split.pipelining.data_parallel`: DDP / FSDP2 settings around B and W;
+- :mod:`~graphkit.split.pipelining.gradient_scaling`: a parameter that stages on one rank share, divided by
+  the number of microbatches once per step;
 - :mod:`~graphkit.split.pipelining.schedules`: the zero-bubble schedules by name, and CSV schedules;
 - :mod:`~graphkit.split.pipelining.tracing_frontend`: :func:`trace_pipeline`, a pipeline spec's stage
   modules composed into one model (:class:`StageChain`) and cut by ``pipeline()`` (:class:`TracedPipeline`);

@@ -17,9 +17,11 @@ of a full backward. Both of PyTorch's frontends are covered:
   ``torch.distributed.pipelining.build_stage``): ``pipeline()`` traces the whole model with
   ``torch.export`` and cuts the graph into stage modules.
 
-Where it plugs in: only ``backward_maybe_with_nosync`` is overridden, the method PyTorch's stages call for
-every backward (see :mod:`graphkit.split.pipelining.contract`); the override lives in one mixin that both
-stage classes share. ``"input"`` and ``"weight"`` run graphkit's B and W inside the same DDP / FSDP2
+Where it plugs in: ``backward_maybe_with_nosync`` is overridden, the method PyTorch's stages call for
+every backward (see :mod:`graphkit.split.pipelining.contract`), and so are ``clear_runtime_states`` and
+``scale_grads``, so that a parameter shared by two stages on one rank is divided by the number of
+microbatches once per step (:mod:`graphkit.split.pipelining.gradient_scaling`); the overrides live in one
+mixin that both stage classes share. ``"input"`` and ``"weight"`` run graphkit's B and W inside the same DDP / FSDP2
 settings as PyTorch's (:mod:`graphkit.split.pipelining.data_parallel`); ``"full"`` (B actions, and W on
 stage 0, which PyTorch runs as a full backward) stays PyTorch's.
 """
@@ -39,6 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 from graphkit.split.backward import SplitState, backward_weight
 from graphkit.split.pipelining.contract import check_torch_contract
 from graphkit.split.pipelining.data_parallel import check_data_parallel, data_parallel_backward
+from graphkit.split.pipelining.gradient_scaling import shared_gradient_scaling
 from graphkit.split.pipelining.stage_backward import split_input_gradients
 
 __all__ = ["BackwardCalls", "PipelineStage", "TracedPipelineStage", "build_stage"]
@@ -99,6 +102,7 @@ class _SplitBackwardStage:
             ``(input_grads, state)`` for ``"input"`` (one gradient per input value; the state W needs),
             ``((), None)`` for ``"weight"``, PyTorch's result for ``"full"``.
         """
+        shared_gradient_scaling.note_backward()
         if backward_type == "input":
             self.backward_calls.input += 1
             outputs = bwd_kwargs["stage_output"]
@@ -119,6 +123,20 @@ class _SplitBackwardStage:
         self.backward_calls.full += 1
         return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)  # type: ignore[misc]
 
+    def clear_runtime_states(self) -> None:
+        """PyTorch's per-step reset; a step with a backward also notes this stage's parameters as held by it
+        (:mod:`graphkit.split.pipelining.gradient_scaling`), so :meth:`scale_grads` knows which it shares."""
+        super().clear_runtime_states()  # type: ignore[misc]
+        if self.has_backward:  # type: ignore[attr-defined]
+            shared_gradient_scaling.join(self, self.submod.parameters())
+
+    def scale_grads(self, grad_scale_factor: int) -> None:
+        """Divide the gradients by ``grad_scale_factor`` as PyTorch's stage does, but a parameter shared with
+        other graphkit stages on this rank (tied weights on a V schedule's first and last stage) only once,
+        after the last of them finished its backwards (PyTorch's divides it once per stage)."""
+        if grad_scale_factor != 1:
+            shared_gradient_scaling.scale(self, self.submod.parameters(), grad_scale_factor)
+
 
 class PipelineStage(_SplitBackwardStage, _TorchPipelineStage):
     """``torch.distributed.pipelining.PipelineStage`` whose I and W actions run graphkit's split backward.
@@ -128,7 +146,7 @@ class PipelineStage(_SplitBackwardStage, _TorchPipelineStage):
     inference, forward, full backward, DDP ``no_sync`` and last-backward reduction, FSDP2's deferred
     reduction) is PyTorch's.
 
-    Differences from PyTorch's stage, in the I and W actions only:
+    Differences from PyTorch's stage, in the I and W actions and the end-of-step gradient scaling only:
 
     - every parameter gets exactly a full backward's gradient, parameters used inside ``loss_fn``
       included (W accumulates into every leaf of the graph, as a full backward does);
@@ -136,6 +154,9 @@ class PipelineStage(_SplitBackwardStage, _TorchPipelineStage):
       and DDP's gradient hooks all-reduce in the schedule's last W;
     - after I, the outputs that are not views are detached in place (the graph W needs stays alive
       without them); views are never detached;
+    - ``scale_grads`` divides a parameter shared with other graphkit stages on this rank (tied weights on
+      a V schedule's first and last stage) once per step, not once per stage
+      (:mod:`graphkit.split.pipelining.gradient_scaling`);
     - ``stage.backward_calls`` counts the B, W and full backwards it ran.
 
     Raises:
@@ -202,7 +223,8 @@ class TracedPipelineStage(_SplitBackwardStage, _LocalNeighbourWarmup, _TorchTrac
     :func:`build_stage` returns it; construct it with the same arguments as PyTorch's ``_PipelineStage``:
     ``(stage_module, stage_index, pipe_info, device, group=None)``. Its I and W actions differ from
     PyTorch's exactly as :class:`PipelineStage`'s do (exact gradients, AccumulateGrad Nodes run, outputs
-    that are not views detached after I, ``backward_calls``). One more difference: the P2P warm-up before
+    that are not views detached after I, a parameter shared by stages on one rank scaled once per step,
+    ``backward_calls``). One more difference: the P2P warm-up before
     the first step skips neighbour stages on the same rank, so one-process pipelines and V placements run
     over gloo (PyTorch's stage fails there with "Pair is not connected").
 

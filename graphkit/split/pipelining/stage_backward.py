@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.nn import Parameter
 
+from graphkit.graph.tensors import GraphkitInputError
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 
 __all__ = ["split_input_gradients", "stage_backward_input", "stage_backward_weight"]
@@ -52,15 +53,21 @@ def split_input_gradients(
         run backward for: W then has nothing to do).
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: a cotangent whose shape differs from its output's, or
-            more or fewer cotangents than outputs.
+        graphkit.graph.tensors.GraphkitInputError: a cotangent whose shape differs from its output's,
+            more or fewer cotangents than outputs, or (``output_grads`` None) a loss that does not
+            require grad.
     """
     if output_grads is not None and len(output_grads) != len(stage_outputs):
-        from graphkit.graph.tensors import GraphkitInputError
-
         raise GraphkitInputError(
             f"{len(output_grads)} output gradients for {len(stage_outputs)} stage outputs; give one per "
             "output (None for an output that receives no gradient)"
+        )
+    if output_grads is None and not any(
+        isinstance(output, torch.Tensor) and output.requires_grad for output in stage_outputs
+    ):
+        raise GraphkitInputError(
+            "the loss does not require grad (it has no grad_fn), so there is nothing to run backward for: "
+            "compute it from the stage output without detaching it, with gradients enabled"
         )
     outputs: list[torch.Tensor] = []
     cotangents: list[torch.Tensor] = []
