@@ -20,6 +20,20 @@ from graphkit.split.verification import verify_split
 from tests import models
 
 
+class Scale(torch.autograd.Function):
+    """``x * weight`` (weight broadcast over rows), a custom Function whose Node is an intermediate."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x * weight
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        return grad * weight, (grad * x).sum(0)
+
+
 def _grads(module: nn.Module) -> dict[str, torch.Tensor | None]:
     return {name: None if p.grad is None else p.grad.clone() for name, p in module.named_parameters()}
 
@@ -47,17 +61,6 @@ def _scale_post_hook(grad_inputs: tuple, _grad_outputs: tuple) -> tuple:
 def test_a_post_hook_on_an_intermediate_node_is_refused_instead_of_skipped_for_the_weights(op):
     # Node.register_hook sees (and may replace) every gradient the Node computes; B computes only its
     # input-side ones and W its weight-side ones, so the hook could never change the weights' gradients
-    class Scale(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, weight):
-            ctx.save_for_backward(x, weight)
-            return x * weight
-
-        @staticmethod
-        def backward(ctx, grad):
-            x, weight = ctx.saved_tensors
-            return grad * weight, (grad * x).sum(0)
-
     torch.manual_seed(0)
     weight = nn.Parameter(torch.randn(4, dtype=torch.float64))
     matrix = nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
@@ -123,17 +126,6 @@ def test_post_hooks_on_nodes_that_are_not_intermediates_run_as_in_a_full_backwar
 
 def test_verify_split_counts_flops_of_opaque_intermediates_without_refusing_its_own_hooks():
     # verify_split watches custom Functions with post-hooks of its own (FLOPs per Node): not a user's
-    class Scale(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, weight):
-            ctx.save_for_backward(x, weight)
-            return x * weight
-
-        @staticmethod
-        def backward(ctx, grad):
-            x, weight = ctx.saved_tensors
-            return grad * weight, (grad * x).sum(0)
-
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
