@@ -7,7 +7,7 @@ The stage: four GPT blocks (``graphkit.models.zoo.Block``), each wrapped in
 checkpointing with ``recompute="in-w"`` (the default) and ``"keep-from-b"``, reentrant checkpointing -
 it prints the block forwards run by the full backward and by B and W (a forward pre-hook counts them),
 FLOPs of B + W over the full backward's, ``retained_bytes`` (what the split keeps alive between B and W
-once the stage outputs are dropped, :func:`graphkit.split.benchmark.memory_kept`) and the median time
+once the stage outputs are dropped, :func:`graphkit.measure.benchmark.memory_kept`) and the median time
 of B + W over the full backward of the same variant, all measured in the same run.
 """
 
@@ -24,10 +24,10 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from graphkit.measure.benchmark import memory_kept
+from graphkit.measure.flops import FlopCounter
 from graphkit.models import zoo
 from graphkit.split.backward import backward_input, backward_weight
-from graphkit.split.benchmark import memory_kept
-from graphkit.split.flops import FlopCounter
 
 
 class CheckpointedBlocks(nn.Module):

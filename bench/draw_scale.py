@@ -47,7 +47,7 @@ def traced(spec: str) -> graphkit.AutogradGraph:
 
 
 def explorer_seconds() -> dict[str, float]:
-    from graphkit.drawing.explorer import explore
+    from graphkit.apps.explorer import explore
 
     graph = traced(GPT2)
     start = time.perf_counter()

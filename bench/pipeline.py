@@ -31,8 +31,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graphkit.models.pipeline_specs import load_pipeline_spec  # noqa: E402
-from graphkit.split.pipelining.launcher import run_on_processes  # noqa: E402
-from graphkit.split.pipelining.schedules import build_schedule, stage_indices  # noqa: E402
+from graphkit.pipelining.launcher import run_on_processes  # noqa: E402
+from graphkit.pipelining.schedules import build_schedule, stage_indices  # noqa: E402
 
 
 def _layers(arguments: argparse.Namespace, device: torch.device) -> list[nn.Module]:

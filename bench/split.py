@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from graphkit.measure.benchmark import HEADER, LEGEND, benchmark_split, format_row
 from graphkit.models import zoo
-from graphkit.split.benchmark import HEADER, LEGEND, benchmark_split, format_row
 
 
 def encoder(layers: int, width: int, batch: int = 4, sequence: int = 32):

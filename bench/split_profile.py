@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from split import MODELS, built_models, set_threads  # noqa: E402  (bench/split.py)
 
-from graphkit.split.benchmark import account_split_time  # noqa: E402
+from graphkit.measure.benchmark import account_split_time  # noqa: E402
 
 HEADER = (
     f"{'model':24s} {'full ms':>8s} {'B+W ms':>8s} {'ratio':>6s} {'kern full':>9s} {'kern B+W':>9s} "

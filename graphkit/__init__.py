@@ -69,7 +69,7 @@ def __getattr__(name: str) -> Any:
 
         return draw
     if name == "verify_split":
-        from graphkit.split.verification import verify_split
+        from graphkit.measure.verification import verify_split
 
         return verify_split
     if name in ("current_phase", "Phase"):

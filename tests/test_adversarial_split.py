@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 from graphkit.graph.tensors import GraphkitInputError
+from graphkit.measure.verification import verify_split
 from graphkit.split.backward import SplitError, backward_full, backward_input, backward_weight
-from graphkit.split.verification import verify_split
 from tests import models
 
 

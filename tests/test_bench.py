@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from graphkit.graph.tensors import GraphkitInputError
+from graphkit.measure.benchmark import account_split_time, benchmark_split, count_engine_calls
 from graphkit.models import zoo
-from graphkit.split.benchmark import account_split_time, benchmark_split, count_engine_calls
 
 
 def test_engine_call_counter_counts_backward_and_grad():
@@ -108,7 +108,7 @@ def test_checkpointing_bench_counts_forwards_flops_and_memory_for_every_variant(
 
 def test_graphkit_bench_explains_every_column_under_its_table(capsys):
     from graphkit.cli import main
-    from graphkit.split.benchmark import HEADER
+    from graphkit.measure.benchmark import HEADER
 
     threads = torch.get_num_threads()
     try:

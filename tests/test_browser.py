@@ -450,7 +450,7 @@ GPT2_NOTEBOOK = {
             "metadata": {},
             "outputs": [],
             "source": [
-                "from graphkit.drawing.explorer import explore\n",
+                "from graphkit.apps.explorer import explore\n",
                 "explorer = explore('hf:gpt2?stage=middle&n_layer=12')\n",
                 "explorer",
             ],

@@ -10,12 +10,12 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import GraphExecGroup, checkpoint
 
+from graphkit.measure.benchmark import memory_kept
+from graphkit.measure.flops import FlopCounter
+from graphkit.measure.verification import verify_split
 from graphkit.split import checkpointing
 from graphkit.split.backward import backward_input, backward_weight
-from graphkit.split.benchmark import memory_kept
 from graphkit.split.checkpointing import Recompute
-from graphkit.split.flops import FlopCounter
-from graphkit.split.verification import verify_split
 from tests.opaque_models import FORWARDS, CheckpointedStage
 
 

@@ -207,7 +207,7 @@ def test_a_pipeline_description_is_its_docstrings_first_line_in_plain_text():
 def test_verify_pipeline_timeout_and_its_old_spelling_deadline_reach_the_checker(
     capsys, monkeypatch, options, seconds
 ):
-    import graphkit.split.pipelining.checker as checker
+    import graphkit.pipelining.verification as checker
 
     passed = {}
 
@@ -215,7 +215,7 @@ def test_verify_pipeline_timeout_and_its_old_spelling_deadline_reach_the_checker
         passed.update(keywords)
         raise ValueError("stopped before running")
 
-    monkeypatch.setattr(checker, "check_pipeline", record_arguments)
+    monkeypatch.setattr(checker, "verify_pipeline", record_arguments)
     status, _, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", *options)
     assert status == 2 and "stopped before running" in err
     assert passed["deadline"] == seconds
@@ -226,7 +226,7 @@ def test_verify_pipeline_timeout_and_its_old_spelling_deadline_reach_the_checker
 def test_timeline_and_compare_schedules_timeout_reaches_the_recorder(
     capsys, monkeypatch, command, options, seconds
 ):
-    import graphkit.split.schedule_recording as recording
+    import graphkit.pipelining.recording as recording
 
     passed = {}
 
@@ -282,15 +282,15 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(capsys, comm
 
 
 def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(capsys, monkeypatch):
-    import graphkit.split.pipelining.checker as checker
-    from graphkit.split.pipelining.launcher import LaunchError
+    import graphkit.pipelining.verification as checker
+    from graphkit.pipelining.launcher import LaunchError
 
     def too_slow(spec, **keywords):
         raise LaunchError(
             f"2 of 2 processes did not finish within {keywords['deadline']:g} s; they were ended"
         )
 
-    monkeypatch.setattr(checker, "check_pipeline", too_slow)
+    monkeypatch.setattr(checker, "verify_pipeline", too_slow)
     status, out, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2.5")
     assert status == 1
     assert err.strip() == (
@@ -307,13 +307,13 @@ def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(c
 
 
 def test_verify_pipeline_names_a_rank_that_died_without_a_timeout_hint(capsys, monkeypatch):
-    import graphkit.split.pipelining.checker as checker
-    from graphkit.split.pipelining.launcher import LaunchError
+    import graphkit.pipelining.verification as checker
+    from graphkit.pipelining.launcher import LaunchError
 
     def died(spec, **keywords):
         raise LaunchError("process 1 exited with status -9 without a result")
 
-    monkeypatch.setattr(checker, "check_pipeline", died)
+    monkeypatch.setattr(checker, "verify_pipeline", died)
     status, out, err = run(capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2")
     assert status == 1 and "process 1 exited with status -9" in err and "--timeout" not in err
 
@@ -342,7 +342,7 @@ def test_list_wraps_its_descriptions_to_a_terminal_and_keeps_one_line_per_row_in
 
 
 def test_inspect_help_names_the_model_it_inspects_by_default(capsys, monkeypatch):
-    from graphkit.drawing.report import DEFAULT_SPEC
+    from graphkit.apps.report import DEFAULT_SPEC
 
     monkeypatch.setenv("COLUMNS", "200")
     with pytest.raises(SystemExit):

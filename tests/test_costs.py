@@ -12,9 +12,9 @@ from torch import nn
 
 from graphkit.cli import main
 from graphkit.graph.tensors import GraphkitInputError
+from graphkit.measure.costs import PipelineCosts, pipeline_costs, stage_costs
 from graphkit.models.pipeline_specs import PipelineModel, load_pipeline_spec, load_stage_or_pipeline
 from graphkit.models.specs import SpecError
-from graphkit.split.costs import PipelineCosts, pipeline_costs, stage_costs
 
 N = 8  # microbatch rows
 WIDTHS = (4, 6, 3)

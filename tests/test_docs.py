@@ -100,9 +100,9 @@ def test_api_reference_documents_the_public_functions(built_docs: Path) -> None:
         "graphkit.split.backward.backward_weight",
         "graphkit.split.backward.backward_full",
         "graphkit.split.stage_compute.StageCompute",
-        "graphkit.split.verification.verify_split",
+        "graphkit.measure.verification.verify_split",
         "graphkit.drawing.diagram.draw",
-        "graphkit.drawing.explorer.explore",
+        "graphkit.apps.explorer.explore",
         "graphkit.models.specs.load_spec",
     ]:
         assert f'id="{anchor}"' in text, anchor

@@ -112,7 +112,7 @@ def test_two_stage_loop_runs_w_after_b_and_fails_when_a_w_is_left_out(tmp_path: 
 
 @pytest.mark.slow
 def test_zero_bubble_torchrun_trains_on_two_gloo_ranks(tmp_path: Path) -> None:
-    from graphkit.split.pipelining.launcher import free_port
+    from graphkit.pipelining.launcher import free_port
 
     command = [
         sys.executable,

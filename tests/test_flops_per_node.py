@@ -7,8 +7,8 @@ import threading
 import torch
 
 import graphkit
+from graphkit.measure.flops import FlopCounter, flops_per_node
 from graphkit.split import backward as backward_module
-from graphkit.split.flops import FlopCounter, flops_per_node
 
 ROWS, INNER, COLUMNS = 6, 5, 4
 

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from graphkit.apps.report import FILES, inspect  # noqa: E402
 from graphkit.cli import main  # noqa: E402
-from graphkit.drawing.report import FILES, inspect  # noqa: E402
 from graphkit.models.specs import load_spec  # noqa: E402
 
 pytestmark = pytest.mark.slow

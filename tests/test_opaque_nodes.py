@@ -8,7 +8,7 @@ from torch import nn
 from graphkit.analysis.opaque import OpaqueKind, opaque_nodes
 from graphkit.analysis.parameter_groups import GroupFlag, param_groups
 from graphkit.graph.autograd_graph import capture
-from graphkit.split.verification import verify_split
+from graphkit.measure.verification import verify_split
 from tests.opaque_models import CheckpointedStage, CompiledStage, ReentrantStage
 
 

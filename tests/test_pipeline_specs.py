@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from graphkit.cli import main
+from graphkit.measure.costs import spec_costs
 from graphkit.models.pipeline_specs import (
     DEFAULT_MICROBATCH_SIZE,
     PipelineModel,
@@ -19,7 +20,6 @@ from graphkit.models.pipeline_specs import (
     load_stage_or_pipeline,
 )
 from graphkit.models.specs import SpecError
-from graphkit.split.costs import spec_costs
 
 PIPELINE_FILE = """
 import torch

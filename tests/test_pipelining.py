@@ -3,7 +3,7 @@
 One process runs every schedule x every kind of stage graph (tests/pipeline_models.py) with all stages
 on rank 0 of a world-size-1 gloo group; a spawn of 2 gloo ranks runs all of them across processes; 4
 ranks run 2 pipeline x 2 data-parallel ranks with DDP and FSDP2. The oracle is a single-process full
-backward over the same microbatches (:mod:`graphkit.split.pipelining.checker`).
+backward over the same microbatches (:mod:`graphkit.pipelining.verification`).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from graphkit.pipelining import (
     PipelineContractError,
     PipelineStage,
     build_schedule,
-    check_pipeline,
     check_torch_contract,
-    run_cases,
     stage_backward_input,
     stage_backward_weight,
+    verify_cases,
+    verify_pipeline,
 )
-from graphkit.split.pipelining.gradient_scaling import SharedGradientScaling
-from graphkit.split.pipelining.schedules import io_schedule_rows, stage_indices
+from graphkit.pipelining.gradient_scaling import SharedGradientScaling
+from graphkit.pipelining.schedules import io_schedule_rows, stage_indices
 
 CELLS_FILE = Path(pipeline_models.__file__)
 SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV")
@@ -49,7 +49,7 @@ pytestmark = pytest.mark.usefixtures("world_of_one")
 def test_graphkit_stage_is_bitwise_exact_with_hooks_once_per_microbatch(
     cell: str, schedule: str, microbatches: int, steps: int
 ) -> None:
-    result = check_pipeline(spec(cell), schedule=schedule, microbatches=microbatches, steps=steps)
+    result = verify_pipeline(spec(cell), schedule=schedule, microbatches=microbatches, steps=steps)
     assert result.error is None
     assert result.exact, result.table()
     for parameter in result.parameters:
@@ -64,7 +64,7 @@ def test_graphkit_stage_is_bitwise_exact_with_hooks_once_per_microbatch(
 def test_four_stages_on_one_rank_split_the_middle_stages_exactly(
     cell: str, schedule: str, microbatches: int, steps: int
 ) -> None:
-    result = check_pipeline(
+    result = verify_pipeline(
         spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stages_per_rank=4
     )
     assert result.passed, result.error or result.table()
@@ -88,7 +88,7 @@ def _stock_four_stage_cells() -> list:
 
 @pytest.mark.parametrize(("cell", "schedule"), _stock_four_stage_cells())
 def test_stock_stage_fails_on_four_stages_on_one_rank(cell: str, schedule: str) -> None:
-    result = check_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
+    result = verify_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
     assert result.passed, result.error or result.table()
 
 
@@ -102,7 +102,7 @@ def test_a_parameter_two_stages_on_one_rank_share_is_divided_once_per_step(
 ) -> None:
     # PyTorch's scale_grads divides each stage's parameters: a shared one twice, the first time while
     # the other stage still adds to it. graphkit's stages divide it once, after both finished.
-    result = check_pipeline(
+    result = verify_pipeline(
         spec("tied_first_and_last"),
         schedule=schedule,
         microbatches=microbatches,
@@ -123,7 +123,7 @@ def test_a_parameter_two_stages_on_one_rank_share_is_divided_once_per_step(
 def test_pytorchs_stage_divides_a_shared_parameter_once_per_stage_and_the_check_reports_it(
     schedule: str, stages_per_rank: int
 ) -> None:
-    result = check_pipeline(
+    result = verify_pipeline(
         spec("tied_first_and_last"), schedule=schedule, stage="torch", stages_per_rank=stages_per_rank
     )
     assert not result.passed
@@ -183,7 +183,7 @@ def test_shared_gradient_scaling_lets_rebuilt_stages_supersede_the_stale_ones_st
 
 def test_v_schedules_refuse_other_than_two_stages_per_rank() -> None:
     with pytest.raises(ValueError, match="exactly two stages"):
-        check_pipeline(spec("mlp"), schedule="DualPipeV", stages_per_rank=4)
+        verify_pipeline(spec("mlp"), schedule="DualPipeV", stages_per_rank=4)
 
 
 # PyTorch's own stage, where it fails in one process (DualPipeV runs full backwards only there, and passes).
@@ -207,7 +207,7 @@ def _stock_cells() -> list:
 def test_stock_pipeline_stage_fails_where_graphkit_is_exact(
     cell: str, schedule: str, microbatches: int, steps: int
 ) -> None:
-    result = check_pipeline(
+    result = verify_pipeline(
         spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stage="torch"
     )
     assert result.passed, result.error or result.table()
@@ -240,7 +240,7 @@ def test_engine_routes_every_i_and_w_action_through_graphkit(
     schedule_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The private contract, pinned: each I action is one graphkit B, each W one graphkit W."""
-    import graphkit.split.pipelining.stage as stage_module
+    import graphkit.pipelining.stage as stage_module
 
     calls = {"input": 0, "weight": 0}
     real_input, real_weight = stage_module.split_input_gradients, stage_module.backward_weight
@@ -340,7 +340,7 @@ def test_across_two_gloo_processes_every_cell_is_exact() -> None:
         PipelineCase(spec("tied_first_and_last"), schedule, 4, 1)
         for schedule in ("ZBVZeroBubble", "DualPipeV")
     ]
-    results = run_cases(cases, ranks=2, deadline=240)
+    results = verify_cases(cases, ranks=2, deadline=240)
     failures = [
         (result.case.spec, result.case.schedule, result.error) for result in results if not result.passed
     ]
@@ -361,7 +361,7 @@ def test_two_pipeline_by_two_data_parallel_ranks_with_ddp_and_fsdp2_average_like
             "tied",
         )  # DDP needs every parameter used (no find_unused_parameters)
     ]
-    results = run_cases(cases, ranks=4, deadline=300)
+    results = verify_cases(cases, ranks=4, deadline=300)
     for result in results:
         assert result.passed, (result.case, result.error, result.table())
         assert result.max_relative_error < 1e-12
@@ -410,7 +410,7 @@ def test_verify_pipeline_json_reports_every_parameter(capsys: pytest.CaptureFixt
 def test_hugging_face_models_cut_into_stages_are_exact_across_two_processes(
     pipeline: str, schedule: str
 ) -> None:
-    result = check_pipeline(pipeline, schedule=schedule, microbatches=4, ranks=2, deadline=240)
+    result = verify_pipeline(pipeline, schedule=schedule, microbatches=4, ranks=2, deadline=240)
     assert result.passed, result.error or result.table()
     assert any(name.endswith("lm_head.weight") for name in (check.name for check in result.parameters))
 
@@ -420,7 +420,7 @@ def test_hugging_face_models_cut_into_stages_are_exact_across_two_processes(
 )
 def test_llama_cut_into_stages_is_bitwise_exact_in_one_process(schedule: str, stages_per_rank: int) -> None:
     pytest.importorskip("transformers")
-    result = check_pipeline(
+    result = verify_pipeline(
         "hf:llama?num_hidden_layers=4",
         schedule=schedule,
         microbatches=4,
@@ -482,7 +482,7 @@ def test_verify_pipeline_timeline_draws_the_checked_step(
     from collections import Counter
 
     from graphkit.cli import main
-    from graphkit.split.schedule_recording import ScheduleTimeline
+    from graphkit.pipelining.recording import ScheduleTimeline
 
     svg, data = tmp_path / "checked.svg", tmp_path / "checked.json"
     command = ["verify-pipeline", "zoo-pipeline:mlp", "--schedule", "ZBVZeroBubble", "--microbatches", "4"]
@@ -504,7 +504,7 @@ def test_verify_pipeline_timeline_draws_the_checked_step(
 
 @pytest.mark.slow
 def test_check_pipeline_records_a_timeline_on_every_rank_across_two_processes() -> None:
-    result = check_pipeline(
+    result = verify_pipeline(
         spec("mlp"), schedule="ZBVZeroBubble", microbatches=4, ranks=2, timeline=True, deadline=240
     )
     assert result.passed, result.error or result.table()

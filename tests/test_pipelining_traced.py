@@ -3,12 +3,12 @@
 Each cell is a whole model: the stage modules of tests/pipeline_models.py chained in one module (plus a
 parameter shared by every stage, which ``pipeline()`` replicates into each stage), traced and cut with
 ``pipeline(model, mb_args=..., split_spec=...)`` at every stage boundary
-(:func:`graphkit.split.pipelining.tracing_frontend.trace_pipeline`). All stages run on rank 0 of a
+(:func:`graphkit.pipelining.tracing_frontend.trace_pipeline`). All stages run on rank 0 of a
 world-size-1 gloo group. The oracle is a second, identically seeded model traced the same way, whose stage
 modules run one ordinary full backward per microbatch, chained in one process
-(:meth:`~graphkit.split.pipelining.tracing_frontend.TracedPipeline.full_backward`). Two tests (slow) repeat
+(:meth:`~graphkit.pipelining.tracing_frontend.TracedPipeline.full_backward`). Two tests (slow) repeat
 a few cells on 2 gloo processes, where V placements put two neighbour stages on one rank. The last tests
-run ``check_pipeline(..., frontend="tracing")`` and ``graphkit verify-pipeline --frontend tracing``.
+run ``verify_pipeline(..., frontend="tracing")`` and ``graphkit verify-pipeline --frontend tracing``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.distributed.pipelining import build_stage as torch_build_stage
 from torch.distributed.pipelining.stage import _PipelineStage
 
-import graphkit.split.pipelining.stage as stage_module
+import graphkit.pipelining.stage as stage_module
 from graphkit.pipelining import (
     PipelineContractError,
     PipelineModel,
@@ -36,12 +36,12 @@ from graphkit.pipelining import (
     TracedPipelineStage,
     build_schedule,
     build_stage,
-    check_pipeline,
     load_pipeline_spec,
     pipeline,
     trace_pipeline,
+    verify_pipeline,
 )
-from graphkit.split.pipelining.stage import _LocalNeighbourWarmup
+from graphkit.pipelining.stage import _LocalNeighbourWarmup
 
 CPU = torch.device("cpu")
 SCHEDULES = {"ZBVZeroBubble": 2, "InterleavedZeroBubble": 4, "CSV": 4, "DualPipeV": 2}  # -> stages on rank 0
@@ -458,7 +458,7 @@ CROSS_PROCESS_CELLS = ("mlp", "shared_late", "view_outputs", "param_only_output"
 @pytest.mark.slow
 def test_across_two_gloo_processes_build_stage_is_exact_also_on_v_placements() -> None:
     """One spawn: 2 ranks x 2 stages each; V placements put stages 1 and 2 on one rank (local warm-up)."""
-    from graphkit.split.pipelining.launcher import run_on_processes
+    from graphkit.pipelining.launcher import run_on_processes
 
     cases = [
         (cell, schedule)
@@ -471,7 +471,7 @@ def test_across_two_gloo_processes_build_stage_is_exact_also_on_v_placements() -
 
 @pytest.mark.slow
 def test_across_two_gloo_processes_stock_build_stage_fails_on_a_v_placement() -> None:
-    from graphkit.split.pipelining.launcher import run_on_processes
+    from graphkit.pipelining.launcher import run_on_processes
 
     per_rank = run_on_processes(
         across_ranks, ([("mlp", "ZBVZeroBubble")], "torch"), world_size=2, deadline=120
@@ -483,7 +483,7 @@ def test_across_two_gloo_processes_stock_build_stage_fails_on_a_v_placement() ->
     assert per_rank == [["exact"], ["exact"]]  # no two neighbour stages on one rank: PyTorch's warm-up works
 
 
-# --- check_pipeline and graphkit verify-pipeline with the tracing frontend -----------------------------------
+# --- verify_pipeline and graphkit verify-pipeline with the tracing frontend -----------------------------------
 def spec(cell: str) -> str:
     return f"{pipeline_models.__file__}:{cell}"
 
@@ -512,7 +512,9 @@ def untraced_names(pipeline_spec: str, num_stages: int) -> set[str]:
 def test_check_pipeline_with_the_tracing_frontend_is_exact_against_the_traced_and_untraced_models(
     cell: str,
 ) -> None:
-    result = check_pipeline(spec(cell), schedule="ZBVZeroBubble", microbatches=4, steps=2, frontend="tracing")
+    result = verify_pipeline(
+        spec(cell), schedule="ZBVZeroBubble", microbatches=4, steps=2, frontend="tracing"
+    )
     assert result.passed and result.exact and result.error is None, result.error or result.table()
     assert result.case.frontend == "tracing"
     for (
@@ -530,7 +532,7 @@ def test_check_pipeline_with_the_tracing_frontend_is_exact_against_the_traced_an
 
 def test_the_copies_pipeline_makes_of_a_parameter_sum_to_its_untraced_gradient_over_two_steps() -> None:
     """Four stages on one rank; every copy gets its own stage's share, and before the SGD step their sum."""
-    result = check_pipeline(
+    result = verify_pipeline(
         spec("shared_across_stages"),
         schedule="InterleavedZeroBubble",
         microbatches=4,
@@ -550,11 +552,11 @@ def test_the_copies_pipeline_makes_of_a_parameter_sum_to_its_untraced_gradient_o
 
 def test_a_trace_that_changes_the_gradients_fails_the_check_though_the_split_is_exact() -> None:
     """A straight-through estimator: pipeline() traces round(), whose derivative is zero."""
-    result = check_pipeline(spec("straight_through"), microbatches=4, frontend="tracing")
+    result = verify_pipeline(spec("straight_through"), microbatches=4, frontend="tracing")
     assert result.exact and result.hooks_ok  # the split matches the traced model bit for bit
     assert not result.untraced_ok and not result.passed
     assert all(check.relative_error == pytest.approx(1.0) for check in result.untraced)
-    manual = check_pipeline(spec("straight_through"), microbatches=4)
+    manual = verify_pipeline(spec("straight_through"), microbatches=4)
     assert manual.passed and manual.exact  # the manual frontend runs the Function's own backward
 
 
@@ -563,16 +565,18 @@ def test_a_spec_that_pipeline_cannot_trace_is_refused_with_its_reason() -> None:
 
     for ranks in (1, 2):  # with 2 the parent traces first: no process is spawned
         with pytest.raises(PipelineTracingError, match="cannot trace .*shared_submodule.* not a descendant"):
-            check_pipeline(spec("shared_submodule"), ranks=ranks, frontend="tracing")
+            verify_pipeline(spec("shared_submodule"), ranks=ranks, frontend="tracing")
     with pytest.raises(ValueError, match="without data parallelism"):
-        check_pipeline(spec("mlp"), ranks=2, data_parallel="ddp", frontend="tracing")
+        verify_pipeline(spec("mlp"), ranks=2, data_parallel="ddp", frontend="tracing")
     with pytest.raises(ValueError, match="frontend must be 'manual' or 'tracing'"):
-        check_pipeline(spec("mlp"), frontend="traced")
+        verify_pipeline(spec("mlp"), frontend="traced")
 
 
 def test_gpt2_cut_into_two_stages_traces_and_checks_exactly_in_one_process() -> None:
     pytest.importorskip("transformers")
-    result = check_pipeline("hf:gpt2?n_layer=2", schedule="ZBVZeroBubble", microbatches=4, frontend="tracing")
+    result = verify_pipeline(
+        "hf:gpt2?n_layer=2", schedule="ZBVZeroBubble", microbatches=4, frontend="tracing"
+    )
     assert result.passed and result.exact and result.untraced_exact, result.error or result.table()
     names = {check.name for check in result.parameters}
     assert {"stage0.wte.weight", "stage1.lm_head.weight"} <= names
@@ -622,7 +626,7 @@ def test_verify_pipeline_frontend_tracing_exits_0_exact_1_not_exact_2_bad_input(
 def test_copies_of_a_parameter_on_two_gloo_processes_are_summed_across_them() -> None:
     """2 ranks x 2 stages (V: stages 0 and 3 on rank 0, 1 and 2 on rank 1), two steps; each rank sums
     the copies of both (all_gather_object) before comparing with the untraced model and stepping."""
-    result = check_pipeline(
+    result = verify_pipeline(
         spec("shared_across_stages"), microbatches=4, steps=2, ranks=2, deadline=120, frontend="tracing"
     )
     assert result.passed and result.exact and result.ranks == 2, result.error or result.table()
@@ -637,7 +641,7 @@ def test_copies_of_a_parameter_on_two_gloo_processes_are_summed_across_them() ->
 def test_check_pipeline_with_the_tracing_frontend_across_two_gloo_processes() -> None:
     """One spawn: a V placement (stages 1 and 2 on one rank), a view output, a parameter-only output,
     loss_fn's parameters, every schedule."""
-    from graphkit.pipelining import PipelineCase, run_cases
+    from graphkit.pipelining import PipelineCase, verify_cases
 
     cases = [
         PipelineCase(spec("view_outputs"), "InterleavedZeroBubble", 4, 2, frontend="tracing"),
@@ -646,7 +650,7 @@ def test_check_pipeline_with_the_tracing_frontend_across_two_gloo_processes() ->
         PipelineCase(spec("tied"), "ZBVZeroBubble", 8, 2, frontend="tracing"),
         PipelineCase("zoo-pipeline:mlp", "ZBVZeroBubble", 4, 1, frontend="tracing"),
     ]
-    results = run_cases(cases, ranks=2, deadline=240)
+    results = verify_cases(cases, ranks=2, deadline=240)
     for result in results:
         assert result.passed and result.exact, (result.case.spec, result.error, result.table())
         assert result.ranks == 2 and result.untraced_exact

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from graphkit.analysis.parameter_groups import param_groups
+from graphkit.apps.report import DEFAULT_SPEC, FILES, inspect
 from graphkit.cli import main
-from graphkit.drawing.report import DEFAULT_SPEC, FILES, inspect
 from graphkit.graph.tracing import trace
 from graphkit.models import zoo
 

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from graphkit.measure.flops import FlopCounter
 from graphkit.split.backward import backward_input, backward_weight
-from graphkit.split.flops import FlopCounter
 from tests.opaque_models import FORWARDS, CompiledStage, ReentrantStage
 
 

@@ -125,8 +125,8 @@ def test_a_png_past_graphviz_size_limit_says_it_was_shrunk() -> None:
 def test_a_timeout_in_inspect_is_reported_as_a_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from graphkit.drawing.report.inspection import collect
-    from graphkit.drawing.report.terminal import terminal_rows
+    from graphkit.apps.report.inspection import collect
+    from graphkit.apps.report.terminal import terminal_rows
 
     def always_slow(source: str, output_format: str, timeout_s: float, nodes: int, warn: Any = None) -> bytes:
         raise RenderTimeoutError(

@@ -654,7 +654,7 @@ def test_a_hook_on_a_weight_only_tensor_sees_the_real_gradient_in_w():
 
 
 def test_one_parameter_fed_by_many_formulas_receives_their_sum_in_one_engine_call():
-    from graphkit.split.benchmark import count_engine_calls
+    from graphkit.measure.benchmark import count_engine_calls
 
     def build():
         torch.manual_seed(0)

@@ -19,7 +19,7 @@ from graphkit.drawing.timeline import (
     timeline_svg,
     write_timeline,
 )
-from graphkit.split.schedule_recording import RankTimeline, RecordedAction, ScheduleTimeline
+from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
 
 GOLDEN = Path(__file__).parent / "golden" / "timeline_two_ranks.svg"
 SVG = "{http://www.w3.org/2000/svg}"

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from graphkit.measure.verification import _compare, verify_split
 from graphkit.models import zoo
 from graphkit.models.specs import load_spec
-from graphkit.split.verification import _compare, verify_split
 from tests.specs.broken_split import WrongInWeightPhase
 
 BROKEN = f"{Path(__file__).parent / 'specs' / 'broken_split.py'}:build"

@@ -16,8 +16,8 @@ import torch
 import graphkit
 from graphkit.analysis.node_roles import ROLES, node_role
 from graphkit.analysis.parameter_groups import FLAG_MEANINGS
-from graphkit.drawing.explorer import explore
-from graphkit.drawing.panels import group_html, node_html
+from graphkit.apps.explorer import explore
+from graphkit.apps.panels import group_html, node_html
 from graphkit.models import zoo
 
 pytest.importorskip("ipywidgets")

@@ -22,7 +22,7 @@ kind                        what the split does with it
 ==========================  ============================================================================
 
 :func:`opaque_nodes` finds them in a captured graph, from the Node class names and, when the graph
-holds its live Nodes, their saved-tensor hooks. :func:`graphkit.split.verification.verify_split`
+holds its live Nodes, their saved-tensor hooks. :func:`graphkit.measure.verification.verify_split`
 measures the FLOPs each one costs in B, in W and in a full backward.
 """
 

@@ -104,7 +104,7 @@ def add_inspect_command(commands: Any) -> None:
 
 
 def run_inspect(arguments: argparse.Namespace) -> int:
-    from graphkit.drawing.report import inspect
+    from graphkit.apps.report import inspect
 
     return inspect(
         arguments.spec,

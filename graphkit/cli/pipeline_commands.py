@@ -66,7 +66,7 @@ def add_costs_command(commands: Any) -> None:
 
 
 def run_costs(arguments: argparse.Namespace) -> int:
-    from graphkit.split.costs import spec_costs
+    from graphkit.measure.costs import spec_costs
 
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
@@ -125,7 +125,7 @@ def add_recording_options(parser: argparse.ArgumentParser) -> None:
 
 def record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
     """One recorded timeline per schedule name, with the options of :func:`add_recording_options`."""
-    from graphkit.split.schedule_recording import TimelineError, record_schedules
+    from graphkit.pipelining.recording import TimelineError, record_schedules
 
     try:
         return record_schedules(

@@ -44,8 +44,8 @@ def add_verify_command(commands: Any) -> None:
 
 
 def run_verify(arguments: argparse.Namespace) -> int:
+    from graphkit.measure.verification import verify_split
     from graphkit.models.specs import load_spec
-    from graphkit.split.verification import verify_split
 
     if arguments.device is not None and torch.device(arguments.device).type == "meta":
         raise ValueError(
@@ -83,7 +83,7 @@ def add_bench_command(commands: Any) -> None:
 
 
 def run_bench(arguments: argparse.Namespace) -> int:
-    from graphkit.split.benchmark import bench_spec
+    from graphkit.measure.benchmark import bench_spec
 
     return bench_spec(
         arguments.spec, repeat=arguments.repeat, as_json=arguments.json, threads=arguments.threads

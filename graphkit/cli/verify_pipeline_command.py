@@ -75,12 +75,12 @@ def add_verify_pipeline_command(commands: Any) -> None:
 
 
 def run_verify_pipeline(arguments: argparse.Namespace) -> int:
-    from graphkit.split.pipelining.checker import check_pipeline
-    from graphkit.split.pipelining.launcher import LaunchError
+    from graphkit.pipelining.launcher import LaunchError
+    from graphkit.pipelining.verification import verify_pipeline
 
     data_parallel = "ddp" if arguments.ddp else "fsdp" if arguments.fsdp else None
     try:
-        result = check_pipeline(
+        result = verify_pipeline(
             arguments.spec,
             schedule=arguments.schedule,
             microbatches=arguments.microbatches,
@@ -195,7 +195,7 @@ def print_untraced(result: Any) -> None:
 
 
 def result_payload(result: Any, data_parallel: str | None, timeline_files: list[str]) -> dict[str, Any]:
-    """The ``--json`` form of a checked pipeline step (a ``PipelineCheck``)."""
+    """The ``--json`` form of a checked pipeline step (a ``PipelineVerification``)."""
     return {
         "frontend": result.case.frontend,
         "schedule": result.case.schedule,

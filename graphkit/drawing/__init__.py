@@ -1,13 +1,17 @@
-"""The presentation layer: graphviz diagrams, the notebook explorer and the ``inspect`` report.
+"""The presentation layer: graphviz diagrams and pipeline timelines, nothing that runs a model.
 
 - :mod:`graphkit.drawing.diagram`: :func:`draw` (a ``graphviz.Digraph`` of a graph and its parameter
-  groups), :func:`groups_diagram`, :func:`render` (``dot`` to SVG / PNG / PDF with a time budget);
-- :mod:`graphkit.drawing.explorer`: :func:`~graphkit.drawing.explorer.explore`, the ipywidgets explorer
-  (extra ``notebook``);
-- :mod:`graphkit.drawing.report`: :func:`~graphkit.drawing.report.inspect`, the one-page HTML report;
-- :mod:`graphkit.drawing.timeline`: recorded pipeline schedule steps, one row per rank (SVG, PNG, HTML).
+  groups), :func:`groups_diagram`; :mod:`graphkit.drawing.rendering`: :func:`render` (``dot`` to
+  SVG / PNG / PDF with a time budget);
+- :mod:`graphkit.drawing.plan`, :mod:`~graphkit.drawing.collapsing`, :mod:`~graphkit.drawing.folding`:
+  what a diagram shows before any DOT is written; :mod:`~graphkit.drawing.labels`,
+  :mod:`~graphkit.drawing.legend`, :mod:`~graphkit.drawing.palette`: how it looks;
+- :mod:`graphkit.drawing.templating`: the Jinja2 templates (``templates/``) of every HTML page;
+- :mod:`graphkit.drawing.timeline`: recorded or predicted pipeline schedule steps, one row per rank
+  (SVG, PNG, HTML).
 
-Drawing reads the graph, analysis and split layers; none of them imports drawing at module level.
+The applications that orchestrate every layer (the ``inspect`` report, the notebook explorer) live in
+:mod:`graphkit.apps`. Drawing reads the layers below it; none of them imports drawing at module level.
 """
 
 from __future__ import annotations

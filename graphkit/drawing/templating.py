@@ -33,7 +33,7 @@ def environment() -> jinja2.Environment:
 
     Filters: ``shape`` (``(2, 3)``), ``thousands`` (``1,024``), ``bytes_exact`` (``2.2 KiB (2,304 B)``)
     and ``format_bytes`` (``2.2 KiB``); the report page adds its own (see
-    :mod:`graphkit.drawing.report.page`).
+    :mod:`graphkit.apps.report.page`).
     """
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),

@@ -1,6 +1,6 @@
 """Draw recorded pipeline schedules: one row per rank, actions coloured by kind, idle time visible.
 
-A :class:`~graphkit.split.schedule_recording.ScheduleTimeline` (what a real schedule step ran) becomes a
+A :class:`~graphkit.pipelining.recording.ScheduleTimeline` (what a real schedule step ran) becomes a
 picture: each rank's row shows its compute actions (F, I, W, B) on a grey track - the grey that stays
 visible is idle time - and its sends and receives on a thin track below (``issue``: the call that
 starts an op; ``wait``: the time the rank blocked on it). The header prints the step time and the
@@ -28,7 +28,7 @@ from xml.sax.saxutils import escape, quoteattr
 from graphkit.drawing.labels import format_bytes
 from graphkit.drawing.palette import FONT, SECONDARY_TEXT
 from graphkit.drawing.templating import environment
-from graphkit.split.schedule_recording import COMPUTE_KINDS, RecordedAction, ScheduleTimeline
+from graphkit.pipelining.recording import COMPUTE_KINDS, RecordedAction, ScheduleTimeline
 
 __all__ = [
     "KIND_COLOURS",

@@ -1,8 +1,8 @@
 """Pipeline specs: one string that names a model cut into pipeline stages, its loss and one whole batch.
 
 Every pipeline command takes a *pipeline spec* - ``graphkit verify-pipeline``, ``graphkit costs``,
-``graphkit timeline``, ``graphkit compare-schedules`` - and so do :func:`graphkit.pipelining.check_pipeline`,
-:func:`graphkit.split.costs.spec_costs` and :func:`graphkit.split.schedule_recording.record_schedules`.
+``graphkit timeline``, ``graphkit compare-schedules`` - and so do :func:`graphkit.pipelining.verify_pipeline`,
+:func:`graphkit.measure.costs.spec_costs` and :func:`graphkit.pipelining.recording.record_schedules`.
 It has one of three forms:
 
 ``path/to/file.py:function`` or ``package.module:function``
@@ -40,7 +40,7 @@ What the function returns:
 The batch is split into equal microbatches along dimension 0, as ``torch.distributed.pipelining``
 splits it (:meth:`PipelineModel.microbatches`). What each command asks for:
 
-- ``verify-pipeline`` / :func:`~graphkit.split.pipelining.checker.check_pipeline`: ``num_stages`` =
+- ``verify-pipeline`` / :func:`~graphkit.pipelining.verification.verify_pipeline`: ``num_stages`` =
   stages per rank (``--stages-per-rank``, 2) x pipeline ranks; ``batch_size`` = 2 rows per microbatch x
   microbatches x data-parallel replicas;
 - ``costs``: ``--num-stages`` and ``--batch-size``, else the function's own defaults, else

@@ -1199,7 +1199,7 @@ def observing_direct_calls(observer: DirectCallObserver) -> Iterator[None]:
     """Have ``observer`` watch every Node the W phase calls directly, in this thread (or task) only.
 
     The W phase calls intermediates' Nodes itself (:func:`_call_nodes`), so no Node hook fires for a
-    custom Function's backward; a FLOP counter per Node (:func:`graphkit.split.flops.flops_per_node`)
+    custom Function's backward; a FLOP counter per Node (:func:`graphkit.measure.flops.flops_per_node`)
     uses this instead. Observers are held in a :class:`contextvars.ContextVar`, so concurrent threads and
     nested observers never see each other's, and nothing global is patched. They are read when W starts
     (on the caller's thread) and used from there, also where the engine runs the calls on a device thread.

@@ -12,19 +12,19 @@ and writes a report folder::
 
 One idea a module:
 
-- :mod:`~graphkit.drawing.report.inspection`: :func:`collect` runs the steps and returns an :class:`Inspection`;
-- :mod:`~graphkit.drawing.report.page`: :func:`report_html`, the page, from the Jinja2 template
+- :mod:`~graphkit.apps.report.inspection`: :func:`collect` runs the steps and returns an :class:`Inspection`;
+- :mod:`~graphkit.apps.report.page`: :func:`report_html`, the page, from the Jinja2 template
   ``graphkit/drawing/templates/report.html.j2``;
-- :mod:`~graphkit.drawing.report.folder`: :func:`report_json`, :func:`write_report` and :func:`inspect`;
-- :mod:`~graphkit.drawing.report.terminal`: progress lines and the summary table (``rich`` when installed);
-- :mod:`~graphkit.drawing.report.formatting`: numbers as the page and the terminal print them.
+- :mod:`~graphkit.apps.report.folder`: :func:`report_json`, :func:`write_report` and :func:`inspect`;
+- :mod:`~graphkit.apps.report.terminal`: progress lines and the summary table (``rich`` when installed);
+- :mod:`~graphkit.apps.report.formatting`: numbers as the page and the terminal print them.
 """
 
 from __future__ import annotations
 
-from graphkit.drawing.report.folder import inspect, report_json, write_report
-from graphkit.drawing.report.inspection import DEFAULT_SPEC, FILES, MAX_NODES, Inspection, collect
-from graphkit.drawing.report.page import report_html
+from graphkit.apps.report.folder import inspect, report_json, write_report
+from graphkit.apps.report.inspection import DEFAULT_SPEC, FILES, MAX_NODES, Inspection, collect
+from graphkit.apps.report.page import report_html
 
 __all__ = [
     "DEFAULT_SPEC",

@@ -1,7 +1,7 @@
 """The private contract between graphkit's pipeline stage and ``torch.distributed.pipelining``.
 
-graphkit's stages (:class:`~graphkit.split.pipelining.stage.PipelineStage` for the manual frontend,
-:class:`~graphkit.split.pipelining.stage.TracedPipelineStage` for the tracing frontend's ``build_stage``)
+graphkit's stages (:class:`~graphkit.pipelining.stage.PipelineStage` for the manual frontend,
+:class:`~graphkit.pipelining.stage.TracedPipelineStage` for the tracing frontend's ``build_stage``)
 override one method of PyTorch's stage classes, ``backward_maybe_with_nosync(backward_type, bwd_kwargs,
 last_backward)`` (``torch/distributed/pipelining/stage.py``); both frontends inherit the methods that call
 it from ``_PipelineStageBase``. graphkit relies on how the installed torch calls it:

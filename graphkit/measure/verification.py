@@ -10,7 +10,7 @@ may update buffers: batch norm's running statistics, spectral norm's power itera
 the end. Every floating or complex output that requires grad receives the same seeded
 random cotangent in both runs. Every stage-input gradient and the gradient of every leaf the outputs
 reach (registered parameters or not) is compared - complex ones as complex values - and the FLOPs of
-each phase are counted (:class:`graphkit.split.flops.FlopCounter`), also per *opaque Node*
+each phase are counted (:class:`graphkit.measure.flops.FlopCounter`), also per *opaque Node*
 (:mod:`graphkit.analysis.opaque`: activation checkpoints, compiled regions, custom Functions,
 ``linalg.solve`` with a learned matrix): the report names each one with its FLOPs in the full backward,
 in B and in W, so a user sees where B + W costs more than a full backward, and which parameters received
@@ -43,9 +43,9 @@ from graphkit.analysis.parameter_groups import param_groups
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, unflatten_like
+from graphkit.measure.flops import FlopCounter, flops_per_node
 from graphkit.split.backward import backward_full, backward_input, backward_weight
 from graphkit.split.checkpointing import Recompute, recompute_policy
-from graphkit.split.flops import FlopCounter, flops_per_node
 
 __all__ = [
     "GradientCheck",

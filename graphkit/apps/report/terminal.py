@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
-from graphkit.drawing.report.formatting import flop_text, shape_text, tolerance_text
-from graphkit.drawing.report.inspection import FILES, Inspection
+from graphkit.apps.report.formatting import flop_text, shape_text, tolerance_text
+from graphkit.apps.report.inspection import FILES, Inspection
 
 __all__ = ["Progress", "print_summary", "terminal_rows"]
 

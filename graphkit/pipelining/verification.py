@@ -1,10 +1,10 @@
-"""``check_pipeline``: one real schedule step against a single-process full backward, parameter by parameter.
+"""``verify_pipeline``: one real schedule step against a single-process full backward, parameter by parameter.
 
 The check builds the pipeline twice from its spec (:mod:`graphkit.models.pipeline_specs`, under a fixed
 seed, so both copies and every rank hold the same weights, in float64 by default). The first copy runs the
 schedule: its stages become ``PipelineStage`` objects (graphkit's, or PyTorch's for comparison) on a
 pipeline process group - all on this process by default (a world-size-1 gloo group), or spread over ``ranks``
-local processes (:mod:`graphkit.split.pipelining.launcher`). The second copy runs an ordinary full backward,
+local processes (:mod:`graphkit.pipelining.launcher`). The second copy runs an ordinary full backward,
 in one process, over the same microbatches in the same order, and divides the stage modules' gradients
 by the number of microbatches as the schedule does (``scale_grads``; PyTorch leaves the gradients of
 parameters inside ``loss_fn`` unscaled, and so does the reference). Every parameter's gradient - stages and ``loss_fn`` - is then compared,
@@ -21,7 +21,7 @@ order.
 
 With ``frontend="tracing"`` the stages come from PyTorch's tracing frontend instead: the spec's stage modules,
 composed into one model, are traced and cut by ``pipeline()``
-(:func:`~graphkit.split.pipelining.tracing_frontend.trace_pipeline`) on every rank, and each rank builds its
+(:func:`~graphkit.pipelining.tracing_frontend.trace_pipeline`) on every rank, and each rank builds its
 stages with ``build_stage`` (graphkit's, or PyTorch's). The oracle is then a full backward through the
 traced stage modules of a second, identically traced copy - the same operations as the split, so the
 comparison is bit for bit - and every parameter a stage module holds is compared, each copy of a parameter
@@ -33,8 +33,8 @@ so). Before each SGD step the copies of a replicated parameter all take their su
 traced stages must do, so the copies stay equal to the untraced parameter.
 
 With ``timeline=True`` the last step is recorded on every rank by
-:class:`graphkit.split.schedule_recording.ScheduleRecorder` (every F, I, W, B, send and receive) and returned
-as a :class:`~graphkit.split.schedule_recording.ScheduleTimeline` (``graphkit verify-pipeline --timeline``
+:class:`graphkit.pipelining.recording.ScheduleRecorder` (every F, I, W, B, send and receive) and returned
+as a :class:`~graphkit.pipelining.recording.ScheduleTimeline` (``graphkit verify-pipeline --timeline``
 draws it with :mod:`graphkit.drawing.timeline`).
 
 Between steps both copies take the same plain SGD step (``p -= 0.1 * grad``), so a second step starts from
@@ -54,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["ParameterCheck", "PipelineCheck", "PipelineCase", "check_pipeline", "run_cases"]
+__all__ = ["ParameterVerification", "PipelineVerification", "PipelineCase", "verify_pipeline", "verify_cases"]
 
 _TOLERANCE = 1e-10
 _LEARNING_RATE = 0.1
@@ -64,7 +64,7 @@ _LEARNING_RATE = 0.1
 class PipelineCase:
     """One schedule run to check: which pipeline, schedule, microbatch count and number of steps.
 
-    ``stage`` is ``"graphkit"`` (graphkit's :class:`~graphkit.split.pipelining.stage.PipelineStage`) or
+    ``stage`` is ``"graphkit"`` (graphkit's :class:`~graphkit.pipelining.stage.PipelineStage`) or
     ``"torch"`` (``torch.distributed.pipelining.PipelineStage``, for comparison). ``stages_per_rank`` other
     than 2 suits ``InterleavedZeroBubble`` and ``CSV`` only. ``record_timeline``: record the last step.
     ``frontend`` is ``"manual"`` (the spec's stage modules are the stages) or ``"tracing"`` (``pipeline()``
@@ -83,7 +83,7 @@ class PipelineCase:
 
 
 @dataclass(slots=True)
-class ParameterCheck:
+class ParameterVerification:
     """One parameter's gradient against the full backward's.
 
     Attributes:
@@ -108,13 +108,13 @@ class ParameterCheck:
 
 
 @dataclass(slots=True)
-class PipelineCheck:
-    """The result of one checked schedule run (see :func:`check_pipeline`).
+class PipelineVerification:
+    """The result of one checked schedule run (see :func:`verify_pipeline`).
 
     ``passed`` is True when the step ran, every gradient matches (bit for bit without data parallelism or
     shared parameters, within ``1e-10`` relative with them) and every counted hook fired once per
     microbatch (and stage holding it). ``timeline``: the
-    recorded last step on every rank (a :class:`~graphkit.split.schedule_recording.ScheduleTimeline`), when
+    recorded last step on every rank (a :class:`~graphkit.pipelining.recording.ScheduleTimeline`), when
     asked for and the step ran.
 
     With the tracing frontend, ``parameters`` are the traced stage modules' (named ``stage{i}.{name}``,
@@ -126,11 +126,11 @@ class PipelineCheck:
 
     case: PipelineCase
     ranks: int
-    parameters: list[ParameterCheck] = field(default_factory=list)
+    parameters: list[ParameterVerification] = field(default_factory=list)
     error: str | None = None
     backward_calls: dict[str, int] = field(default_factory=dict)
     timeline: Any = None
-    untraced: list[ParameterCheck] = field(default_factory=list)
+    untraced: list[ParameterVerification] = field(default_factory=list)
     replicated: dict[str, list[str]] = field(default_factory=dict)
 
     @property
@@ -198,7 +198,7 @@ class PipelineCheck:
         return "\n".join(lines)
 
 
-def check_pipeline(
+def verify_pipeline(
     spec: Any,
     *,
     schedule: str = "ZBVZeroBubble",
@@ -211,7 +211,7 @@ def check_pipeline(
     deadline: float = 120.0,
     timeline: bool = False,
     frontend: str = "manual",
-) -> PipelineCheck:
+) -> PipelineVerification:
     """Run a real pipeline schedule step and compare every parameter's gradient with a full backward.
 
     Args:
@@ -222,7 +222,7 @@ def check_pipeline(
             stages and a batch of 2 rows per microbatch per replica. A function must be importable by name
             when ``ranks > 1``.
         schedule: ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``, ``CSV`` or ``csv:PATH``
-            (:mod:`graphkit.split.pipelining.schedules`); every schedule puts two stages on each pipeline rank.
+            (:mod:`graphkit.pipelining.schedules`); every schedule puts two stages on each pipeline rank.
         microbatches: microbatches per step (the batch is split evenly).
         steps: schedule steps, with an SGD step in between.
         ranks: processes; 1 runs every stage in this process (a world-size-1 gloo group, unless a default
@@ -232,53 +232,55 @@ def check_pipeline(
         stage: ``"graphkit"`` or ``"torch"`` (PyTorch's own stage, to compare).
         stages_per_rank: stages on each pipeline rank (2; any number for ``InterleavedZeroBubble`` and ``CSV``).
         deadline: seconds before spawned processes are ended (``ranks > 1``).
-        timeline: record the last step on every rank (:attr:`PipelineCheck.timeline`).
+        timeline: record the last step on every rank (:attr:`PipelineVerification.timeline`).
         frontend: ``"manual"`` (the spec's stage modules are the stages, ``PipelineStage``) or
             ``"tracing"`` (``pipeline()`` traces them composed into one model, ``build_stage`` builds the
             stages; no data parallelism).
 
     Returns:
-        A :class:`PipelineCheck`; ``error`` holds the exception text when the schedule step itself raised.
+        A :class:`PipelineVerification`; ``error`` holds the exception text when the schedule step itself raised.
 
     Raises:
         ValueError: an unknown schedule, stage, frontend or data_parallel, ``ranks`` that do not fit it, or
             data parallelism with the tracing frontend.
         graphkit.models.specs.SpecError: a bad pipeline spec.
-        graphkit.split.pipelining.tracing_frontend.PipelineTracingError: ``pipeline()`` cannot trace the
+        graphkit.pipelining.tracing_frontend.PipelineTracingError: ``pipeline()`` cannot trace the
             spec's stages (a ValueError; the message says why).
-        graphkit.split.pipelining.launcher.LaunchError: a spawned process failed outside the step, or the
+        graphkit.pipelining.launcher.LaunchError: a spawned process failed outside the step, or the
             deadline passed.
     """
     case = PipelineCase(
         spec, schedule, microbatches, steps, stage, data_parallel, stages_per_rank, timeline, frontend
     )
-    return run_cases([case], ranks=ranks, deadline=deadline)[0]
+    return verify_cases([case], ranks=ranks, deadline=deadline)[0]
 
 
-def run_cases(cases: list[PipelineCase], *, ranks: int = 1, deadline: float = 120.0) -> list[PipelineCheck]:
+def verify_cases(
+    cases: list[PipelineCase], *, ranks: int = 1, deadline: float = 120.0
+) -> list[PipelineVerification]:
     """Check several cases on one process group (one spawn of ``ranks`` processes for all of them).
 
     Raises:
-        as :func:`check_pipeline`.
+        as :func:`verify_pipeline`.
     """
     for case in cases:
         _validate(case, ranks)
     if ranks == 1 or (dist.is_initialized() and dist.get_world_size() == ranks):
         with _local_group():
             return _run_rank(cases)
-    from graphkit.split.pipelining.schedules import stage_count
+    from graphkit.pipelining.schedules import stage_count
 
     for case in cases:
         if case.frontend == "tracing":  # an untraceable spec: a clear error here, not one per spawned rank
             _traced(case, stage_count(case.schedule, ranks, case.stages_per_rank), 2 * case.microbatches)
-    from graphkit.split.pipelining.launcher import run_on_processes
+    from graphkit.pipelining.launcher import run_on_processes
 
     per_rank = run_on_processes(_run_rank, (cases,), world_size=ranks, deadline=deadline)
     return [_merge([checks[index] for checks in per_rank]) for index in range(len(cases))]
 
 
 def _validate(case: PipelineCase, ranks: int) -> None:
-    from graphkit.split.pipelining.schedules import stage_indices
+    from graphkit.pipelining.schedules import stage_indices
 
     stage_indices(case.schedule, 0, 1, case.stages_per_rank)  # an unknown schedule or placement raises
     if case.stage not in ("graphkit", "torch"):
@@ -316,8 +318,8 @@ def _local_group() -> Iterator[None]:
             dist.destroy_process_group()
 
 
-def _merge(checks: list[PipelineCheck]) -> PipelineCheck:
-    merged = PipelineCheck(checks[0].case, len(checks))
+def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
+    merged = PipelineVerification(checks[0].case, len(checks))
     errors = [check.error for check in checks if check.error is not None]
     # a rank whose peer failed reports a closed connection: name the peer's own error first
     errors.sort(key=lambda error: "Connection closed" in error or error.startswith("not run"))
@@ -337,7 +339,7 @@ def _merge(checks: list[PipelineCheck]) -> PipelineCheck:
         for kind, count in check.backward_calls.items():
             merged.backward_calls[kind] = merged.backward_calls.get(kind, 0) + count
     if all(check.timeline is not None for check in checks):
-        from graphkit.split.schedule_recording import ScheduleTimeline
+        from graphkit.pipelining.recording import ScheduleTimeline
 
         first = checks[0].timeline
         ranks = sorted(
@@ -389,15 +391,15 @@ def _mesh(data_parallel: str | None) -> _Mesh:
     )
 
 
-def _run_rank(cases: list[PipelineCase]) -> list[PipelineCheck]:
-    results: list[PipelineCheck] = []
+def _run_rank(cases: list[PipelineCase]) -> list[PipelineVerification]:
+    results: list[PipelineVerification] = []
     for case in cases:
         results.append(_run_case(case))
         if results[-1].error is not None and dist.get_world_size() > 1:
             # the other ranks may wait on this one: later cases would deadlock, so report them as not run
             for rest in cases[len(results) :]:
                 results.append(
-                    PipelineCheck(rest, dist.get_world_size(), error="not run: an earlier case failed")
+                    PipelineVerification(rest, dist.get_world_size(), error="not run: an earlier case failed")
                 )
             break
     return results
@@ -472,7 +474,7 @@ def _manual_run(case: PipelineCase, mesh: _Mesh, num_stages: int, indices: list[
 
 def _traced(case: PipelineCase, num_stages: int, batch_size: int) -> Any:
     """The case's pipeline spec traced by ``pipeline()`` into ``num_stages`` stages of 2 rows a microbatch."""
-    from graphkit.split.pipelining.tracing_frontend import trace_pipeline
+    from graphkit.pipelining.tracing_frontend import trace_pipeline
 
     model = _build(case, num_stages, batch_size)
     if model.batch_size != batch_size:
@@ -506,15 +508,15 @@ def _tracing_run(case: PipelineCase, mesh: _Mesh, num_stages: int, indices: list
     )
 
 
-def _run_case(case: PipelineCase) -> PipelineCheck:
-    from graphkit.split.pipelining.schedules import build_schedule, stage_count, stage_indices
+def _run_case(case: PipelineCase) -> PipelineVerification:
+    from graphkit.pipelining.schedules import build_schedule, stage_count, stage_indices
 
     mesh = _mesh(case.data_parallel)
     num_stages = stage_count(case.schedule, mesh.pipeline_size, case.stages_per_rank)
     indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size, case.stages_per_rank)
     make_run = _tracing_run if case.frontend == "tracing" else _manual_run
     run = make_run(case, mesh, num_stages, indices)
-    check = PipelineCheck(case, dist.get_world_size())
+    check = PipelineVerification(case, dist.get_world_size())
     stages, named, untraced = run.stages, run.named, run.untraced
     hooks: Counter[str] = Counter()
     handles = []
@@ -530,7 +532,7 @@ def _run_case(case: PipelineCase) -> PipelineCheck:
         )
         holders = Counter(id(parameter) for name, parameter in named.items() if name.startswith("stage"))
         results = {
-            name: ParameterCheck(name, stages=max(1, holders[id(parameter)]))
+            name: ParameterVerification(name, stages=max(1, holders[id(parameter)]))
             for name, parameter in named.items()
         }
         for step in range(case.steps):
@@ -596,7 +598,7 @@ class _UntracedComparison:
         indices: list[int],
         microbatches: int,
     ) -> None:
-        from graphkit.split.pipelining.tracing_frontend import StageChain
+        from graphkit.pipelining.tracing_frontend import StageChain
 
         self.pipeline, self.named, self.reference, self.untraced = pipeline, named, reference, untraced
         self.microbatches = microbatches
@@ -619,7 +621,7 @@ class _UntracedComparison:
             ours = dict(pipeline.loss_fn.named_parameters())
             for name, parameter in untraced.loss_fn.named_parameters():
                 self.loss_fn_named[f"loss_fn.{name}"] = (ours[name], parameter)
-        self.results = {name: ParameterCheck(name) for name in [*reported, *self.loss_fn_named]}
+        self.results = {name: ParameterVerification(name) for name in [*reported, *self.loss_fn_named]}
         self.reference_named = reference.named_parameters()
 
     def zero(self) -> None:
@@ -693,8 +695,8 @@ def _recorded_step(
     num_stages: int,
     case: Any,
 ) -> Any:
-    """Run one step under :class:`~graphkit.split.schedule_recording.ScheduleRecorder`; this rank's timeline."""
-    from graphkit.split.schedule_recording import ScheduleTimeline, memory_probe, record_rank_step
+    """Run one step under :class:`~graphkit.pipelining.recording.ScheduleRecorder`; this rank's timeline."""
+    from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
 
     probe, method = memory_probe(torch.device("cpu"))
     dist.barrier()  # every rank's time zero at the same moment
@@ -722,7 +724,7 @@ def _make_stage(case: PipelineCase, mesh: _Mesh, module: nn.Module, index: int, 
         device_mesh = DeviceMesh.from_group(mesh.replica_group, "cpu", mesh=torch.tensor(ranks))
         fully_shard(module, mesh=device_mesh, reshard_after_forward=False)
     if case.stage == "graphkit":
-        from graphkit.split.pipelining.stage import PipelineStage
+        from graphkit.pipelining.stage import PipelineStage
     else:
         from torch.distributed.pipelining import PipelineStage
     return PipelineStage(module, index, num_stages, torch.device("cpu"), group=mesh.pipeline_group)
@@ -730,7 +732,7 @@ def _make_stage(case: PipelineCase, mesh: _Mesh, module: nn.Module, index: int, 
 
 def _make_traced_stage(case: PipelineCase, mesh: _Mesh, traced: Any, index: int) -> Any:
     if case.stage == "graphkit":
-        from graphkit.split.pipelining.stage import build_stage
+        from graphkit.pipelining.stage import build_stage
     else:
         from torch.distributed.pipelining import build_stage
     return build_stage(
@@ -781,7 +783,7 @@ def _full_gradient(parameter: torch.Tensor) -> torch.Tensor | None:
 
 
 def _compare(
-    result: ParameterCheck,
+    result: ParameterVerification,
     grad: torch.Tensor | None,
     reference: torch.Tensor | None,
     microbatches: int,

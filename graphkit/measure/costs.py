@@ -16,7 +16,7 @@ Method (all in one run, on the device the stage lives on):
 - **bytes** (exact, from the tensors themselves, each storage counted once, parameters never):
   ``activation_bytes`` - the saved tensors a forward leaves for the backward (everything the autograd
   graph of the outputs saved); ``b_keeps_bytes`` - what the B phase keeps for W (captured gradients and
-  the saved tensors W's formulas read, :func:`graphkit.split.benchmark.memory_kept`);
+  the saved tensors W's formulas read, :func:`graphkit.measure.benchmark.memory_kept`);
   ``b_frees_bytes`` - the activations B frees once the stage outputs are dropped; ``w_needs_bytes`` -
   what W reads; ``w_frees_bytes`` - what W releases (all B kept); ``input_grad_bytes`` - the gradients
   B hands to the previous stage; ``parameter_grad_bytes`` - the ``.grad`` W fills (allocated once, not
@@ -43,10 +43,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.measure.benchmark import _saved_tensors_below, memory_kept
+from graphkit.measure.timing import timed
+from graphkit.measure.verification import call_stage, fresh_inputs
 from graphkit.split.backward import SplitState, backward_input, backward_weight
-from graphkit.split.benchmark import _saved_tensors_below, memory_kept
-from graphkit.split.timing import timed
-from graphkit.split.verification import call_stage, fresh_inputs
 
 __all__ = ["PassCost", "PipelineCosts", "StageCosts", "pipeline_costs", "spec_costs", "stage_costs"]
 

@@ -1,6 +1,6 @@
 """The report folder of ``graphkit inspect``: ``report.json``, ``index.html``, the diagram and the graph.
 
-:func:`inspect` is the whole command: collect (:func:`~graphkit.drawing.report.inspection.collect`), write
+:func:`inspect` is the whole command: collect (:func:`~graphkit.apps.report.inspection.collect`), write
 the folder (:func:`write_report`), print the summary and return the exit status.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from graphkit.drawing.report.inspection import (
+from graphkit.apps.report.inspection import (
     DEFAULT_SPEC,
     FILES,
     MAX_NODES,
@@ -24,8 +24,8 @@ from graphkit.drawing.report.inspection import (
     Inspection,
     collect,
 )
-from graphkit.drawing.report.page import report_html
-from graphkit.drawing.report.terminal import Progress, print_summary
+from graphkit.apps.report.page import report_html
+from graphkit.apps.report.terminal import Progress, print_summary
 
 __all__ = ["inspect", "report_json", "write_report"]
 
@@ -35,7 +35,7 @@ def report_json(inspection: Inspection, files: Mapping[str, str | None] | None =
 
     Keys: ``spec``; ``summary`` (:meth:`Inspection.summary`); ``groups`` (one dict per group, as
     ``graphkit groups --json`` prints them); ``unused_params``; ``verify`` (exactly
-    :meth:`graphkit.split.verification.VerifyReport.to_dict`, as ``graphkit verify --json`` prints it; None
+    :meth:`graphkit.measure.verification.VerifyReport.to_dict`, as ``graphkit verify --json`` prints it; None
     on the meta device); ``flops`` (``counted`` by FlopCounterMode, ``total`` with the estimates from
     shapes, ``partial``, ``estimated_from_shapes``, ``not_counted``: one dict per node whose backward the
     counter misses, ``note``); ``files`` (file name of each kind, relative to the report folder; None for a
@@ -98,7 +98,7 @@ def inspect(
         collapse_depth: draw modules at this depth of the module tree as one node each; None collapses (or
             folds repeated structure) only graphs of more than ``max_nodes`` nodes.
         max_nodes, fold, timeout_s: the diagram's node budget, folding and layout time budget (see
-            :func:`~graphkit.drawing.report.inspection.collect`).
+            :func:`~graphkit.apps.report.inspection.collect`).
 
     Returns:
         The exit status: 0 when the split backward matches the full backward (or, on the meta device,

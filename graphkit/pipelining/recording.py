@@ -6,9 +6,9 @@
 (``stage.get_{fwd,bwd}_{send,recv}_ops`` to learn which ops belong to which action, and the
 ``_batch_p2p`` / ``_wait_batch_p2p`` helpers of ``torch/distributed/pipelining/schedules.py`` to time
 when they are issued and waited for). It works with any stage class - graphkit's ``PipelineStage``
-(:mod:`graphkit.split.pipelining.stage`, the default here), PyTorch's, or another subclass - and every
+(:mod:`graphkit.pipelining.stage`, the default here), PyTorch's, or another subclass - and every
 schedule built on those helpers; everything is restored on exit, also when the
-step raises. The private names it relies on are pinned by ``tests/test_schedule_recording.py``.
+step raises. The private names it relies on are pinned by ``tests/test_recording.py``.
 
 :func:`record_schedules` runs one real schedule step per schedule on a pipeline spec
 (:mod:`graphkit.models.pipeline_specs`, built with as many stages as the schedules need) and returns a :class:`ScheduleTimeline` for each: either in this
@@ -611,7 +611,7 @@ def stage_assignment(
 
 
 STAGE_CLASSES = {
-    "graphkit": "graphkit.split.pipelining.stage:PipelineStage",
+    "graphkit": "graphkit.pipelining.stage:PipelineStage",
     "torch": "torch.distributed.pipelining:PipelineStage",
 }
 """The stage classes by the names of ``--stage``: graphkit's (the default) and PyTorch's own."""
@@ -864,7 +864,7 @@ def _load(spec: Any, num_stages: int, batch_size: int) -> Any:
 
 
 def _rank_main(config: dict[str, Any]) -> int:
-    """Entry point of a spawned rank (``python -m graphkit.split.schedule_recording CONFIG``).
+    """Entry point of a spawned rank (``python -m graphkit.pipelining.recording CONFIG``).
 
     Records, then writes ``{"payload": ...}`` or ``{"error": text}`` to ``config["result"]``.
     """
@@ -1077,7 +1077,7 @@ def _spawn(
                 log = Path(folder) / f"rank{rank}.log"
                 with open(log, "wb") as output:
                     process = subprocess.Popen(
-                        [sys.executable, "-m", "graphkit.split.schedule_recording", json.dumps(config)],
+                        [sys.executable, "-m", "graphkit.pipelining.recording", json.dumps(config)],
                         stdout=output,
                         stderr=subprocess.STDOUT,
                         cwd=root,

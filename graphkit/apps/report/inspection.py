@@ -26,9 +26,9 @@ from graphkit.analysis.uncounted_flops import FlopCoverage, flop_coverage
 from graphkit.graph.autograd_graph import AutogradGraph
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.graph.tracing import trace
+from graphkit.measure.verification import VerifyReport, verify_split
 from graphkit.models.specs import load_spec, load_spec_on, meta_forward_error, spec_inputs_as_call
 from graphkit.models.zoo import DEFAULT_MODEL
-from graphkit.split.verification import VerifyReport, verify_split
 
 __all__ = ["DEFAULT_SPEC", "FILES", "MAX_NODES", "META_VERIFY_NOTE", "STEPS", "Inspection", "collect"]
 

@@ -28,11 +28,14 @@ LAYERS = {
     "models": 0,
     "analysis": 1,
     "split": 2,
-    "drawing": 3,
-    "graphkit": 4,  # the public API: graphkit/__init__.py, graphkit/pipelining.py
-    "cli": 5,  # the command line, on top: nothing but python -m graphkit imports it
+    "measure": 3,
+    "pipelining": 4,
+    "drawing": 5,
+    "apps": 6,
+    "graphkit": 7,  # the public API: graphkit/__init__.py
+    "cli": 8,  # the command line, on top: nothing but python -m graphkit imports it
 }
-LAYER_OF_LOOSE_MODULES = {"pipelining": "graphkit", "__main__": "cli"}
+LAYER_OF_LOOSE_MODULES = {"__main__": "cli"}
 
 
 def module_name(path: Path) -> str:
@@ -90,10 +93,10 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 
 
 def test_every_module_lives_in_a_layer_folder():
-    # besides the package's entry points, one public module: graphkit.pipelining re-exports split.pipelining
-    loose = {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py", "pipelining.py"}
+    # besides the package's entry points, no module outside the layer folders
+    loose = {path.name for path in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py"}
     assert loose == set(), f"modules outside the layer folders: {sorted(loose)}"
-    for folder in ("graph", "analysis", "split", "drawing", "models", "cli"):
+    for folder in set(LAYERS) - {"graphkit"}:
         assert (PACKAGE / folder / "__init__.py").is_file(), folder
     folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
     assert folders == set(LAYERS) - {"graphkit"}, f"folders without a layer: {sorted(folders - set(LAYERS))}"
@@ -164,7 +167,7 @@ def test_the_command_line_is_the_top_layer_that_only_python_dash_m_imports(
     (fake_package / "__init__.py").write_text(
         "from graphkit.split import backward\nfrom graphkit.cli import main\n"
     )
-    (fake_package / "pipelining.py").write_text("from graphkit.split.pipelining import stage\n")
+    (fake_package / "pipelining.py").write_text("from graphkit.pipelining import stage\n")
     (fake_package / "drawing").mkdir()
     (fake_package / "drawing" / "__init__.py").write_text("def f():\n    from graphkit.cli import options\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake_package)
@@ -236,7 +239,7 @@ def run_python(script: str) -> subprocess.CompletedProcess[str]:
 def test_draw_works_after_importing_the_explorer_in_a_fresh_process():
     script = (
         "import torch, graphkit\n"
-        "import graphkit.drawing.explorer, graphkit.drawing.diagram, graphkit.drawing.report\n"
+        "import graphkit.apps.explorer, graphkit.drawing.diagram, graphkit.apps.report\n"
         "from graphkit.drawing import diagram\n"
         "layer = torch.nn.Linear(3, 2)\n"
         "x = torch.randn(4, 3, requires_grad=True)\n"
@@ -253,7 +256,7 @@ def test_import_graphkit_stays_light():
     # the public API loads the lower layers only; drawing, verification and models load on first use
     script = (
         "import sys, graphkit\n"
-        "heavy = [name for name in sys.modules if name.startswith(('graphkit.drawing', 'graphkit.split.verification',"
+        "heavy = [name for name in sys.modules if name.startswith(('graphkit.drawing', 'graphkit.measure.verification',"
         " 'graphkit.models', 'transformers', 'ipywidgets', 'jinja2'))]\n"
         "print(heavy)\n"
     )

@@ -18,11 +18,11 @@ of a full backward. Both of PyTorch's frontends are covered:
   ``torch.export`` and cuts the graph into stage modules.
 
 Where it plugs in: ``backward_maybe_with_nosync`` is overridden, the method PyTorch's stages call for
-every backward (see :mod:`graphkit.split.pipelining.contract`), and so are ``clear_runtime_states`` and
+every backward (see :mod:`graphkit.pipelining.contract`), and so are ``clear_runtime_states`` and
 ``scale_grads``, so that a parameter shared by two stages on one rank is divided by the number of
-microbatches once per step (:mod:`graphkit.split.pipelining.gradient_scaling`); the overrides live in one
+microbatches once per step (:mod:`graphkit.pipelining.gradient_scaling`); the overrides live in one
 mixin that both stage classes share. ``"input"`` and ``"weight"`` run graphkit's B and W inside the same DDP / FSDP2
-settings as PyTorch's (:mod:`graphkit.split.pipelining.data_parallel`); ``"full"`` (B actions, and W on
+settings as PyTorch's (:mod:`graphkit.pipelining.data_parallel`); ``"full"`` (B actions, and W on
 stage 0, which PyTorch runs as a full backward) stays PyTorch's.
 """
 
@@ -38,11 +38,11 @@ from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
 from torch.distributed.pipelining.stage import _PipelineStage as _TorchTracedStage
 from torch.nn.parallel import DistributedDataParallel
 
+from graphkit.pipelining.contract import check_torch_contract
+from graphkit.pipelining.data_parallel import check_data_parallel, data_parallel_backward
+from graphkit.pipelining.gradient_scaling import shared_gradient_scaling
+from graphkit.pipelining.stage_backward import split_input_gradients
 from graphkit.split.backward import SplitState, backward_weight
-from graphkit.split.pipelining.contract import check_torch_contract
-from graphkit.split.pipelining.data_parallel import check_data_parallel, data_parallel_backward
-from graphkit.split.pipelining.gradient_scaling import shared_gradient_scaling
-from graphkit.split.pipelining.stage_backward import split_input_gradients
 
 __all__ = ["BackwardCalls", "PipelineStage", "TracedPipelineStage", "build_stage"]
 
@@ -125,7 +125,7 @@ class _SplitBackwardStage:
 
     def clear_runtime_states(self) -> None:
         """PyTorch's per-step reset; a step with a backward also notes this stage's parameters as held by it
-        (:mod:`graphkit.split.pipelining.gradient_scaling`), so :meth:`scale_grads` knows which it shares."""
+        (:mod:`graphkit.pipelining.gradient_scaling`), so :meth:`scale_grads` knows which it shares."""
         super().clear_runtime_states()  # type: ignore[misc]
         if self.has_backward:  # type: ignore[attr-defined]
             shared_gradient_scaling.join(self, self.submod.parameters())
@@ -156,7 +156,7 @@ class PipelineStage(_SplitBackwardStage, _TorchPipelineStage):
       without them); views are never detached;
     - ``scale_grads`` divides a parameter shared with other graphkit stages on this rank (tied weights on
       a V schedule's first and last stage) once per step, not once per stage
-      (:mod:`graphkit.split.pipelining.gradient_scaling`);
+      (:mod:`graphkit.pipelining.gradient_scaling`);
     - ``stage.backward_calls`` counts the B, W and full backwards it ran.
 
     Raises:

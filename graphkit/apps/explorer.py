@@ -22,10 +22,10 @@
   (and not on the meta device, which has no values to compare).
 
 Only plain ipywidgets are used; the diagram's zoom and clicks are a small script that travels with the
-diagram's HTML (see :func:`graphkit.drawing.panels.diagram_html`), so the app works in JupyterLab and
+diagram's HTML (see :func:`graphkit.apps.panels.diagram_html`), so the app works in JupyterLab and
 Notebook 7; where a front end does not run it, the pickers still do everything. The pieces that are not
 widgets - :func:`~graphkit.analysis.node_roles.node_role` and the HTML panels of
-:mod:`graphkit.drawing.panels` - are plain functions and work without ipywidgets.
+:mod:`graphkit.apps.panels` - are plain functions and work without ipywidgets.
 
 ipywidgets is an optional dependency: ``pip install 'graphkit[notebook]'``.
 """
@@ -44,7 +44,7 @@ import torch
 from graphkit.analysis.closures import input_closure
 from graphkit.analysis.node_roles import node_role
 from graphkit.analysis.parameter_groups import ParamGroup, param_groups
-from graphkit.drawing import panels
+from graphkit.apps import panels
 from graphkit.drawing.collapsing import choose_collapse_depth, drawn_node_count
 from graphkit.drawing.folding import folded_node_count
 from graphkit.drawing.plan import plan_diagram
@@ -62,7 +62,7 @@ def _import_ipywidgets() -> Any:
         import ipywidgets
     except ImportError as error:
         raise ImportError(
-            f"graphkit.drawing.explorer.explore needs ipywidgets, which is not installed: {INSTALL_HINT}"
+            f"graphkit.apps.explorer.explore needs ipywidgets, which is not installed: {INSTALL_HINT}"
         ) from error
     return ipywidgets
 
@@ -142,7 +142,7 @@ class Explorer:
         verify_button: ``Button``; disabled without a module and inputs.
         diagram: ``HTML`` holding the SVG.
         info_panel, node_panel, verify_panel: ``HTML`` panels beside the diagram.
-        report: the last :class:`graphkit.split.verification.VerifyReport`, or None.
+        report: the last :class:`graphkit.measure.verification.VerifyReport`, or None.
         render_timeout_s: seconds Graphviz may take for one layout.
     """
 
@@ -384,7 +384,7 @@ class Explorer:
         """Run :func:`graphkit.verify_split` on the module and inputs and show its table.
 
         Returns:
-            The :class:`graphkit.split.verification.VerifyReport`.
+            The :class:`graphkit.measure.verification.VerifyReport`.
 
         Raises:
             ValueError: the explorer has no module and inputs.
@@ -394,7 +394,7 @@ class Explorer:
                 "verify needs the module and its inputs: call explore('zoo:NAME'), explore((module, inputs)) "
                 "or explore(graph, module=..., inputs=...)"
             )
-        from graphkit.split.verification import verify_split
+        from graphkit.measure.verification import verify_split
 
         self.verify_button.disabled = True
         self.verify_button.description = "verifying\u2026"

@@ -5,7 +5,7 @@ medians after warm-up):
 
 - ``full_s``: an ordinary ``torch.autograd.backward``; ``b_s`` / ``w_s``: graphkit's B and W phases;
   ``split_s``: their sum;
-- ``flops``: FLOPs of ``full``, ``b`` and ``w`` (:class:`graphkit.split.flops.FlopCounter`);
+- ``flops``: FLOPs of ``full``, ``b`` and ``w`` (:class:`graphkit.measure.flops.FlopCounter`);
 - ``w_engine_calls``: autograd-engine calls the W phase makes;
 - ``retained_bytes``: bytes kept alive between B and W once the caller dropped the stage outputs -
   saved tensors reachable from what the state holds, plus the captured gradients (for a non-reentrant
@@ -44,11 +44,11 @@ import torch
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.measure.flops import FlopCounter
+from graphkit.measure.timing import timed
+from graphkit.measure.verification import call_stage, fresh_inputs
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.checkpointing import checkpoint_tensors
-from graphkit.split.flops import FlopCounter
-from graphkit.split.timing import timed
-from graphkit.split.verification import call_stage, fresh_inputs
 
 __all__ = [
     "SplitBenchmark",

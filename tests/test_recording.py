@@ -19,8 +19,7 @@ from torch import nn
 from graphkit.cli import main
 from graphkit.models.pipeline_specs import mlp_pipeline
 from graphkit.models.specs import SpecError
-from graphkit.split import schedule_recording
-from graphkit.split.schedule_recording import (
+from graphkit.pipelining.recording import (
     COMPUTE_KINDS,
     ScheduleRecorder,
     ScheduleTimeline,
@@ -29,6 +28,7 @@ from graphkit.split.schedule_recording import (
     record_schedules,
     stage_assignment,
 )
+from graphkit.pipelining import recording as schedule_recording
 
 MULTI_STAGE = ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
 
@@ -240,7 +240,7 @@ def test_timeline_runs_graphkits_stage_by_default_and_pytorchs_with_stage_torch(
 ):
     from torch.distributed.pipelining import PipelineStage as TorchStage
 
-    from graphkit.split.pipelining.stage import PipelineStage as GraphkitStage
+    from graphkit.pipelining.stage import PipelineStage as GraphkitStage
 
     built: list[type] = []
     original = schedule_recording.build_schedule

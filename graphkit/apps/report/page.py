@@ -1,7 +1,7 @@
 """``index.html``: the report page, rendered from ``graphkit/drawing/templates/report.html.j2`` by Jinja2.
 
 The template holds the page's structure and wording; this module turns an
-:class:`~graphkit.drawing.report.inspection.Inspection` into the plain values the template shows (rows,
+:class:`~graphkit.apps.report.inspection.Inspection` into the plain values the template shows (rows,
 bar widths, notes). The page stays one self-contained file: the stylesheet (``report.css``) and the one
 script (``report.js``: fit the diagram to the page width or show it at actual size) are inlined, and the
 diagram's SVG is embedded as it is.
@@ -15,9 +15,9 @@ from typing import Any
 import jinja2
 
 from graphkit.analysis.parameter_groups import FLAG_MEANINGS, GroupFlag
+from graphkit.apps.report import formatting
+from graphkit.apps.report.inspection import FILES, META_VERIFY_NOTE, Inspection
 from graphkit.drawing.palette import group_style
-from graphkit.drawing.report import formatting
-from graphkit.drawing.report.inspection import FILES, META_VERIFY_NOTE, Inspection
 from graphkit.drawing.templating import environment
 
 __all__ = ["report_html"]

@@ -1,0 +1,14 @@
+"""The measuring layer: is the split right, and what does it cost.
+
+- :mod:`graphkit.measure.verification`: :func:`~graphkit.measure.verification.verify_split`, the split
+  backward against a full backward, gradient by gradient;
+- :mod:`graphkit.measure.flops`: FLOPs per Node and the one helper that counts FLOPs of the full
+  backward, B and W (:func:`~graphkit.measure.flops.phase_flops`);
+- :mod:`graphkit.measure.benchmark`: timing B + W against a full backward;
+- :mod:`graphkit.measure.costs`: time, FLOPs and memory of each stage's F, B (I) and W, as schedulers
+  take them;
+- :mod:`graphkit.measure.timing`: the timer they share.
+
+It loads on first use (``from graphkit.measure.verification import verify_split``), so ``import graphkit``
+stays light.
+"""
