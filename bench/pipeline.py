@@ -31,7 +31,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from graphkit.models.pipeline_specs import load_pipeline_spec  # noqa: E402
-from graphkit.pipelining.launcher import run_on_processes  # noqa: E402
+from graphkit.pipelining.launcher import local_process_group, run_on_processes  # noqa: E402
 from graphkit.pipelining.schedules import build_schedule, stage_indices  # noqa: E402
 
 
@@ -132,9 +132,8 @@ def main() -> None:
     if arguments.spec is None and arguments.layers % (2 * arguments.ranks):
         parser.error(f"--layers must be a multiple of 2 x ranks = {2 * arguments.ranks}")
     if arguments.ranks == 1:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        per_rank = [time_steps(arguments)]
-        dist.destroy_process_group()
+        with local_process_group():
+            per_rank = [time_steps(arguments)]
     else:
         if arguments.device != "cpu":
             parser.error("several ranks run on CPU (gloo) here; use --ranks 1 on a GPU")

@@ -78,11 +78,7 @@ def world_of_one():
     Modules use it with ``pytestmark = pytest.mark.usefixtures("world_of_one")``; it is destroyed after the
     module, unless a group already existed.
     """
-    import torch.distributed as dist
+    from graphkit.pipelining.launcher import local_process_group
 
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
+    with local_process_group():
+        yield

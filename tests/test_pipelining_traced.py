@@ -41,10 +41,12 @@ from graphkit.pipelining import (
     trace_pipeline,
     verify_pipeline,
 )
+from graphkit.pipelining.schedules import SCHEDULE_NAMES, stage_count
 from graphkit.pipelining.stage import _LocalNeighbourWarmup
 
 CPU = torch.device("cpu")
-SCHEDULES = {"ZBVZeroBubble": 2, "InterleavedZeroBubble": 4, "CSV": 4, "DualPipeV": 2}  # -> stages on rank 0
+# schedule -> its stages, all on rank 0: two for the V schedules, four for the looped ones
+SCHEDULES = {name: stage_count(name, ranks=1, stages_per_rank=4) for name in SCHEDULE_NAMES}
 SHARED_ACROSS = "shared_across_stages"
 CELLS = (*pipeline_models.CELLS, SHARED_ACROSS)
 MICROBATCH_SIZE = 2

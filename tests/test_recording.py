@@ -24,11 +24,12 @@ from graphkit.pipelining.recording import (
     ScheduleRecorder,
     ScheduleTimeline,
     TimelineError,
-    build_schedule,
     record_schedules,
-    stage_assignment,
+    schedule_on_rank,
 )
 from graphkit.pipelining import recording as schedule_recording
+from graphkit.pipelining.launcher import local_process_group
+from graphkit.pipelining.schedules import common_stage_count, stage_count, stage_indices
 
 MULTI_STAGE = ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
 
@@ -57,14 +58,20 @@ def test_pytorch_pipelining_details_the_recorder_relies_on():
     assert schedules.get_schedule_class("zbvzerobubble") is schedules.ScheduleZBVZeroBubble
 
 
-def test_stage_assignment_gives_every_schedule_the_same_modules():
-    schedules = schedule_recording._schedules_module()
-    assert stage_assignment(schedules.Schedule1F1B, 4, 2) == (2, [[0], [1]])
-    assert stage_assignment(schedules.ScheduleZBVZeroBubble, 4, 2) == (4, [[0, 3], [1, 2]])
-    assert stage_assignment(schedules.ScheduleZBVZeroBubble, 4, 1) == (2, [[0, 1]])
-    assert stage_assignment(schedules.ScheduleInterleaved1F1B, 4, 2) == (4, [[0, 2], [1, 3]])
+def placement(schedule: str, ranks: int) -> tuple[int, list[list[int]]]:
+    return stage_count(schedule, ranks), [stage_indices(schedule, rank, ranks) for rank in range(ranks)]
+
+
+def test_every_schedule_runs_the_same_modules_placed_as_pytorch_places_them():
+    assert placement("1F1B", 2) == (2, [[0], [1]])
+    assert placement("ZBVZeroBubble", 2) == (4, [[0, 3], [1, 2]])
+    assert placement("ZBVZeroBubble", 1) == (2, [[0, 1]])
+    assert placement("Interleaved1F1B", 2) == (4, [[0, 2], [1, 3]])
+    modules = [nn.Linear(2, 2) for _ in range(4)]
+    chained = schedule_recording.chained_stage_modules(modules, 2, 2, "1F1B")
+    assert [list(part.parts) for part in chained] == [modules[:2], modules[2:]]
     with pytest.raises(TimelineError, match="do not divide"):
-        stage_assignment(schedules.ScheduleZBVZeroBubble, 3, 1)
+        schedule_recording.chained_stage_modules(modules[:3], 2, 1, "ZBVZeroBubble")
 
 
 def test_unknown_schedule_is_a_clear_error():
@@ -135,14 +142,17 @@ class _FailingOn(nn.Module):
 
 
 def test_recorder_restores_stages_and_schedules_also_when_the_step_raises():
-    schedules = schedule_recording._schedules_module()
+    from torch.distributed.pipelining import schedules
+
     originals = (schedules._batch_p2p, schedules._wait_batch_p2p)
     model = mlp_pipeline(num_stages=2, batch_size=4 * 8)
     stages_modules, loss_fn = model.stages, model.loss_fn
     stages_modules[1] = _FailingOn(stages_modules[1])
     args, target = model.inputs, model.schedule_target()
-    with schedule_recording._process_group(0, 1, schedule_recording._free_port(), torch.device("cpu"), 30):
-        built, stages = build_schedule(stages_modules, "ZBVZeroBubble", 4, 0, 1, torch.device("cpu"), loss_fn)
+    with local_process_group():
+        built, stages = schedule_on_rank(
+            stages_modules, "ZBVZeroBubble", 4, 0, 1, torch.device("cpu"), loss_fn
+        )
         with pytest.raises(RuntimeError, match="failed to run forward"):  # PipelineStage wraps the error
             with ScheduleRecorder(stages) as recorder:
                 assert "forward_one_chunk" in vars(stages[0])
@@ -243,14 +253,14 @@ def test_timeline_runs_graphkits_stage_by_default_and_pytorchs_with_stage_torch(
     from graphkit.pipelining.stage import PipelineStage as GraphkitStage
 
     built: list[type] = []
-    original = schedule_recording.build_schedule
+    original = schedule_recording.schedule_on_rank
 
     def spy(*args, **kwargs):
         schedule, stages = original(*args, **kwargs)
         built.extend(type(stage) for stage in stages)
         return schedule, stages
 
-    monkeypatch.setattr(schedule_recording, "build_schedule", spy)
+    monkeypatch.setattr(schedule_recording, "schedule_on_rank", spy)
     command = ["timeline", "zoo-pipeline:mlp", "--schedule", "ZBVZeroBubble", "--microbatches", "2"]
     assert main([*command, "--steps", "1", "-o", str(tmp_path / "graphkit.json")]) == 0
     assert built == [GraphkitStage, GraphkitStage]
@@ -278,10 +288,10 @@ def test_a_spec_function_is_built_with_the_stages_the_schedules_need():
         calls.append((num_stages, batch_size))
         return mlp_pipeline(num_stages, batch_size, width=8, hidden=8)
 
-    assert schedule_recording.pipeline_stage_count(["1F1B"], 2) == 2
-    assert schedule_recording.pipeline_stage_count(["1F1B", "ZBVZeroBubble"], 2) == 4
-    assert schedule_recording.pipeline_stage_count(["Interleaved1F1B"], 2, stages_per_rank=3) == 6
-    assert schedule_recording.pipeline_stage_count(["ZBVZeroBubble", "Interleaved1F1B"], 1, 3) == 6
+    assert common_stage_count(["1F1B"], 2) == 2
+    assert common_stage_count(["1F1B", "ZBVZeroBubble"], 2) == 4
+    assert common_stage_count(["Interleaved1F1B"], 2, stages_per_rank=3) == 6
+    assert common_stage_count(["ZBVZeroBubble", "Interleaved1F1B"], 1, 3) == 6
     (one_f_one_b,) = record_schedules(pipeline, ["1F1B"], microbatches=2)
     assert calls[-1] == (1, 2 * 8) and one_f_one_b.num_stages == 1  # 8 rows per microbatch by default
     timelines = record_schedules(pipeline, ["1F1B", "ZBVZeroBubble"], microbatches=4, batch_size=12)

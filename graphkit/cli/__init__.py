@@ -32,8 +32,8 @@ verification fails, 2 on bad input.
 
 One module per command family: :mod:`~graphkit.cli.graph_commands` (capture, groups, list),
 :mod:`~graphkit.cli.split_commands` (verify, bench), :mod:`~graphkit.cli.drawing_commands` (render,
-inspect), :mod:`~graphkit.cli.pipeline_commands` (costs, timeline, compare-schedules) and
-:mod:`~graphkit.cli.verify_pipeline_command`; :mod:`~graphkit.cli.options` holds the options several
+inspect), :mod:`~graphkit.cli.pipeline_commands` (costs, timeline, compare-schedules, verify-pipeline);
+:mod:`~graphkit.cli.options` holds the options several
 commands share, :mod:`~graphkit.cli.terminal` and :mod:`~graphkit.cli.spec_tracing` what they print with
 and what they trace.
 """
@@ -49,7 +49,6 @@ from graphkit.cli import (
     graph_commands,
     pipeline_commands,
     split_commands,
-    verify_pipeline_command,
 )
 
 __all__ = ["build_parser", "main"]
@@ -65,7 +64,7 @@ COMMANDS = (
     pipeline_commands.add_costs_command,
     pipeline_commands.add_timeline_command,
     pipeline_commands.add_compare_schedules_command,
-    verify_pipeline_command.add_verify_pipeline_command,
+    pipeline_commands.add_verify_pipeline_command,
 )
 """The subcommands, in the order ``graphkit --help`` lists them: each adds its parser."""
 

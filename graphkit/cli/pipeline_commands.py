@@ -1,10 +1,13 @@
-"""``graphkit costs``, ``graphkit timeline`` and ``graphkit compare-schedules``: what each pipeline stage
-costs per microbatch, and what a real schedule step ran on every rank, and when."""
+"""The pipeline commands: ``graphkit costs``, ``graphkit timeline``, ``graphkit compare-schedules`` (what each
+pipeline stage costs per microbatch, and what a real schedule step ran on every rank, and when) and
+``graphkit verify-pipeline`` (one real schedule step of a pipeline spec's stages, every gradient compared
+with a single-process full backward)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,12 @@ from graphkit.cli.options import (
     add_threads_option,
 )
 
-__all__ = ["add_compare_schedules_command", "add_costs_command", "add_timeline_command"]
+__all__ = [
+    "add_compare_schedules_command",
+    "add_costs_command",
+    "add_timeline_command",
+    "add_verify_pipeline_command",
+]
 
 
 # --- costs -------------------------------------------------------------------------------------------------
@@ -221,3 +229,265 @@ def run_compare_schedules(arguments: argparse.Namespace) -> int:
             write_timeline(timelines, folder / name, title="Schedules compared", note=note)
         print(f"wrote {folder / 'index.html'} (and timelines.svg, .png, .json)")
     return 0
+
+
+# --- verify-pipeline -----------------------------------------------------------------------------------------
+def add_verify_pipeline_command(commands: Any) -> None:
+    pipeline = commands.add_parser(
+        "verify-pipeline",
+        help="run a torch.distributed.pipelining schedule step; compare every gradient with a full backward",
+        description="Run one real schedule step of PIPELINE_SPEC's stages (two per rank) with graphkit's "
+        "PipelineStage and compare every parameter's gradient with a single-process full backward over the "
+        "same microbatches. With --frontend tracing the stages are traced and cut by pipeline() and built "
+        "by build_stage; the gradients are then compared bit for bit with a full backward of the traced "
+        "model, and within 1e-10 with the untraced model's (a parameter pipeline() copied into several "
+        "stages: its copies summed). Exit 0 iff every gradient is exact and hooks fired once per "
+        "microbatch, 1 if not, 2 on bad input (a spec that does not load or that pipeline() cannot trace).",
+    )
+    add_pipeline_spec(
+        pipeline,
+        help="path/to/file.py:function, package.module:function, zoo-pipeline:NAME, hf:gpt2?... or hf:llama?...",
+    )
+    pipeline.add_argument(
+        "--schedule",
+        default="ZBVZeroBubble",
+        help="InterleavedZeroBubble, ZBVZeroBubble (default), DualPipeV, CSV or csv:PATH",
+    )
+    add_microbatches_option(pipeline, help="microbatches per step")
+    add_steps_option(pipeline, default=1, metavar="N", help="schedule steps (SGD in between)")
+    add_ranks_option(pipeline, help="processes on 127.0.0.1 (default 1: all stages here)")
+    parallel = pipeline.add_mutually_exclusive_group()
+    parallel.add_argument("--ddp", action="store_true", help="R/2 pipeline ranks x 2 DDP replicas")
+    parallel.add_argument("--fsdp", action="store_true", help="R/2 pipeline ranks x 2 FSDP2 replicas")
+    add_stages_per_rank_option(
+        pipeline, help="stages on each rank (default 2; other counts for InterleavedZeroBubble and CSV)"
+    )
+    add_stage_option(
+        pipeline, help="whose stage to run: PipelineStage, or build_stage with --frontend tracing"
+    )
+    pipeline.add_argument(
+        "--frontend",
+        choices=["manual", "tracing"],
+        default="manual",
+        help="manual (default): the spec's stage modules are the stages; tracing: pipeline() traces them "
+        "composed into one model and cuts it at every stage boundary, build_stage builds the stages "
+        "(no --ddp / --fsdp)",
+    )
+    add_run_timeout_option(pipeline, default=300.0, old_spelling="--deadline")
+    pipeline.add_argument(
+        "--timeline",
+        action="append",
+        metavar="OUT",
+        help="also record the last step and draw it: OUT.svg, .png, .pdf, .html or .json (repeat for several)",
+    )
+    add_json_option(pipeline)
+    pipeline.set_defaults(run=run_verify_pipeline)
+
+
+def run_verify_pipeline(arguments: argparse.Namespace) -> int:
+    from graphkit.pipelining.launcher import LaunchError
+    from graphkit.pipelining.verification import verify_pipeline
+
+    data_parallel = "ddp" if arguments.ddp else "fsdp" if arguments.fsdp else None
+    try:
+        result = verify_pipeline(
+            arguments.spec,
+            schedule=arguments.schedule,
+            microbatches=arguments.microbatches,
+            steps=arguments.steps,
+            ranks=arguments.ranks,
+            data_parallel=data_parallel,
+            stage=arguments.stage,
+            stages_per_rank=arguments.stages_per_rank,
+            deadline=arguments.timeout,
+            timeline=bool(arguments.timeline),
+            frontend=arguments.frontend,
+        )
+    except LaunchError as error:  # the ranks ran past --timeout, or one died: nothing was verified
+        hint = (
+            f"; raise --timeout (now {arguments.timeout:g} s) if the step is only slow"
+            if "did not finish within" in str(error)
+            else ""
+        )
+        print(f"graphkit verify-pipeline: error: {error}{hint}", file=sys.stderr)
+        if arguments.json:
+            print(json.dumps({"passed": False, "exact": False, "error": f"{error}{hint}"}, indent=1))
+        else:
+            print("FAILED: nothing was verified")
+        return 1
+    written = write_checked_timeline(arguments, result) if arguments.timeline else []
+    if arguments.json:
+        print(json.dumps(result_payload(result, data_parallel, written), indent=1))
+        return 0 if result.passed else 1
+    where = f"{result.ranks} process{'es' if result.ranks > 1 else ''}"
+    tracing = result.case.frontend == "tracing"
+    print(
+        f"{arguments.spec}: {result.case.schedule}, {result.case.microbatches} microbatches, "
+        f"{result.case.steps} step(s), {where}, {result.case.stage} stages"
+        + (", tracing frontend (pipeline() + build_stage)" if tracing else "")
+        + (f", {data_parallel}" if data_parallel else "")
+    )
+    if result.error is not None:
+        print(f"the schedule step failed: {result.error}")
+        if tracing and result.case.stage == "torch" and "Pair is not connected" in result.error:
+            print(
+                "(PyTorch's traced stage sends a warm-up tensor to each neighbour stage, also to one on its "
+                "own rank, which gloo cannot do; graphkit's build_stage leaves those sends out)"
+            )
+    if result.parameters:
+        if tracing:
+            print(
+                "against a full backward of the traced model (each copy of a replicated parameter on its own):"
+            )
+        print(result.table())
+    if tracing and result.untraced:
+        print_untraced(result)
+    if result.backward_calls:
+        calls = result.backward_calls
+        print(
+            f"backwards run: {calls['input']} B (graphkit), {calls['weight']} W (graphkit), {calls['full']} full"
+        )
+    for path in written:
+        print(f"wrote {path}")
+    if result.timeline is not None:
+        print(
+            f"recorded the last step: {result.timeline.step_seconds * 1e3:.3f} ms, "
+            f"bubble {100 * result.timeline.bubble_fraction:.1f}%"
+        )
+    if result.passed:
+        verdict = (
+            "exact: every gradient equals the full backward's bit for bit"
+            if result.exact
+            else "equal within 1e-10 ("
+            + (
+                "data-parallel all-reduce order"
+                if result.case.data_parallel is not None
+                else "stages on one rank share a parameter: its gradient sums their contributions"
+            )
+            + ")"
+        )
+        if tracing:
+            verdict = "exact: every gradient equals the traced model's full backward bit for bit; " + (
+                "the untraced model's too"
+                if result.untraced_exact
+                else "the untraced model's within "
+                f"{max(check.relative_error for check in result.untraced):.2g} relative (rounding: copies "
+                "summed in another order, or a custom autograd.Function's forward traced as ATen operations)"
+            )
+        print(f"{verdict}; hooks once per microbatch")
+    elif result.error is not None:
+        print("FAILED")
+    else:
+        print(f"NOT exact: {pipeline_failures(result)}")
+    return 0 if result.passed else 1
+
+
+def print_untraced(result: Any) -> None:
+    """The tracing frontend's second comparison: what tracing changed, against the untraced model."""
+    for name, copies in result.replicated.items():
+        print(
+            f"pipeline() copied {name} into {len(copies)} stage-module parameters ({', '.join(copies)}); "
+            "the untraced gradient is their sum (sum them before the optimizer step)"
+        )
+    differing = [check for check in result.untraced if not check.bitwise]
+    print(
+        f"against the untraced model (pipeline()'s copies summed): {len(result.untraced) - len(differing)} of "
+        f"{len(result.untraced)} gradients bit for bit"
+        + (
+            f", the others differ by up to {max(check.relative_error for check in differing):.3g} relative "
+            f"(tolerance {1e-10:g})"
+            if differing
+            else ""
+        )
+    )
+    if differing:
+        print(result.table(untraced=True))
+
+
+def result_payload(result: Any, data_parallel: str | None, timeline_files: list[str]) -> dict[str, Any]:
+    """The ``--json`` form of a checked pipeline step (a ``PipelineVerification``)."""
+    return {
+        "frontend": result.case.frontend,
+        "schedule": result.case.schedule,
+        "microbatches": result.case.microbatches,
+        "steps": result.case.steps,
+        "ranks": result.ranks,
+        "data_parallel": data_parallel,
+        "stage": result.case.stage,
+        "passed": result.passed,
+        "exact": result.exact,
+        "error": result.error,
+        "backward_calls": result.backward_calls,
+        "parameters": [_parameter_payload(check) for check in result.parameters],
+        "untraced": [_parameter_payload(check) for check in result.untraced],
+        "untraced_exact": result.untraced_exact,
+        "replicated": result.replicated,
+        "timeline": result.timeline.summary() if result.timeline is not None else None,
+        "timeline_files": timeline_files,
+    }
+
+
+def _parameter_payload(check: Any) -> dict[str, Any]:
+    return {
+        "name": check.name,
+        "max_abs_error": check.max_abs_error,
+        "relative_error": check.relative_error,
+        "bitwise": check.bitwise,
+        "hooks": check.hooks,
+        "expected_hooks": check.expected_hooks,
+        "stages": check.stages,
+    }
+
+
+def pipeline_failures(result: Any) -> str:
+    """What made a checked pipeline step fail: wrong gradients, silent or repeated hooks, or both."""
+    wrong = [check.name for check in result.parameters if not check.bitwise]
+    if result.case.data_parallel is not None or any(check.stages > 1 for check in result.parameters):
+        wrong = [check.name for check in result.parameters if check.relative_error > 1e-10]
+    hooks = [
+        check.name
+        for check in result.parameters
+        if check.hooks is not None and check.hooks != check.expected_hooks
+    ]
+    reasons = []
+    if wrong:
+        oracle = " from the traced model's full backward" if result.case.frontend == "tracing" else ""
+        reasons.append(
+            f"{len(wrong)} of {len(result.parameters)} gradients differ{oracle} ({', '.join(wrong[:3])}"
+            + (", ..." if len(wrong) > 3 else "")
+            + ")"
+        )
+    changed = [check.name for check in result.untraced if check.relative_error > 1e-10]
+    if changed:
+        reasons.append(
+            f"pipeline() changed {len(changed)} of {len(result.untraced)} gradients beyond 1e-10 of the "
+            f"untraced model's ({', '.join(changed[:3])}" + (", ..." if len(changed) > 3 else "") + "): "
+            "the traced model computes other gradients (pipeline() traces a custom autograd.Function's "
+            "forward and does not use its backward)"
+        )
+    if hooks:
+        reasons.append(
+            f"post-accumulate-grad hooks did not fire once per microbatch for {len(hooks)} of "
+            f"{len(result.parameters)} parameters ({', '.join(hooks[:3])}"
+            + (", ..." if len(hooks) > 3 else "")
+            + "): DDP would leave their gradients un-averaged"
+        )
+    return "; ".join(reasons) or "no parameter was compared"
+
+
+def write_checked_timeline(arguments: argparse.Namespace, result: Any) -> list[str]:
+    """Draw the recorded step of a checked pipeline to each ``--timeline`` file (none if the step failed)."""
+    from graphkit.drawing.timeline import write_timeline
+
+    if result.timeline is None:
+        print("no timeline: the schedule step did not run to the end", file=sys.stderr)
+        return []
+    note = (
+        f"graphkit verify-pipeline {arguments.spec} --schedule {arguments.schedule} --ranks {arguments.ranks}"
+        + (" --frontend tracing" if result.case.frontend == "tracing" else "")
+    )
+    traced = ", traced" if result.case.frontend == "tracing" else ""
+    title = f"{result.timeline.schedule} timeline ({result.case.stage} stages{traced})"
+    return [
+        str(write_timeline(result.timeline, output, title=title, note=note)) for output in arguments.timeline
+    ]

@@ -1,9 +1,16 @@
-"""Run one function on R local processes that form a gloo process group, with a deadline.
+"""The one way graphkit starts ranks: a free port, a process group, a deadline, and only its own children.
 
-:func:`run_on_processes` starts R processes (``multiprocessing`` "spawn"), each of which joins a gloo process
-group over ``127.0.0.1`` on a free port, with a short process-group timeout, calls the function, and sends its
-result back. The parent waits until every result is in or the deadline passes; then it ends the children it
-started (and only those), so a hung collective never outlives the call.
+- :func:`run_on_processes` starts R processes (``multiprocessing`` "spawn"), each of which joins a process
+  group over ``127.0.0.1`` on a free port (gloo on the CPU, NCCL on CUDA with rank ``r`` on GPU
+  ``r % device_count``), with a short process-group timeout, calls the function, and sends its result back.
+  The parent waits until every result is in or the deadline passes; then it ends the children it started
+  (and only those), so a hung collective never outlives the call.
+- :func:`process_group` joins (and afterwards leaves) such a group from the calling process;
+  :func:`local_process_group` makes a world-size-1 gloo group with no port at all (a ``HashStore``), for
+  running every stage of a pipeline in one process.
+
+Children find the caller's modules as the caller does: "spawn" gives them the parent's ``sys.path`` and
+working folder.
 """
 
 from __future__ import annotations
@@ -16,21 +23,92 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["LaunchError", "free_port", "run_on_processes"]
+import torch
+import torch.distributed as dist
+
+__all__ = ["LaunchError", "free_port", "local_process_group", "process_group", "run_on_processes"]
 
 
 class LaunchError(RuntimeError):
-    """A process failed, or the processes did not finish before the deadline."""
+    """A process failed, or the processes did not finish before the deadline.
+
+    ``rank`` is the failed process's rank (None when the deadline passed), ``detail`` its error text.
+    """
+
+    def __init__(self, message: str, *, rank: int | None = None, detail: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.detail = detail or message
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        return int(probe.getsockname()[1])
+
+
+def _loopback_interface() -> str | None:
+    return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+
+
+@contextlib.contextmanager
+def process_group(
+    rank: int,
+    world_size: int,
+    port: int,
+    *,
+    device: torch.device | str = "cpu",
+    timeout_s: float = 30.0,
+) -> Iterator[None]:
+    """Join a process group of ``world_size`` ranks on ``tcp://127.0.0.1:port`` for the duration.
+
+    gloo on the CPU, NCCL when ``device`` is CUDA; gloo is kept on the loopback interface. A group that
+    already exists with ``world_size`` ranks is used as it is (and not destroyed).
+
+    Raises:
+        RuntimeError: a group of another size already exists.
+    """
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise RuntimeError(
+                f"a process group of {dist.get_world_size()} ranks is already initialised; run with "
+                f"{dist.get_world_size()} ranks or outside it"
+            )
+        yield
+        return
+    interface = _loopback_interface()
+    if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface  # keep gloo on 127.0.0.1
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group(
+        backend="nccl" if torch.device(device).type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def local_process_group() -> Iterator[None]:
+    """A world-size-1 gloo process group (no ports: a ``HashStore``) for the duration, unless one exists."""
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        if created:
+            dist.destroy_process_group()
 
 
 def _child(
@@ -38,30 +116,30 @@ def _child(
     world_size: int,
     port: int,
     group_timeout: float,
+    device: str,
+    threads: int,
     function: Callable[..., Any],
     arguments: tuple[Any, ...],
     results: Any,
 ) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(threads)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=group_timeout),
-        )
-        try:
-            outcome = ("ok", function(*arguments))
-        finally:
-            dist.destroy_process_group()
-    except BaseException as error:  # reported to the parent, which raises
-        outcome = ("error", f"rank {rank}: {type(error).__name__}: {error}\n{traceback.format_exc()}")
+        place = torch.device(device)
+        if place.type == "cuda":
+            place = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(place)
+        with process_group(rank, world_size, port, device=place, timeout_s=group_timeout):
+            try:
+                outcome = ("ok", function(*arguments))
+            except BaseException as error:
+                # reported before this rank leaves the group, so that the parent hears of it before the
+                # peers' "connection reset" errors that leaving causes
+                results.put((rank, "error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
+                results.close()
+                results.join_thread()
+                return
+    except BaseException as error:  # joining or leaving the group failed: reported to the parent
+        outcome = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
     results.put((rank, *outcome))
 
 
@@ -72,8 +150,10 @@ def run_on_processes(
     world_size: int,
     deadline: float = 120.0,
     group_timeout: float = 30.0,
+    device: torch.device | str = "cpu",
+    threads: int = 1,
 ) -> list[Any]:
-    """Call ``function(*arguments)`` on ``world_size`` new processes joined in one gloo process group.
+    """Call ``function(*arguments)`` on ``world_size`` new processes joined in one process group.
 
     Args:
         function: a module-level function (it is pickled by name), called after the process group exists.
@@ -81,13 +161,15 @@ def run_on_processes(
         world_size: the number of processes.
         deadline: seconds after which the children still running are ended and LaunchError is raised.
         group_timeout: the process group's timeout in seconds (a collective waiting longer fails).
+        device: ``cpu`` (gloo) or ``cuda`` (NCCL; rank ``r`` on GPU ``r % device_count``).
+        threads: intra-op CPU threads per process (1 keeps ranks from competing for cores).
 
     Returns:
         Each rank's return value, by rank.
 
     Raises:
-        LaunchError: a rank raised (the message holds its traceback), exited without a result, or the
-            deadline passed.
+        LaunchError: a rank raised (the message holds its traceback; ``rank`` says which), exited without a
+            result, or the deadline passed.
     """
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
@@ -95,7 +177,7 @@ def run_on_processes(
     children = [
         context.Process(
             target=_child,
-            args=(rank, world_size, port, group_timeout, function, arguments, results),
+            args=(rank, world_size, port, group_timeout, str(device), threads, function, arguments, results),
             daemon=True,
         )
         for rank in range(world_size)
@@ -103,16 +185,16 @@ def run_on_processes(
     for child in children:
         child.start()
     collected: dict[int, Any] = {}
-    failures: list[str] = []
+    failures: list[tuple[int, str]] = []
     end = time.monotonic() + deadline
     try:
         while len(collected) + len(failures) < world_size:
             remaining = end - time.monotonic()
             if remaining <= 0:
+                first = f"; first failure: rank {failures[0][0]}: {failures[0][1]}" if failures else ""
                 raise LaunchError(
                     f"{world_size - len(collected)} of {world_size} processes did not finish within "
-                    f"{deadline:g} s; they were ended"
-                    + (f"; first failure: {failures[0]}" if failures else "")
+                    f"{deadline:g} s; they were ended{first}"
                 )
             try:
                 rank, status, value = results.get(timeout=min(remaining, 0.5))
@@ -123,21 +205,25 @@ def run_on_processes(
                     if not child.is_alive() and child.exitcode not in (0, None) and rank not in collected
                 ]
                 if dead:
+                    first = f"; first failure: rank {failures[0][0]}: {failures[0][1]}" if failures else ""
                     raise LaunchError(
                         f"process {dead[0]} exited with status {children[dead[0]].exitcode} without a result"
-                        + (f"; first failure: {failures[0]}" if failures else "")
+                        + first,
+                        rank=dead[0],
                     ) from None
                 continue
             if status == "ok":
                 collected[rank] = value
             else:
-                failures.append(value)
+                failures.append((rank, value))
+                break  # its peers would wait for it until the process group's timeout: end them now
         if failures:
-            raise LaunchError(failures[0])
+            rank, text = failures[0]
+            raise LaunchError(f"rank {rank}: {text}", rank=rank, detail=text)
         return [collected[rank] for rank in range(world_size)]
     finally:
         for child in children:
-            child.join(timeout=max(0.0, min(5.0, end - time.monotonic())))
+            child.join(timeout=max(0.0, min(5.0, end - time.monotonic())) if not failures else 0.5)
         for child in children:
             if child.is_alive():
                 child.terminate()

@@ -37,21 +37,26 @@ import gc
 import importlib
 import inspect
 import json
-import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import schedules as torch_schedules
+
+from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineModel, load_pipeline_spec
+from graphkit.pipelining.launcher import LaunchError, free_port, process_group, run_on_processes
+from graphkit.pipelining.schedules import (
+    build_schedule,
+    common_stage_count,
+    schedule_name,
+    stage_count,
+    stage_indices,
+)
 
 __all__ = [
     "COMPUTE_KINDS",
@@ -61,15 +66,13 @@ __all__ = [
     "ScheduleRecorder",
     "ScheduleTimeline",
     "TimelineError",
-    "build_schedule",
+    "chained_stage_modules",
     "memory_probe",
-    "pipeline_stage_count",
     "record_rank_step",
     "record_schedules",
     "schedule_comm_order",
     "schedule_compute_order",
-    "schedule_stage_count",
-    "stage_assignment",
+    "schedule_on_rank",
 ]
 
 COMPUTE_KINDS = ("F", "I", "W", "B")
@@ -280,12 +283,6 @@ def memory_probe(device: torch.device) -> tuple[Callable[[], int] | None, str]:
 
 
 # --- the recorder -----------------------------------------------------------------------------------------
-def _schedules_module() -> Any:
-    from torch.distributed.pipelining import schedules
-
-    return schedules
-
-
 _active: list[ScheduleRecorder] = []
 
 
@@ -354,7 +351,7 @@ class ScheduleRecorder:
                     self._patch(stage, name, self._compute_wrapper(stage, name))
                 for name, kind in _OPS_METHODS.items():
                     self._patch(stage, name, self._ops_wrapper(stage, name, kind))
-            schedules = _schedules_module()
+            schedules = torch_schedules
             for name, make in (("_batch_p2p", self._batch_wrapper), ("_wait_batch_p2p", self._wait_wrapper)):
                 original = getattr(schedules, name)
                 self._module_saved.append((name, original))
@@ -373,7 +370,7 @@ class ScheduleRecorder:
         setattr(stage, name, wrapper)
 
     def _restore(self) -> None:
-        schedules = _schedules_module()
+        schedules = torch_schedules
         while self._module_saved:
             name, original = self._module_saved.pop()
             setattr(schedules, name, original)
@@ -528,86 +525,26 @@ class _Chain(nn.Module):
         return result
 
 
-def schedule_class(name: str | type) -> type:
-    """The schedule class for a name such as ``ZBVZeroBubble``, ``ScheduleZBVZeroBubble`` or ``1f1b``.
+def chained_stage_modules(
+    modules: Sequence[nn.Module], num_stages: int, ranks: int, schedule: str
+) -> list[nn.Module]:
+    """``modules`` chained into ``num_stages`` stages of consecutive modules, so that every schedule runs the
+    same modules in the same order (:func:`~graphkit.pipelining.schedules.common_stage_count` builds enough).
 
     Raises:
-        TimelineError: no such schedule in ``torch.distributed.pipelining``.
+        TimelineError: the modules do not divide evenly into the stages, or the stages among the ranks.
     """
-    if isinstance(name, type):
-        return name
-    schedules = _schedules_module()
-    stripped = name[len("Schedule") :] if name.lower().startswith("schedule") else name
-    try:
-        return schedules.get_schedule_class(stripped)
-    except ValueError as error:
-        raise TimelineError(f"unknown schedule {name!r}: {error}") from None
-
-
-def _is_v_schedule(cls: type) -> bool:
-    schedules = _schedules_module()
-    return issubclass(cls, schedules.ScheduleZBVZeroBubble | schedules.ScheduleDualPipeV)
-
-
-def schedule_stage_count(cls: type, ranks: int, stages_per_rank: int = 2) -> int:
-    """How many stages schedule class ``cls`` runs on ``ranks`` ranks: one per rank for single-stage
-    schedules (GPipe, 1F1B), two per rank for the V schedules (ZBV, DualPipeV), ``stages_per_rank`` per
-    rank for the other multi-stage (interleaved) ones."""
-    schedules = _schedules_module()
-    if issubclass(cls, schedules.PipelineScheduleSingle):
-        return ranks
-    if _is_v_schedule(cls):
-        return 2 * ranks
-    return stages_per_rank * ranks
-
-
-def pipeline_stage_count(schedules: Sequence[str | type], ranks: int, stages_per_rank: int = 2) -> int:
-    """How many stage modules to build so that every schedule runs the same ones: the least common
-    multiple of :func:`schedule_stage_count` over ``schedules`` (a schedule that needs fewer stages
-    chains consecutive modules into one, see :func:`stage_assignment`).
-
-    Raises:
-        TimelineError: an unknown schedule, or ``ranks`` or ``stages_per_rank`` below 1.
-    """
-    import math
-
-    if ranks < 1 or stages_per_rank < 1:
+    if len(modules) % num_stages or num_stages % ranks:
         raise TimelineError(
-            f"ranks and stages_per_rank must be at least 1, got {ranks} and {stages_per_rank}"
-        )
-    counts = [schedule_stage_count(schedule_class(name), ranks, stages_per_rank) for name in schedules]
-    return math.lcm(*counts) if counts else ranks
-
-
-def stage_assignment(
-    cls: type, num_modules: int, ranks: int, stages_per_rank: int = 2
-) -> tuple[int, list[list[int]]]:
-    """``(num_stages, modules of each stage)`` and which stages each rank runs, for a schedule class.
-
-    The schedule runs :func:`schedule_stage_count` stages; consecutive modules are chained into that many
-    stages, so every schedule runs the same modules in the same order. Stages are placed as PyTorch
-    places them (``loop``: stage ``s`` on rank ``s % ranks``; ``v`` for ZBV and DualPipeV).
-
-    Returns:
-        ``(num_stages, stages_of_rank)`` with ``stages_of_rank[r]`` the stage indices of rank ``r``.
-
-    Raises:
-        TimelineError: the modules do not divide evenly among the ranks.
-    """
-    schedules = _schedules_module()
-    num_stages = schedule_stage_count(cls, ranks, stages_per_rank)
-    if num_modules % num_stages or num_stages % ranks:
-        raise TimelineError(
-            f"{cls.__name__} on {ranks} rank(s) runs {num_stages} stages, and {num_modules} stage modules "
+            f"{schedule} on {ranks} rank(s) runs {num_stages} stages, and {len(modules)} stage modules "
             f"do not divide into them; give a multiple of {num_stages} stage modules"
         )
-    if issubclass(cls, schedules.PipelineScheduleSingle):
-        return num_stages, [[rank] for rank in range(ranks)]
-    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
-
-    style = "v" if _is_v_schedule(cls) else "loop"
-    mapping = generate_stage_to_rank_mapping(ranks, num_stages, style=style)
-    return num_stages, [sorted(s for s, r in mapping.items() if r == rank) for rank in range(ranks)]
+    per_stage = len(modules) // num_stages
+    chained = []
+    for stage_index in range(num_stages):
+        parts = list(modules[stage_index * per_stage : (stage_index + 1) * per_stage])
+        chained.append(parts[0] if len(parts) == 1 else _Chain(parts))
+    return chained
 
 
 STAGE_CLASSES = {
@@ -637,7 +574,7 @@ def _resolve_stage_class(stage_class: str | type | None) -> Any:
     return stage_class
 
 
-def build_schedule(
+def schedule_on_rank(
     modules: Sequence[nn.Module],
     schedule: str | type,
     microbatches: int,
@@ -648,73 +585,29 @@ def build_schedule(
     stage_class: str | type | None = None,
     stages_per_rank: int = 2,
 ) -> tuple[Any, list[Any]]:
-    """This rank's stages and the schedule over them.
+    """This rank's stages, built from the pipeline's stage ``modules``, and ``schedule`` over them.
 
-    ``stage_class``: ``"graphkit"`` or None (graphkit's ``PipelineStage``, the default), ``"torch"``
-    (PyTorch's), ``"package.module:Class"`` or a class. Call inside an initialised default process group
-    of ``ranks`` processes.
+    Stages are placed as :mod:`graphkit.pipelining.schedules` says; ``modules`` are chained into as many
+    stages as the schedule runs (:func:`chained_stage_modules`). ``stage_class``: ``"graphkit"`` or None
+    (graphkit's ``PipelineStage``, the default), ``"torch"`` (PyTorch's), ``"package.module:Class"`` or a
+    class. Call inside an initialised default process group of ``ranks`` processes.
 
     Raises:
-        TimelineError: see :func:`stage_assignment` and :func:`_resolve_stage_class`.
+        TimelineError: an unknown schedule, modules that do not divide into its stages, or a stage class
+            that cannot be imported.
     """
-    cls = schedule_class(schedule)
-    num_stages, stages_of_rank = stage_assignment(cls, len(modules), ranks, stages_per_rank)
+    try:
+        num_stages = stage_count(schedule, ranks, stages_per_rank)
+        mine = stage_indices(schedule, rank, ranks, stages_per_rank)
+    except ValueError as error:
+        raise TimelineError(str(error)) from None
+    chained = chained_stage_modules(modules, num_stages, ranks, schedule_name(schedule))
     factory = _resolve_stage_class(stage_class)
-    per_stage = len(modules) // num_stages
-    stages = []
-    for stage_index in stages_of_rank[rank]:
-        parts = list(modules[stage_index * per_stage : (stage_index + 1) * per_stage])
-        module = parts[0] if len(parts) == 1 else _Chain(parts)
-        stages.append(factory(module.to(device), stage_index, num_stages, device))
-    schedules = _schedules_module()
-    if issubclass(cls, schedules.PipelineScheduleSingle):
-        built = cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
-    else:
-        built = cls(stages, n_microbatches=microbatches, loss_fn=loss_fn)
-    return built, stages
+    stages = [factory(chained[index].to(device), index, num_stages, device) for index in mine]
+    return build_schedule(schedule, stages, microbatches, loss_fn, ranks=ranks), stages
 
 
 # --- running ----------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _loopback_interface() -> str | None:
-    return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
-
-
-@contextmanager
-def _process_group(
-    rank: int, ranks: int, port: int, device: torch.device, timeout_s: float
-) -> Iterator[None]:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        if dist.get_world_size() != ranks:
-            raise TimelineError(
-                f"a process group of {dist.get_world_size()} ranks is already initialised; record with "
-                f"ranks={dist.get_world_size()} or outside it"
-            )
-        yield
-        return
-    interface = _loopback_interface()
-    if interface and "GLOO_SOCKET_IFNAME" not in os.environ:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface  # keep gloo on 127.0.0.1
-    dist.init_process_group(
-        backend="nccl" if device.type == "cuda" else "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=ranks,
-        timeout=timedelta(seconds=timeout_s),
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _prepare_schedule(
     pipeline: Any,
     name: str,
@@ -730,7 +623,7 @@ def _prepare_schedule(
     import copy
 
     modules = [copy.deepcopy(module) for module in pipeline.stages]  # every schedule starts alike
-    built, stages = build_schedule(
+    built, stages = schedule_on_rank(
         modules, name, microbatches, rank, ranks, device, pipeline.loss_fn, stage_class, stages_per_rank
     )
     args, target = batch
@@ -793,8 +686,6 @@ def _record_step(
     probe: Callable[[], int] | None,
 ) -> RankTimeline:
     """One recorded step of a prepared schedule on this rank, from a clean slate, after a barrier."""
-    import torch.distributed as dist
-
     built, stages, modules = prepared
     args, target = batch
     for module in modules:
@@ -825,8 +716,6 @@ def _record_rank(
     alike. Of each schedule's steps the one whose time (its slowest rank's) is the median is kept,
     the same step on every rank; ``step_times`` lists them all.
     """
-    import torch.distributed as dist
-
     probe, method = memory_probe(device)
     pipeline.microbatches(microbatches)  # a batch that does not split evenly: a SpecError now
     args = tuple(value.to(device) if isinstance(value, torch.Tensor) else value for value in pipeline.inputs)
@@ -857,49 +746,30 @@ def _record_rank(
     return results
 
 
-def _load(spec: Any, num_stages: int, batch_size: int) -> Any:
-    from graphkit.models.pipeline_specs import load_pipeline_spec
-
+def _load(spec: Any, num_stages: int, batch_size: int) -> PipelineModel:
     return load_pipeline_spec(spec, num_stages=num_stages, batch_size=batch_size, seed=0)
 
 
-def _rank_main(config: dict[str, Any]) -> int:
-    """Entry point of a spawned rank (``python -m graphkit.pipelining.recording CONFIG``).
-
-    Records, then writes ``{"payload": ...}`` or ``{"error": text}`` to ``config["result"]``.
-    """
-    try:
-        rank, ranks = config["rank"], config["ranks"]
-        torch.set_num_threads(config["threads"])
-        device = torch.device(config["device"])
-        if device.type == "cuda":
-            device = torch.device("cuda", rank % torch.cuda.device_count())
-            torch.cuda.set_device(device)
-        with _process_group(rank, ranks, config["port"], device, config["timeout_s"]):
-            recorded = _record_rank(
-                _load(config["spec"], config["num_stages"], config["batch_size"]),
-                config["schedules"],
-                config["microbatches"],
-                rank,
-                ranks,
-                device,
-                config["stage_class"],
-                config["steps"],
-                config["stages_per_rank"],
-            )
-        result: dict[str, Any] = {
-            "payload": [
-                [name, stages, asdict(timeline), method] for name, stages, timeline, method in recorded
-            ]
-        }
-    except BaseException as error:  # reported to the parent, which raises it
-        import traceback
-
-        result = {"error": f"{type(error).__name__}: {error}\n{traceback.format_exc()}"}
-    with open(config["result"] + ".partial", "w") as handle:
-        json.dump(result, handle)
-    os.replace(config["result"] + ".partial", config["result"])
-    return 0 if "payload" in result else 1
+def _record_spawned_rank(
+    spec: str, schedules: list[str], microbatches: int, device: str, options: dict[str, Any]
+) -> list[tuple[str, int, RankTimeline, str]]:
+    """What one spawned rank runs (:func:`~graphkit.pipelining.launcher.run_on_processes` has joined it to
+    the group and set its threads and device)."""
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    place = torch.device(device)
+    if place.type == "cuda":
+        place = torch.device("cuda", torch.cuda.current_device())
+    return _record_rank(
+        _load(spec, options["num_stages"], options["batch_size"]),
+        schedules,
+        microbatches,
+        rank,
+        ranks,
+        place,
+        options["stage_class"],
+        options["steps"],
+        options["stages_per_rank"],
+    )
 
 
 def record_schedules(
@@ -949,8 +819,6 @@ def record_schedules(
         graphkit.models.specs.SpecError: the pipeline spec does not load, or its batch does not split
             into ``microbatches``.
     """
-    from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineModel
-
     if microbatches < 1 or ranks < 1 or steps < 1:
         raise TimelineError(
             f"microbatches, ranks and steps must be at least 1, got {microbatches}, {ranks} and {steps}"
@@ -958,7 +826,10 @@ def record_schedules(
     if stage not in STAGE_CLASSES:
         raise TimelineError(f"stage must be one of {', '.join(STAGE_CLASSES)}, got {stage!r}")
     names = [cls.__name__ if isinstance(cls, type) else str(cls) for cls in schedules]
-    num_stages = pipeline_stage_count(schedules, ranks, stages_per_rank)  # a bad name fails early
+    try:
+        num_stages = common_stage_count(schedules, ranks, stages_per_rank)  # a bad name fails early
+    except ValueError as error:
+        raise TimelineError(str(error)) from None
     batch_size = batch_size if batch_size is not None else DEFAULT_MICROBATCH_SIZE * microbatches
     stage_class = stage_class if stage_class is not None else STAGE_CLASSES[stage]
     _resolve_stage_class(stage_class)  # fail early on a class that cannot be imported
@@ -968,7 +839,7 @@ def record_schedules(
         previous_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            with _process_group(0, 1, _free_port(), device, timeout_s):
+            with process_group(0, 1, free_port(), device=device, timeout_s=timeout_s):
                 recorded = [
                     _record_rank(
                         loaded,
@@ -992,26 +863,33 @@ def record_schedules(
             )
         if not isinstance(stage_class, str):
             stage_class = f"{stage_class.__module__}:{stage_class.__qualname__}"
-        payloads = _spawn(
-            pipeline,
-            names,
-            microbatches,
-            ranks,
-            device,
-            timeout_s,
-            threads,
-            {
-                "stage_class": stage_class,
-                "steps": steps,
-                "stages_per_rank": stages_per_rank,
-                "num_stages": num_stages,
-                "batch_size": batch_size,
-            },
-        )
-        recorded = [
-            [(name, stages, _rank_from_dict(timeline), method) for name, stages, timeline, method in payload]
-            for payload in payloads
-        ]
+        target, colon, function = pipeline.rpartition(":")
+        if colon and (target.endswith(".py") or "/" in target) and not pipeline.startswith("zoo-pipeline:"):
+            pipeline = f"{Path(target).resolve()}:{function}"  # the ranks find the caller's file
+        options = {
+            "stage_class": stage_class,
+            "steps": steps,
+            "stages_per_rank": stages_per_rank,
+            "num_stages": num_stages,
+            "batch_size": batch_size,
+        }
+        try:
+            recorded = run_on_processes(
+                _record_spawned_rank,
+                (pipeline, names, microbatches, str(device), options),
+                world_size=ranks,
+                deadline=timeout_s,
+                group_timeout=timeout_s,
+                device=device,
+                threads=threads,
+            )
+        except LaunchError as error:
+            if error.rank is None:
+                raise TimelineError(
+                    f"the {ranks} ranks did not finish within {timeout_s:g} s; raise timeout_s "
+                    "(--timeout on the command line), or look for a rank stuck in a receive"
+                ) from None
+            raise TimelineError(f"rank {error.rank} failed: {error.detail}") from None
     timelines = []
     for position in range(len(names)):
         per_rank = [recorded[rank][position] for rank in range(ranks)]
@@ -1022,103 +900,3 @@ def record_schedules(
             )
         )
     return timelines
-
-
-def _rank_from_dict(data: dict[str, Any]) -> RankTimeline:
-    return ScheduleTimeline.from_dict(
-        {"schedule": "", "microbatches": 0, "num_stages": 0, "ranks": [data]}
-    ).ranks[0]
-
-
-def _spawn(
-    spec: str,
-    schedules: list[str],
-    microbatches: int,
-    ranks: int,
-    device: torch.device,
-    timeout_s: float,
-    threads: int,
-    options: dict[str, Any],
-) -> list[Any]:
-    """Run :func:`_rank_main` in ``ranks`` child processes; their payloads by rank.
-
-    Ends only the processes it started: at the deadline, or as soon as one rank fails (the others
-    would wait for it until the process group's timeout).
-    """
-    port = _free_port()
-    deadline = time.monotonic() + timeout_s
-    # the children import this very graphkit (its folder first on sys.path), and find the caller's
-    # modules and files as the caller does (its working folder next on the path, file specs absolute)
-    root = str(Path(__file__).resolve().parents[2])
-    environment = dict(os.environ)
-    environment["PYTHONPATH"] = os.pathsep.join(
-        [root, os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])]
-    )
-    target, colon, function = spec.rpartition(":")
-    if colon and (target.endswith(".py") or "/" in target) and not spec.startswith("zoo-pipeline:"):
-        spec = f"{Path(target).resolve()}:{function}"
-    with tempfile.TemporaryDirectory(prefix="graphkit-timeline-") as folder:
-        children: list[tuple[subprocess.Popen[bytes], Path, Path]] = []
-        try:
-            for rank in range(ranks):
-                config = {
-                    "spec": spec,
-                    "schedules": schedules,
-                    "microbatches": microbatches,
-                    "rank": rank,
-                    "ranks": ranks,
-                    "port": port,
-                    "device": str(device),
-                    "timeout_s": timeout_s,
-                    "threads": threads,
-                    **options,
-                    "result": str(Path(folder) / f"rank{rank}.json"),
-                }
-                log = Path(folder) / f"rank{rank}.log"
-                with open(log, "wb") as output:
-                    process = subprocess.Popen(
-                        [sys.executable, "-m", "graphkit.pipelining.recording", json.dumps(config)],
-                        stdout=output,
-                        stderr=subprocess.STDOUT,
-                        cwd=root,
-                        env=environment,
-                    )
-                children.append((process, Path(config["result"]), log))
-            while any(process.poll() is None for process, _, _ in children):
-                for rank, (process, result, log) in enumerate(children):
-                    if process.poll() not in (None, 0):
-                        raise TimelineError(f"rank {rank} failed: {_rank_failure(result, log)}")
-                if time.monotonic() > deadline:
-                    raise TimelineError(
-                        f"the {ranks} ranks did not finish within {timeout_s:g} s; raise timeout_s "
-                        "(--timeout on the command line), or look for a rank stuck in a receive"
-                    )
-                time.sleep(0.05)
-            payloads = []
-            for rank, (process, result, log) in enumerate(children):
-                if process.returncode != 0 or not result.exists():
-                    raise TimelineError(f"rank {rank} failed: {_rank_failure(result, log)}")
-                payloads.append(json.loads(result.read_text())["payload"])
-            return payloads
-        finally:
-            for process, _, _ in children:
-                if process.poll() is None:
-                    process.terminate()
-                    try:
-                        process.wait(timeout=5)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait(timeout=5)
-
-
-def _rank_failure(result: Path, log: Path) -> str:
-    if result.exists():
-        error = json.loads(result.read_text()).get("error")
-        if error:
-            return str(error)
-    text = log.read_text(errors="replace") if log.exists() else ""
-    return text[-2000:] or "it exited without a result"
-
-
-if __name__ == "__main__":
-    sys.exit(_rank_main(json.loads(sys.argv[1])))

@@ -1,20 +1,29 @@
-"""The zero-bubble schedules of ``torch.distributed.pipelining`` by name, where their stages live, and a
-CSV schedule with I and W actions for ``_PipelineScheduleRuntime``.
+"""The one schedule vocabulary of graphkit: names, classes, stage placement, stage counts, building.
 
-Every schedule here places two stages on each rank by default (``num_stages = 2 * ranks``):
+Every ``torch.distributed.pipelining`` schedule is known by its class name without the ``Schedule`` prefix,
+case ignored (``1F1B``, ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``,
+``DualPipeV``, ...), plus two of graphkit's:
 
-- ``InterleavedZeroBubble`` (``ScheduleInterleavedZeroBubble``) and ``CSV``: stage ``s`` on rank ``s % ranks``
-  (any number of stages per rank);
-- ``ZBVZeroBubble`` (``ScheduleZBVZeroBubble``) and ``DualPipeV`` (``ScheduleDualPipeV``): a V, stage ``s`` on
-  rank ``s`` for ``s < ranks`` and on ``2 * ranks - 1 - s`` after.
+- ``CSV``: graphkit's own compute-only schedule with separate I and W actions (:func:`io_schedule_rows`),
+  written to a file and loaded with ``_PipelineScheduleRuntime._load_csv`` as a user's CSV schedule would be;
+- ``csv:PATH``: a user's CSV file (its stage placement is read from the file).
 
-``CSV`` is graphkit's own compute-only schedule (:func:`io_schedule_rows`), written to a file and loaded
-with ``_PipelineScheduleRuntime._load_csv`` as a user's CSV schedule would be; ``csv:PATH`` loads a
-user's file instead (its stage placement is read from the file).
+Where the stages live (as PyTorch's own ``generate_stage_to_rank_mapping`` places them):
+
+- single-stage schedules (``GPipe``, ``1F1B``): one stage per rank, stage ``s`` on rank ``s``;
+- V-shaped schedules (``ZBVZeroBubble``, ``DualPipeV``): two stages per rank, stage ``s`` on rank ``s`` for
+  ``s < ranks`` and on ``2 * ranks - 1 - s`` after;
+- the other multi-stage (looped) schedules and ``CSV``: ``stages_per_rank`` stages per rank (default two),
+  stage ``s`` on rank ``s % ranks``.
+
+Errors: an unknown name raises :class:`UnknownScheduleError` (a ``ValueError``) whose message lists the
+known names.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,62 +33,144 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 __all__ = [
     "SCHEDULE_NAMES",
+    "UnknownScheduleError",
     "build_schedule",
+    "common_stage_count",
     "io_schedule_rows",
+    "is_single_stage",
+    "schedule_class",
     "schedule_name",
     "stage_count",
     "stage_indices",
 ]
 
 SCHEDULE_NAMES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV")
-"""The schedules :func:`build_schedule` knows (``csv:PATH`` too)."""
+"""The schedules with separate I and W actions, whose W graphkit's split runs (``csv:PATH`` too)."""
 
 _V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
 
 
-def schedule_name(name: str) -> str:
-    """The canonical name of a schedule: case and a ``Schedule`` prefix are ignored; ``csv:PATH`` is kept.
+class UnknownScheduleError(ValueError):
+    """A schedule name that neither ``torch.distributed.pipelining`` nor graphkit knows."""
+
+
+def _known_names() -> list[str]:
+    """Every schedule name: PyTorch's registered schedule classes (their names without ``Schedule``) and CSV."""
+    names = [
+        cls.__name__.removeprefix("Schedule")
+        for cls in torch_schedules.__dict__.values()
+        if _is_schedule(cls)
+    ]
+    return sorted(set(names) | {"CSV"}, key=str.lower)
+
+
+def _is_schedule(value: Any) -> bool:
+    return (
+        isinstance(value, type)
+        and issubclass(value, torch_schedules._PipelineSchedule)
+        and value.__name__.startswith("Schedule")
+    )
+
+
+def schedule_name(name: str | type) -> str:
+    """The canonical name of a schedule (``"ZBVZeroBubble"``, ``"1F1B"``, ``"CSV"``, ``"csv:PATH"``).
+
+    ``name`` is a name (case and a ``Schedule`` prefix ignored) or a schedule class.
 
     Raises:
-        ValueError: an unknown name (the message lists the known ones).
+        UnknownScheduleError: an unknown name (the message lists the known ones).
     """
+    if isinstance(name, type):
+        return name.__name__.removeprefix("Schedule")
     if name.lower().startswith("csv:"):
         return "csv:" + name[4:]
     wanted = name.lower().removeprefix("schedule")
-    for known in SCHEDULE_NAMES:
+    for known in _known_names():
         if known.lower() == wanted:
             return known
-    raise ValueError(
-        f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULE_NAMES)} or csv:PATH (a compute-only "
+    raise UnknownScheduleError(
+        f"unknown schedule {name!r}; choose one of {', '.join(_known_names())} or csv:PATH (a compute-only "
         "CSV schedule with F/I/W actions)"
     )
 
 
-def stage_indices(name: str, rank: int, ranks: int, stages_per_rank: int = 2) -> list[int]:
+def schedule_class(name: str | type) -> type:
+    """The ``torch.distributed.pipelining`` class that runs schedule ``name`` (CSV ones:
+    ``_PipelineScheduleRuntime``).
+
+    Raises:
+        UnknownScheduleError: as :func:`schedule_name`.
+    """
+    if isinstance(name, type):
+        return name
+    canonical = schedule_name(name)
+    if canonical == "CSV" or canonical.startswith("csv:"):
+        return torch_schedules._PipelineScheduleRuntime
+    return torch_schedules.get_schedule_class(canonical)
+
+
+def is_single_stage(name: str | type) -> bool:
+    """Whether schedule ``name`` runs one stage per rank (``GPipe``, ``1F1B``)."""
+    return issubclass(schedule_class(name), torch_schedules.PipelineScheduleSingle)
+
+
+def _is_v_shaped(name: str | type) -> bool:
+    cls = schedule_class(name)
+    return issubclass(cls, torch_schedules.ScheduleZBVZeroBubble | torch_schedules.ScheduleDualPipeV)
+
+
+def stage_count(name: str | type, ranks: int, stages_per_rank: int = 2) -> int:
+    """How many stages the pipeline has under schedule ``name`` on ``ranks`` ranks: ``ranks`` for single-stage
+    schedules, ``2 * ranks`` for V-shaped ones, ``stages_per_rank * ranks`` for the others; for ``csv:PATH``
+    the stages its file names.
+
+    Raises:
+        UnknownScheduleError: as :func:`schedule_name`.
+    """
+    canonical = schedule_name(name)
+    if canonical.startswith("csv:"):
+        rows = _read_rows(Path(canonical[4:]))
+        return len({_stage_of(action) for row in rows for action in row if action})
+    if is_single_stage(canonical):
+        return ranks
+    if _is_v_shaped(canonical):
+        return 2 * ranks
+    return stages_per_rank * ranks
+
+
+def stage_indices(name: str | type, rank: int, ranks: int, stages_per_rank: int = 2) -> list[int]:
     """The stage indices rank ``rank`` of ``ranks`` holds under schedule ``name``, ascending.
 
     Raises:
-        ValueError: an unknown schedule, or a V-shaped one (``ZBVZeroBubble``, ``DualPipeV``) with other
-            than two stages per rank.
+        UnknownScheduleError: as :func:`schedule_name`.
+        ValueError: a V-shaped schedule (``ZBVZeroBubble``, ``DualPipeV``) with other than two stages per rank.
     """
-    name = schedule_name(name)
-    if name.startswith("csv:"):
-        rows = _read_rows(Path(name[4:]))
+    canonical = schedule_name(name)
+    if canonical.startswith("csv:"):
+        rows = _read_rows(Path(canonical[4:]))
         return sorted({_stage_of(action) for action in rows[rank] if action})
-    if name in _V_SHAPED:
+    if is_single_stage(canonical):
+        return [rank]
+    if _is_v_shaped(canonical):
         if stages_per_rank != 2:
-            raise ValueError(f"{name} places exactly two stages on each rank, not {stages_per_rank}")
+            raise ValueError(f"{canonical} places exactly two stages on each rank, not {stages_per_rank}")
         return sorted({rank, 2 * ranks - 1 - rank})
     return [rank + loop * ranks for loop in range(stages_per_rank)]
 
 
-def stage_count(name: str, ranks: int, stages_per_rank: int = 2) -> int:
-    """How many stages the pipeline has under schedule ``name`` (for ``csv:PATH``: the stages its file names)."""
-    name = schedule_name(name)
-    if name.startswith("csv:"):
-        rows = _read_rows(Path(name[4:]))
-        return len({_stage_of(action) for row in rows for action in row if action})
-    return stages_per_rank * ranks
+def common_stage_count(names: Sequence[str | type], ranks: int, stages_per_rank: int = 2) -> int:
+    """How many stage modules to build so that every schedule in ``names`` runs the same ones: the least
+    common multiple of :func:`stage_count` over them (a schedule that needs fewer stages chains consecutive
+    modules into one).
+
+    Raises:
+        UnknownScheduleError: as :func:`schedule_name`.
+        ValueError: ``ranks`` or ``stages_per_rank`` below 1.
+    """
+    if ranks < 1 or stages_per_rank < 1:
+        raise ValueError(f"ranks and stages_per_rank must be at least 1, got {ranks} and {stages_per_rank}")
+    counts = [stage_count(name, ranks, stages_per_rank) for name in names]
+    return math.lcm(*counts) if counts else ranks
 
 
 def io_schedule_rows(num_stages: int, ranks: int, microbatches: int) -> list[list[str]]:
@@ -101,7 +192,7 @@ def io_schedule_rows(num_stages: int, ranks: int, microbatches: int) -> list[lis
 
 
 def build_schedule(
-    name: str,
+    name: str | type,
     stages: Sequence[Any],
     microbatches: int,
     loss_fn: Callable[..., Any] | None,
@@ -112,30 +203,27 @@ def build_schedule(
     """Build schedule ``name`` over this rank's ``stages``.
 
     Args:
-        name: one of :data:`SCHEDULE_NAMES` or ``csv:PATH``.
-        stages: this rank's pipeline stages, in ascending stage order.
+        name: a schedule name (see the module's docstring), ``csv:PATH``, or a schedule class.
+        stages: this rank's pipeline stages, in ascending stage order (one for a single-stage schedule).
         microbatches: microbatches per step.
         loss_fn: ``loss_fn(output, target)`` of the last stage.
         ranks: the pipeline's process-group size.
         options: more keyword arguments for the schedule's constructor (``scale_grads=...``).
 
     Raises:
-        ValueError: an unknown schedule name.
+        UnknownScheduleError: an unknown schedule name.
     """
-    name = schedule_name(name)
-    if name == "InterleavedZeroBubble":
-        return torch_schedules.ScheduleInterleavedZeroBubble(
-            list(stages), microbatches, loss_fn=loss_fn, **options
-        )
-    if name == "ZBVZeroBubble":
-        return torch_schedules.ScheduleZBVZeroBubble(list(stages), microbatches, loss_fn=loss_fn, **options)
-    if name == "DualPipeV":
-        return torch_schedules.ScheduleDualPipeV(list(stages), microbatches, loss_fn=loss_fn, **options)
+    canonical = schedule_name(name)
+    cls = schedule_class(name)
+    if issubclass(cls, torch_schedules.PipelineScheduleSingle):
+        return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn, **options)
+    if cls is not torch_schedules._PipelineScheduleRuntime:
+        return cls(list(stages), microbatches, loss_fn=loss_fn, **options)
     schedule = torch_schedules._PipelineScheduleRuntime(
         list(stages), microbatches, loss_fn=loss_fn, **options
     )
-    if name.startswith("csv:"):
-        schedule._load_csv(name[4:])
+    if canonical.startswith("csv:"):
+        schedule._load_csv(canonical[4:])
         return schedule
     rows = io_schedule_rows(stages[0].num_stages, ranks, microbatches)
     with tempfile.TemporaryDirectory(prefix="graphkit-schedule-") as folder:
@@ -146,8 +234,6 @@ def build_schedule(
 
 
 def _read_rows(path: Path) -> list[list[str]]:
-    import csv
-
     with path.open(newline="") as file:
         return [[cell.strip() for cell in row] for row in csv.reader(file)]
 

@@ -45,14 +45,27 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage as TorchPipelineStage
+from torch.distributed.pipelining import build_stage as torch_build_stage
+
+from graphkit.models.pipeline_specs import load_pipeline_spec
+from graphkit.pipelining.launcher import local_process_group, run_on_processes
+from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
+from graphkit.pipelining.schedules import (
+    SCHEDULE_NAMES,
+    build_schedule,
+    schedule_name,
+    stage_count,
+    stage_indices,
+)
+from graphkit.pipelining.stage import PipelineStage, build_stage
+from graphkit.pipelining.tracing_frontend import StageChain, trace_pipeline
 
 __all__ = ["ParameterVerification", "PipelineVerification", "PipelineCase", "verify_pipeline", "verify_cases"]
 
@@ -266,22 +279,25 @@ def verify_cases(
     for case in cases:
         _validate(case, ranks)
     if ranks == 1 or (dist.is_initialized() and dist.get_world_size() == ranks):
-        with _local_group():
+        with local_process_group():
             return _run_rank(cases)
-    from graphkit.pipelining.schedules import stage_count
 
     for case in cases:
         if case.frontend == "tracing":  # an untraceable spec: a clear error here, not one per spawned rank
             _traced(case, stage_count(case.schedule, ranks, case.stages_per_rank), 2 * case.microbatches)
-    from graphkit.pipelining.launcher import run_on_processes
 
     per_rank = run_on_processes(_run_rank, (cases,), world_size=ranks, deadline=deadline)
     return [_merge([checks[index] for checks in per_rank]) for index in range(len(cases))]
 
 
 def _validate(case: PipelineCase, ranks: int) -> None:
-    from graphkit.pipelining.schedules import stage_indices
-
+    if schedule_name(case.schedule) not in SCHEDULE_NAMES and not schedule_name(case.schedule).startswith(
+        "csv:"
+    ):
+        raise ValueError(
+            f"unknown schedule {case.schedule!r} for verify-pipeline, which verifies the schedules with "
+            f"separate I and W actions: choose one of {', '.join(SCHEDULE_NAMES)} or csv:PATH"
+        )
     stage_indices(case.schedule, 0, 1, case.stages_per_rank)  # an unknown schedule or placement raises
     if case.stage not in ("graphkit", "torch"):
         raise ValueError(f"stage must be 'graphkit' or 'torch', got {case.stage!r}")
@@ -305,19 +321,6 @@ def _validate(case: PipelineCase, ranks: int) -> None:
         raise ValueError("microbatches and steps must be at least 1")
 
 
-@contextmanager
-def _local_group() -> Iterator[None]:
-    """A world-size-1 gloo process group (no ports: a HashStore) for the duration, unless one exists."""
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        if created:
-            dist.destroy_process_group()
-
-
 def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
     merged = PipelineVerification(checks[0].case, len(checks))
     errors = [check.error for check in checks if check.error is not None]
@@ -339,8 +342,6 @@ def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
         for kind, count in check.backward_calls.items():
             merged.backward_calls[kind] = merged.backward_calls.get(kind, 0) + count
     if all(check.timeline is not None for check in checks):
-        from graphkit.pipelining.recording import ScheduleTimeline
-
         first = checks[0].timeline
         ranks = sorted(
             (rank for check in checks for rank in check.timeline.ranks), key=lambda rank: rank.rank
@@ -406,7 +407,6 @@ def _run_rank(cases: list[PipelineCase]) -> list[PipelineVerification]:
 
 
 def _build(case: PipelineCase, num_stages: int, batch_size: int) -> Any:
-    from graphkit.models.pipeline_specs import load_pipeline_spec
 
     model = load_pipeline_spec(case.spec, num_stages=num_stages, batch_size=batch_size, seed=0)
     for stage in model.stages:
@@ -474,7 +474,6 @@ def _manual_run(case: PipelineCase, mesh: _Mesh, num_stages: int, indices: list[
 
 def _traced(case: PipelineCase, num_stages: int, batch_size: int) -> Any:
     """The case's pipeline spec traced by ``pipeline()`` into ``num_stages`` stages of 2 rows a microbatch."""
-    from graphkit.pipelining.tracing_frontend import trace_pipeline
 
     model = _build(case, num_stages, batch_size)
     if model.batch_size != batch_size:
@@ -509,7 +508,6 @@ def _tracing_run(case: PipelineCase, mesh: _Mesh, num_stages: int, indices: list
 
 
 def _run_case(case: PipelineCase) -> PipelineVerification:
-    from graphkit.pipelining.schedules import build_schedule, stage_count, stage_indices
 
     mesh = _mesh(case.data_parallel)
     num_stages = stage_count(case.schedule, mesh.pipeline_size, case.stages_per_rank)
@@ -598,7 +596,6 @@ class _UntracedComparison:
         indices: list[int],
         microbatches: int,
     ) -> None:
-        from graphkit.pipelining.tracing_frontend import StageChain
 
         self.pipeline, self.named, self.reference, self.untraced = pipeline, named, reference, untraced
         self.microbatches = microbatches
@@ -696,7 +693,6 @@ def _recorded_step(
     case: Any,
 ) -> Any:
     """Run one step under :class:`~graphkit.pipelining.recording.ScheduleRecorder`; this rank's timeline."""
-    from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
 
     probe, method = memory_probe(torch.device("cpu"))
     dist.barrier()  # every rank's time zero at the same moment
@@ -723,19 +719,13 @@ def _make_stage(case: PipelineCase, mesh: _Mesh, module: nn.Module, index: int, 
         ranks = [mesh.pipeline_rank + replica * mesh.pipeline_size for replica in range(mesh.replicas)]
         device_mesh = DeviceMesh.from_group(mesh.replica_group, "cpu", mesh=torch.tensor(ranks))
         fully_shard(module, mesh=device_mesh, reshard_after_forward=False)
-    if case.stage == "graphkit":
-        from graphkit.pipelining.stage import PipelineStage
-    else:
-        from torch.distributed.pipelining import PipelineStage
-    return PipelineStage(module, index, num_stages, torch.device("cpu"), group=mesh.pipeline_group)
+    stage_class = PipelineStage if case.stage == "graphkit" else TorchPipelineStage
+    return stage_class(module, index, num_stages, torch.device("cpu"), group=mesh.pipeline_group)
 
 
 def _make_traced_stage(case: PipelineCase, mesh: _Mesh, traced: Any, index: int) -> Any:
-    if case.stage == "graphkit":
-        from graphkit.pipelining.stage import build_stage
-    else:
-        from torch.distributed.pipelining import build_stage
-    return build_stage(
+    build = build_stage if case.stage == "graphkit" else torch_build_stage
+    return build(
         traced.stages[index], index, traced.pipe.info(), torch.device("cpu"), group=mesh.pipeline_group
     )
 
