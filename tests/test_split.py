@@ -444,8 +444,9 @@ def test_split_plan_agrees_with_the_closures_of_the_captured_graph(name):
     from torch.autograd.graph import get_gradient_edge
 
     from graphkit.analysis.closures import intermediates
-    from graphkit.graph.autograd_graph import _walk, capture
-    from graphkit.split.backward import _plan
+    from graphkit.graph.autograd_graph import capture
+    from graphkit.graph.walk import walk_nodes
+    from graphkit.split.backward_plan import plan_of
 
     module, inputs = zoo.build(name)
     outputs = _call(module, inputs)
@@ -456,7 +457,7 @@ def test_split_plan_agrees_with_the_closures_of_the_captured_graph(name):
     tensors = [t for t in tensors if t.requires_grad]
     stage_inputs = [t for _, t in flatten_tensors(inputs) if t.requires_grad]
     input_nodes = {get_gradient_edge(t).node for t in stage_inputs}
-    plan = _plan(_walk([get_gradient_edge(t).node for t in tensors], input_nodes), input_nodes)
+    plan = plan_of(walk_nodes([get_gradient_edge(t).node for t in tensors], input_nodes), input_nodes)
     graph = capture(tensors, inputs=stage_inputs)
     expected = intermediates(graph)
     assert {f"n{index}" for index, _ in plan.intermediates} == set(expected)

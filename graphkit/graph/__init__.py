@@ -3,6 +3,8 @@
 - :mod:`graphkit.graph.autograd_graph`: :class:`AutogradGraph`, :func:`capture` (walk ``grad_fn`` /
   ``next_functions`` from output tensors), the node and edge schema, JSON / DOT / GraphML export;
 - :mod:`graphkit.graph.tracing`: :func:`trace`, which runs a module and records the module path of each Node;
+- :mod:`graphkit.graph.walk`: :func:`~graphkit.graph.walk.walk_nodes`, the bare breadth-first walk over
+  ``next_functions`` that capture and the split backward share;
 - :mod:`graphkit.graph.tensors`: nested tensor structures and :class:`GraphkitInputError`;
 - :mod:`graphkit.graph._autograd`: the few private autograd attributes graphkit reads, in one place.
 

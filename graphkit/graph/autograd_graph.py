@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import gc
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from torch.autograd.graph import GradientEdge, Node
 
 from graphkit.graph import _autograd
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors
+from graphkit.graph.walk import NodeWalk, walk_nodes
 
 __all__ = [
     "AutogradGraph",
@@ -233,54 +234,6 @@ def _escape(text: str) -> str:
 
 
 # --- capture --------------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class _Walk:
-    """The bare structure of an autograd graph: Nodes in breadth-first order and their edges."""
-
-    nodes: list[Node]
-    index: dict[Node, int]
-    # flat: producer index, consumer index, output_nr, input_nr, then the next edge (one list, no tuple
-    # per edge: the split backward walks every microbatch and each tuple costs the garbage collector)
-    flat_edges: list[int]
-
-    def edges(self) -> Iterator[tuple[int, int, int, int]]:
-        """``(producer index, consumer index, output_nr, input_nr)`` of every edge, in walk order."""
-        values = iter(self.flat_edges)
-        return zip(values, values, values, values, strict=True)
-
-
-def _walk(roots: Iterable[Node], stop: set[Node]) -> _Walk:
-    """Breadth-first walk over ``next_functions`` from ``roots``; nodes in ``stop`` are not expanded.
-
-    The split backward walks every microbatch's graph, so this loop is kept lean: the node list is
-    its own queue, and edges go into one flat list of ints (four per edge).
-    """
-    nodes: list[Node] = []
-    index: dict[Node, int] = {}
-    edges: list[int] = []
-    add_node = nodes.append
-    add_edge = edges.extend
-    for root in roots:
-        if root not in index:
-            index[root] = len(nodes)
-            add_node(root)
-    position = 0
-    while position < len(nodes):
-        consumer = nodes[position]
-        if consumer not in stop:
-            input_nr = 0
-            for producer, output_nr in consumer.next_functions:
-                if producer is not None:
-                    producer_index = index.get(producer)
-                    if producer_index is None:
-                        producer_index = index[producer] = len(nodes)
-                        add_node(producer)
-                    add_edge((producer_index, position, output_nr, input_nr))
-                input_nr += 1  # noqa: SIM113 - enumerate() costs more in this hot loop
-        position += 1
-    return _Walk(nodes, index, edges)
-
-
 def _named_edges(value: Any, role: str, *, require: bool) -> list[tuple[str, GradientEdge]]:
     """Named GradientEdges of the tensors in ``value`` that require grad."""
     if isinstance(value, (int, float, str, bytes)) or value is None:
@@ -361,7 +314,7 @@ def _capture(
     details: bool,
 ) -> AutogradGraph:
     stop = {edge.node for _, edge in input_edges}
-    walk = _walk((edge.node for _, edge in output_edges), stop)
+    walk = walk_nodes((edge.node for _, edge in output_edges), stop)
 
     graph = AutogradGraph()
     names_by_id = parameter_names(module)
@@ -461,7 +414,7 @@ def _node_attributes(
     return attributes
 
 
-def _unused_parameters(module: torch.nn.Module | None, walk: _Walk) -> list[str]:
+def _unused_parameters(module: torch.nn.Module | None, walk: NodeWalk) -> list[str]:
     if module is None:
         return []
     reached = {id(node.variable) for node in walk.nodes if _autograd.is_accumulate_grad(node)}

@@ -4,6 +4,8 @@
   the intermediates) and :func:`backward_weight` (W: every parameter's ``.grad``), plus :func:`backward_full`;
 - :mod:`graphkit.split.backward_plan`: what B and W need of a graph's structure, computed once per
   structure and cached;
+- :mod:`graphkit.split.arguments`: outputs with their cotangents, stage inputs and parameters, checked;
+- :mod:`graphkit.split.custom_functions`: ``ctx.needs_input_grad`` of custom Functions, per phase;
 - :mod:`graphkit.split.weight_rules`: W's formulas over the tensors an intermediate saved;
 - :mod:`graphkit.split.checkpointing`: non-reentrant activation checkpointing, recomputed at most once per
   phase (:class:`Recompute`: in W, or kept from B);

@@ -53,10 +53,9 @@ thread (the flags live on the Node of its own graph, not in a process-wide varia
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -67,15 +66,26 @@ import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 from graphkit.graph import _autograd
-from graphkit.graph.autograd_graph import _Walk, _walk
-from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
+from graphkit.graph.tensors import GraphkitInputError, distinct_bytes
+from graphkit.graph.walk import walk_nodes
+from graphkit.split.arguments import (
+    named_inputs,
+    pair_outputs,
+    parameter_list,
+    weight_filter,
+)
+from graphkit.split.backward_plan import (
+    BackwardPlan,
+    cached_plan,
+    opaque_positions_of,
+)
 from graphkit.split.checkpointing import (
     CheckpointedRegions,
     Recompute,
     recompute_policy,
     regions_of,
-    saves_tensors,
 )
+from graphkit.split.custom_functions import call_custom_function, custom_functions_in_input_phase
 from graphkit.split.graph_anchor import graph_anchor
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
@@ -109,7 +119,7 @@ class _WeightWork:
     rule: PreparedWeightGradient | None
     node: Node | None  # kept only when no rule applies
     versions: tuple[int, ...] = ()  # of ``grads`` when B captured them
-    sequence_nr: int = -1  # of the intermediate, read in B when it feeds a mixed leaf (see _Plan)
+    sequence_nr: int = -1  # of the intermediate, read in B when it feeds a mixed leaf (see BackwardPlan)
     # a custom Function's ``grads`` as its backward received them in B (materialized by the engine)
     materialized: bool = False
 
@@ -152,7 +162,7 @@ class SplitState:
     input_names: tuple[str, ...]
     num_intermediates: int
     num_node_calls: int
-    _plan: _Plan = field(repr=False)
+    _plan: BackwardPlan = field(repr=False)
     _work: list[_WeightWork | None] = field(repr=False)
     _targets: dict[int, Node] = field(repr=False)
     _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
@@ -213,115 +223,6 @@ class SplitState:
         self._run_once = None
 
 
-# --- argument handling ------------------------------------------------------------------------------------
-def _pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(output, cotangent) pairs for every output that requires grad and receives a gradient."""
-    named_outputs = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
-    if not named_outputs:
-        raise GraphkitInputError(
-            f"outputs hold no tensor (got {type(outputs).__name__}); pass the tensors the stage returned"
-        )
-    if grad_outputs is None:
-        pairs = []
-        for name, tensor in named_outputs:
-            if not tensor.requires_grad:
-                continue
-            if tensor.numel() != 1:
-                raise GraphkitInputError(
-                    f"grad_outputs=None means the outputs are scalar losses, but output {name!r} has shape "
-                    f"{tuple(tensor.shape)}; pass grad_outputs with one cotangent per output"
-                )
-            pairs.append((tensor, torch.ones_like(tensor)))
-    else:
-        if isinstance(grad_outputs, torch.Tensor):
-            grads: list[tuple[str, Any]] = [("output", grad_outputs)]
-            structure = named_outputs
-        else:
-            grads = flatten_tensors(grad_outputs, keep_none=True)
-            structure = flatten_tensors(outputs, keep_none=True)
-        if len(grads) != len(structure):
-            raise GraphkitInputError(
-                f"grad_outputs has {len(grads)} entries but outputs has {len(structure)}; give one "
-                "cotangent per output tensor, in the same structure (None for an output with no gradient)"
-            )
-        grads = _matched_by_path(structure, grads)
-        pairs = []
-        for (name, tensor), (_, grad) in zip(structure, grads, strict=True):
-            if tensor is None or not tensor.requires_grad or grad is None:
-                continue
-            if grad.shape != tensor.shape:
-                raise GraphkitInputError(
-                    f"cotangent for output {name!r} has shape {tuple(grad.shape)} but the output has shape "
-                    f"{tuple(tensor.shape)}"
-                )
-            pairs.append((tensor, grad))
-    if not any(tensor.requires_grad for _, tensor in named_outputs):
-        raise GraphkitInputError(
-            "no output requires grad, so there is no autograd graph to run backward through; run the "
-            "forward with gradients enabled and parameters or inputs that require grad"
-        )
-    return pairs
-
-
-def _matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """``grads`` reordered to follow ``structure``, matched by path (dict keys, nested too), not position.
-
-    Raises:
-        GraphkitInputError: a path of one has no counterpart in the other (a misspelt or missing key).
-    """
-    if [name for name, _ in structure] == [name for name, _ in grads]:
-        return grads
-    by_path = dict(grads)
-    missing = [name for name, _ in structure if name not in by_path]
-    unexpected = sorted(set(by_path) - {name for name, _ in structure})
-    if missing or unexpected or len(by_path) != len(grads):
-        raise GraphkitInputError(
-            f"grad_outputs does not match the outputs' structure: no cotangent for {missing or 'none'}, "
-            f"cotangents for {unexpected or 'none'} that are not outputs; give one cotangent per output "
-            "under the same keys (None for an output with no gradient)"
-        )
-    return [(name, by_path[name]) for name, _ in structure]
-
-
-def _named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
-    if inputs is None:
-        return []
-    if isinstance(inputs, torch.Tensor):
-        return [("input", inputs)]
-    return flatten_tensors(inputs)
-
-
-def _weight_filter(params: list[torch.Tensor] | None) -> set[int] | None:
-    if params is None:
-        return None
-    return {id(parameter) for parameter in params}
-
-
-def _parameter_list(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> list[torch.Tensor] | None:
-    """``params`` read once into a list (``module.parameters()`` is a generator), or None.
-
-    Raises:
-        GraphkitInputError: an entry is not a tensor, or not a leaf (W accumulates into leaves only, so
-            a computed tensor would silently receive nothing).
-    """
-    if params is None:
-        return None
-    parameters = list(params.parameters() if isinstance(params, torch.nn.Module) else params)
-    for position, parameter in enumerate(parameters):
-        if not isinstance(parameter, torch.Tensor):
-            raise GraphkitInputError(
-                f"params[{position}] is a {type(parameter).__name__}, not a tensor: pass a module or the "
-                "parameters (leaf tensors) whose gradients W should accumulate"
-            )
-        if parameter.grad_fn is not None:
-            raise GraphkitInputError(
-                f"params[{position}] (shape {tuple(parameter.shape)}, made by {type(parameter.grad_fn).__name__}) "
-                "is not a leaf: W accumulates into leaves only, so it would receive no gradient; pass the "
-                "parameters it is computed from instead"
-            )
-    return parameters
-
-
 def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
     """``[start, end)`` addresses of the storage behind ``tensor``: every view of it points inside.
 
@@ -378,85 +279,8 @@ def _freed_error(error: RuntimeError) -> Exception:
     return error
 
 
-# --- custom Functions: ctx.needs_input_grad per phase ----------------------------------------------------
-def _needs_input_grad_for(node: Node, wanted: Callable[[int, Node], bool]) -> tuple[bool, ...]:
-    """A custom Function Node's ``needs_input_grad`` (one flag per forward argument) with True kept only
-    for the arguments whose ``next_functions`` entry ``wanted(input_nr, next_node)`` accepts.
-
-    The arguments that require grad are the valid ``next_functions`` entries, in order
-    (``THPFunction_apply`` in ``torch/csrc/autograd/python_function.cpp`` makes one entry per tensor
-    argument, an empty one where it needs no grad).
-    """
-    next_functions = node.next_functions
-    valid = iter([nr for nr, (next_node, _) in enumerate(next_functions) if next_node is not None])
-    flags = []
-    for needed in node.needs_input_grad:
-        input_nr = next(valid, None) if needed else None
-        flags.append(input_nr is not None and bool(wanted(input_nr, next_functions[input_nr][0])))
-    return tuple(flags)
-
-
-def _input_closure_flags(walk: _Walk, input_nodes: set[Node]) -> bytearray:
-    """Per node index of ``walk``: 1 where the node is on a path to a stage input (the input closure)."""
-    count = len(walk.nodes)
-    consumers: list[list[int]] = [[] for _ in range(count)]
-    for producer, consumer, _, _ in walk.edges():
-        consumers[producer].append(consumer)
-    return _reach(consumers, [index for index, node in enumerate(walk.nodes) if node in input_nodes], count)
-
-
-def _recording_apply(
-    node: Node, received: dict[int, tuple[torch.Tensor | None, ...]], index: int, *grads: torch.Tensor | None
-) -> Any:
-    """A custom Function Node's ``apply`` that first notes the gradients the engine passes to it."""
-    received[index] = grads
-    return type(node).apply(node, *grads)
-
-
-@contextmanager
-def _custom_functions_in_input_phase(
-    walk: _Walk, input_nodes: set[Node], plan: _Plan, received: dict[int, tuple[torch.Tensor | None, ...]]
-) -> Iterator[None]:
-    """Within: every custom Function Node on the input path asks, through ``ctx.needs_input_grad``, only
-    for the gradients of its arguments on the input path (restored on exit, also on errors).
-
-    Those that are intermediates also note in ``received`` the gradients their backward gets, after the
-    engine materialized the missing ones (``PyNode::apply`` in ``torch/csrc/autograd/python_function.cpp``:
-    zeros of each output's shape, a non-differentiable output's included, or None under
-    ``ctx.set_materialize_grads(False)``), so that W passes the very same ones. The engine calls a custom
-    Function through its ``apply`` attribute, so an instance attribute stands in for the class's one.
-    """
-    if not _autograd.any_custom_function(walk.nodes):
-        yield
-        return
-    custom = [index for index, node in enumerate(walk.nodes) if _autograd.is_custom_function(node)]
-    in_closure = _input_closure_flags(walk, input_nodes)
-    intermediates = {index for index, _ in plan.intermediates}
-    changed: list[tuple[Node, tuple[bool, ...]]] = []
-
-    def on_input_path(_input_nr: int, next_node: Node) -> bool:
-        position = walk.index.get(next_node)
-        return position is not None and bool(in_closure[position])
-
-    try:
-        for index in custom:
-            if not in_closure[index]:
-                continue
-            node = walk.nodes[index]
-            original = node.needs_input_grad
-            changed.append((node, original))
-            node.needs_input_grad = _needs_input_grad_for(node, on_input_path)
-            if index in intermediates:
-                node.apply = partial(_recording_apply, node, received, index)
-        yield
-    finally:
-        for node, original in changed:
-            node.needs_input_grad = original
-            node.__dict__.pop("apply", None)
-
-
 def _mark_materialized(
-    plan: _Plan, work: list[_WeightWork | None], received: dict[int, tuple[torch.Tensor | None, ...]]
+    plan: BackwardPlan, work: list[_WeightWork | None], received: dict[int, tuple[torch.Tensor | None, ...]]
 ) -> None:
     """Flag the work of the custom Functions whose gradients B took as their backward received them."""
     if not received:
@@ -466,44 +290,6 @@ def _mark_materialized(
             item.materialized = True
 
 
-def _call_custom_function(
-    node: Node, grads: tuple[torch.Tensor | None, ...], weight_input_nrs: Sequence[int], materialized: bool
-) -> tuple[torch.Tensor | None, ...]:
-    """W: call a custom Function's backward with ``ctx.needs_input_grad`` set to its weight-side arguments.
-
-    ``grads``: what the backward received in B (``materialized``), else the captured gradients, whose
-    missing entries become zeros of the output's shape. Returns one result per ``next_functions`` entry:
-    the backward returns one gradient per forward argument, and those of the arguments that require grad
-    are matched, in order, with the valid entries.
-    """
-    if materialized:
-        arguments = list(grads)
-    else:
-        metadata = _autograd.gradient_metadata(node)
-        if metadata is None:  # shapes unknown on this PyTorch: pass missing gradients on as None
-            arguments = list(grads)
-        else:
-            arguments = [
-                grad if grad is not None else torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device)
-                for grad, meta in zip(grads, metadata, strict=True)
-            ]
-    original = node.needs_input_grad
-    wanted = set(weight_input_nrs)
-    node.needs_input_grad = _needs_input_grad_for(node, lambda input_nr, _: input_nr in wanted)
-    try:
-        result = node.apply(*arguments)
-    finally:
-        node.needs_input_grad = original
-    result = (result,) if isinstance(result, torch.Tensor) or result is None else tuple(result)
-    per_argument = [grad for grad, needed in zip(result, original, strict=False) if needed]
-    edges: list[torch.Tensor | None] = []
-    valid = iter(per_argument)
-    for next_node, _ in node.next_functions:
-        edges.append(next(valid, None) if next_node is not None else None)
-    return tuple(edges)
-
-
-# --- another backward between B and W ---------------------------------------------------------------------
 def _remove_handles(handles: list[Any]) -> None:
     for handle in handles:
         handle.remove()
@@ -533,115 +319,6 @@ def _watch_for_other_backwards(state: SplitState, output_edges: list[GradientEdg
     for node in watched:
         handles.append(_register_prehook(node, note))
     weakref.finalize(state, _remove_handles, handles)
-
-
-# --- B phase ----------------------------------------------------------------------------------------------
-@dataclass(slots=True)
-class _Plan:
-    """The split of one walked graph, by node index (see :mod:`graphkit.analysis.closures` for the definitions).
-
-    It depends only on the graph's structure, so microbatches of the same stage share one plan.
-    """
-
-    # (intermediate index, ((input_nr, target index, target output_nr), ...))
-    intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]]
-    weight_leaves: list[int]
-    weight_only: bytearray
-    # per intermediate: the input_nr of each weight-side edge (what its formula computes)
-    weight_input_nrs: list[tuple[int, ...]]
-    # targets that are AccumulateGrad Nodes (leaves: a sparse one gets its gradient from its Node)
-    leaf_targets: frozenset[int]
-    # leaf targets fed both by intermediates and by the weight-only subgraph
-    mixed_leaves: frozenset[int]
-    # filled on first use by _opaque_positions: (run-once Node indices, Nodes W may unpack hooked saved
-    # tensors of); both depend on Node classes alone, like the rest of the plan
-    opaque_positions: tuple[tuple[int, ...], tuple[int, ...]] | None = None
-
-
-_PLAN_CACHE: dict[Any, _Plan] = {}
-_PLAN_CACHE_SIZE = 16
-_PLAN_CACHE_LOCK = threading.Lock()
-
-
-def _cached_plan(
-    walk: _Walk, input_nodes: set[Node], excluded: frozenset[int], input_positions: tuple[int, ...]
-) -> _Plan:
-    """The plan of ``walk``, reused when a graph of the same structure was planned before.
-
-    The key is the structure alone (Node classes, edges, which nodes are stage inputs and excluded
-    leaves): shapes are read per microbatch in W, so graphs that differ only in shapes share a plan.
-    """
-    key = (tuple(map(type, walk.nodes)), tuple(walk.flat_edges), excluded, input_positions)
-    plan = _PLAN_CACHE.get(key)
-    if plan is None:
-        plan = _plan(walk, input_nodes, excluded)
-        with _PLAN_CACHE_LOCK:  # split backwards may run on several threads at once
-            if len(_PLAN_CACHE) >= _PLAN_CACHE_SIZE:
-                _PLAN_CACHE.pop(next(iter(_PLAN_CACHE)))
-            _PLAN_CACHE[key] = plan
-    return plan
-
-
-def _plan(walk: _Walk, input_nodes: set[Node], excluded: frozenset[int] = frozenset()) -> _Plan:
-    """Input closure, weight-only nodes and intermediates of ``walk`` in one pass over its edges.
-
-    The same definitions as :mod:`graphkit.analysis.closures`, on node indices instead of a networkx graph:
-    this runs for every new graph structure, so it avoids building attribute dictionaries. Leaves whose
-    indices are in ``excluded`` (parameters left out by ``params=``) count as no weight at all, so the W
-    phase computes nothing for them.
-    """
-    count = len(walk.nodes)
-    consumers: list[list[int]] = [[] for _ in range(count)]
-    for producer, consumer, _, _ in walk.edges():
-        consumers[producer].append(consumer)
-    inputs = [index for index, node in enumerate(walk.nodes) if node in input_nodes]
-    leaves = [
-        index
-        for index, node in enumerate(walk.nodes)
-        if node not in input_nodes and index not in excluded and _autograd.is_accumulate_grad(node)
-    ]
-    in_closure = _reach(consumers, inputs, count)
-    weight_only = _reach(consumers, leaves, count)
-    for index in range(count):
-        if in_closure[index]:
-            weight_only[index] = 0
-    edges_of: dict[int, list[tuple[int, int, int]]] = {}
-    for producer, consumer, output_nr, input_nr in walk.edges():
-        if weight_only[producer] and in_closure[consumer]:
-            edges_of.setdefault(consumer, []).append((input_nr, producer, output_nr))
-    # in the order a full backward runs them (latest created first, as the engine's ready queue), so
-    # that several contributions to one parameter are summed in the same order
-    intermediates = [
-        (index, tuple(sorted(edges)))
-        for index, edges in sorted(
-            edges_of.items(), key=lambda item: (-_autograd.sequence_number(walk.nodes[item[0]]), item[0])
-        )
-    ]
-    targets = {target for _, edges in intermediates for _, target, _ in edges}
-    leaf_targets = frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target]))
-    return _Plan(
-        intermediates,
-        leaves,
-        weight_only,
-        [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
-        leaf_targets,
-        frozenset(
-            leaf for leaf in leaf_targets if any(weight_only[consumer] for consumer in consumers[leaf])
-        ),
-    )
-
-
-def _reach(consumers: list[list[int]], sources: list[int], count: int) -> bytearray:
-    reached = bytearray(count)
-    stack = list(sources)
-    for source in sources:
-        reached[source] = 1
-    while stack:
-        for consumer in consumers[stack.pop()]:
-            if not reached[consumer]:
-                reached[consumer] = 1
-                stack.append(consumer)
-    return reached
 
 
 def backward_input(
@@ -708,13 +385,13 @@ def _backward_input(
     stacklevel: int,
 ) -> SplitState:
     recompute = recompute_policy(recompute)
-    params = _parameter_list(params)
-    pairs = _pair_outputs(outputs, grad_outputs)
+    params = parameter_list(params)
+    pairs = pair_outputs(outputs, grad_outputs)
     if not pairs:
         raise GraphkitInputError("every output's cotangent is None: there is nothing to run backward for")
-    named_inputs = _named_inputs(inputs)
-    stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
-    for name, tensor in named_inputs:
+    inputs_by_name = named_inputs(inputs)
+    stage_inputs = [tensor for _, tensor in inputs_by_name if tensor.requires_grad]
+    for name, tensor in inputs_by_name:
         if tensor.requires_grad and tensor.grad_fn is not None:
             warnings.warn(
                 f"stage input {name!r} is not a leaf: the split backward stops at it, so nothing before it "
@@ -724,9 +401,9 @@ def _backward_input(
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
-    walk = _walk((edge.node for edge in output_edges), input_nodes)
+    walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
-    allowed = _weight_filter(params)
+    allowed = weight_filter(params)
     excluded = (
         frozenset()
         if allowed is None
@@ -736,7 +413,7 @@ def _backward_input(
             if _autograd.is_accumulate_grad(node) and id(node.variable) not in allowed
         )
     )
-    plan = _cached_plan(walk, input_nodes, excluded, input_positions)
+    plan = cached_plan(walk, input_nodes, excluded, input_positions)
     nodes = walk.nodes
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     if not all([tensor.requires_grad for tensor in weight_tensors]):
@@ -747,7 +424,7 @@ def _backward_input(
             for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
             if not tensor.requires_grad
         }
-        plan = _cached_plan(walk, input_nodes, excluded, input_positions)
+        plan = cached_plan(walk, input_nodes, excluded, input_positions)
         weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
 
     closure_outputs = []
@@ -767,7 +444,7 @@ def _backward_input(
     handles = []
     # the gradients custom Function backwards receive in B, after the engine materialized them
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
-    run_once_positions, hook_candidates = _opaque_positions(plan, nodes)
+    run_once_positions, hook_candidates = opaque_positions_of(plan, nodes)
     run_once = _run_once_nodes(plan, nodes, run_once_positions)
     checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
     try:
@@ -779,7 +456,7 @@ def _backward_input(
                 raise _post_hook_error(nodes[index], others)
         if stage_inputs and closure_outputs:
             with (
-                _custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
+                custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
                 _opaque_input_phase(run_once, checkpoints),
             ):
                 grads = _autograd.run_engine_grad(
@@ -803,11 +480,11 @@ def _backward_input(
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
     input_grads = tuple(
-        _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in named_inputs
+        _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in inputs_by_name
     )
     state = SplitState(
         input_grads=input_grads,
-        input_names=tuple(name for name, _ in named_inputs),
+        input_names=tuple(name for name, _ in inputs_by_name),
         num_intermediates=sum(1 for item in work if item is not None),
         num_node_calls=sum(1 for item in work if item is not None and item.node is not None),
         _plan=plan,
@@ -874,24 +551,7 @@ def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     return () if anchor is None else (anchor,)
 
 
-# --- activation checkpointing, compiled regions (checkpointing.py, run_once.py) ---------------------------
-def _opaque_positions(plan: _Plan, nodes: list[Node]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """For ``plan``'s structure: the indices of run-once Nodes, and of the Nodes W may unpack hooked
-    saved tensors of (intermediates and weight-only Nodes of classes that save tensors). Cached per plan:
-    both depend on Node classes alone, and checkpointing adds no Node."""
-    if plan.opaque_positions is not None:
-        return plan.opaque_positions
-    run_once = tuple(index for index, node in enumerate(nodes) if run_once_kind(node) is not None)
-    skip = set(run_once)
-    candidates = [index for index, _ in plan.intermediates if index not in skip]
-    candidates += [index for index, flag in enumerate(plan.weight_only) if flag]
-    saving = tuple(index for index in candidates if saves_tensors(nodes[index]))
-    # one assignment: threads that fill it at once compute the same value, and readers see all or nothing
-    plan.opaque_positions = (run_once, saving)
-    return run_once, saving
-
-
-def _run_once_nodes(plan: _Plan, nodes: list[Node], positions: tuple[int, ...]) -> RunOnceNodes | None:
+def _run_once_nodes(plan: BackwardPlan, nodes: list[Node], positions: tuple[int, ...]) -> RunOnceNodes | None:
     """The reentrant checkpoints and compiled regions of the walked graph, or None when it has none."""
     if not positions:
         return None
@@ -908,7 +568,7 @@ def _checkpointed_regions(
 ) -> CheckpointedRegions | None:
     """The non-reentrant checkpointed regions behind the Nodes W will unpack, or None.
 
-    ``candidates`` (:func:`_opaque_positions`): the intermediates W may call and the weight-only Nodes
+    ``candidates`` (:func:`opaque_positions_of`): the intermediates W may call and the weight-only Nodes
     W's engine call runs, of classes that save tensors; a run-once Node is never called in W.
     """
     hooked = [nodes[index] for index in candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
@@ -939,7 +599,7 @@ def _opaque_weight_phase(state: SplitState) -> Iterator[None]:
         yield
 
 
-def _use_kept_gradients(plan: _Plan, work: list[_WeightWork | None], run_once: RunOnceNodes) -> None:
+def _use_kept_gradients(plan: BackwardPlan, work: list[_WeightWork | None], run_once: RunOnceNodes) -> None:
     """W feeds in what a run-once intermediate returned in B instead of calling it again."""
     for position, (index, _) in enumerate(plan.intermediates):
         item = work[position]
@@ -951,7 +611,7 @@ def _use_kept_gradients(plan: _Plan, work: list[_WeightWork | None], run_once: R
 
 
 def _weight_work(
-    plan: _Plan,
+    plan: BackwardPlan,
     nodes: list[Node],
     captured: dict[int, tuple[torch.Tensor | None, ...]],
     cotangents: list[torch.Tensor],
@@ -1015,13 +675,12 @@ def _weight_work(
     return work, targets, kept_grads
 
 
-# --- W phase ----------------------------------------------------------------------------------------------
 def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
     """Call a C++ Node's backward directly; one result per ``next_functions`` entry.
 
     Called inside the graph task of :func:`_call_nodes` (whose ``inputs=`` are the weight-side edges), a
     C++ Node computes only its weight-side outputs. Custom Functions go through
-    :func:`_call_custom_function`.
+    :func:`call_custom_function`.
     """
     result = node(*grads)
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
@@ -1236,9 +895,7 @@ def _call_nodes(state: SplitState, positions: list[int]) -> dict[int, list[torch
                     observed.enter_context(observer(item.node))
                 if _autograd.is_custom_function(item.node):
                     weight_input_nrs = [input_nr for input_nr, _, _ in item.edges]
-                    outputs = _call_custom_function(
-                        item.node, item.grads, weight_input_nrs, item.materialized
-                    )
+                    outputs = call_custom_function(item.node, item.grads, weight_input_nrs, item.materialized)
                 else:
                     outputs = _call_node(item.node, item.grads)
             results[position] = [outputs[input_nr] for input_nr, _, _ in item.edges]
@@ -1284,7 +941,6 @@ class _HostNodeCalls(torch.autograd.Function):
         return None, None
 
 
-# --- full backward ----------------------------------------------------------------------------------------
 def backward_full(
     outputs: Any,
     grad_outputs: Any = None,
@@ -1301,10 +957,10 @@ def backward_full(
         graphkit.graph.tensors.GraphkitInputError: as :func:`backward_input`.
         GraphFreedError: the graph was already freed by an earlier backward.
     """
-    params = _parameter_list(params)
-    pairs = _pair_outputs(outputs, grad_outputs)
-    named_inputs = _named_inputs(inputs)
-    stage_inputs = [tensor for _, tensor in named_inputs if tensor.requires_grad]
+    params = parameter_list(params)
+    pairs = pair_outputs(outputs, grad_outputs)
+    inputs_by_name = named_inputs(inputs)
+    stage_inputs = [tensor for _, tensor in inputs_by_name if tensor.requires_grad]
     received: dict[int, torch.Tensor] = {}
     handles = []
 
@@ -1316,7 +972,7 @@ def backward_full(
 
     saved_grads = [tensor.grad if tensor.is_leaf else None for tensor in stage_inputs]
     restrict = None
-    allowed = _weight_filter(params)
+    allowed = weight_filter(params)
     if allowed is not None:
         restrict = list(stage_inputs) + [parameter for parameter in params if parameter.requires_grad]
     try:
@@ -1333,4 +989,4 @@ def backward_full(
         for tensor, saved in zip(stage_inputs, saved_grads, strict=True):
             if tensor.is_leaf:
                 tensor.grad = saved
-    return tuple(received.get(id(tensor)) if tensor.requires_grad else None for _, tensor in named_inputs)
+    return tuple(received.get(id(tensor)) if tensor.requires_grad else None for _, tensor in inputs_by_name)

@@ -1,0 +1,71 @@
+"""The bare structure behind a set of autograd Nodes: a breadth-first walk over ``next_functions``.
+
+:func:`walk_nodes` is what :func:`graphkit.capture` and the split backward both start from: every Node
+reached from some roots, each once, in breadth-first order, with the edges between them as plain integers.
+It reads only public Node API (``next_functions``), holds no graph attributes and builds no networkx graph,
+so it is cheap enough to run once per microbatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from torch.autograd.graph import Node
+
+__all__ = ["NodeWalk", "walk_nodes"]
+
+
+@dataclass(slots=True)
+class NodeWalk:
+    """The bare structure of an autograd graph: Nodes in breadth-first order and their edges."""
+
+    nodes: list[Node]
+    index: dict[Node, int]
+    # flat: producer index, consumer index, output_nr, input_nr, then the next edge (one list, no tuple
+    # per edge: the split backward walks every microbatch and each tuple costs the garbage collector)
+    flat_edges: list[int]
+
+    def edges(self) -> Iterator[tuple[int, int, int, int]]:
+        """``(producer index, consumer index, output_nr, input_nr)`` of every edge, in walk order."""
+        values = iter(self.flat_edges)
+        return zip(values, values, values, values, strict=True)
+
+
+def walk_nodes(roots: Iterable[Node], stop: set[Node]) -> NodeWalk:
+    """Breadth-first walk over ``next_functions`` from ``roots``; nodes in ``stop`` are not expanded.
+
+    Args:
+        roots: the Nodes to start from (``grad_fn`` of the outputs, or ``GradientEdge.node``).
+        stop: Nodes whose ``next_functions`` are not followed (stage inputs that are not leaves).
+
+    Returns:
+        A :class:`NodeWalk`: every reached Node once, in breadth-first order, and every edge.
+
+    Iterative, O(nodes + edges). The split backward walks every microbatch's graph, so this loop is kept
+    lean: the node list is its own queue, and edges go into one flat list of ints (four per edge).
+    """
+    nodes: list[Node] = []
+    index: dict[Node, int] = {}
+    edges: list[int] = []
+    add_node = nodes.append
+    add_edge = edges.extend
+    for root in roots:
+        if root not in index:
+            index[root] = len(nodes)
+            add_node(root)
+    position = 0
+    while position < len(nodes):
+        consumer = nodes[position]
+        if consumer not in stop:
+            input_nr = 0
+            for producer, output_nr in consumer.next_functions:
+                if producer is not None:
+                    producer_index = index.get(producer)
+                    if producer_index is None:
+                        producer_index = index[producer] = len(nodes)
+                        add_node(producer)
+                    add_edge((producer_index, position, output_nr, input_nr))
+                input_nr += 1  # noqa: SIM113 - enumerate() costs more in this hot loop
+        position += 1
+    return NodeWalk(nodes, index, edges)

@@ -1,0 +1,125 @@
+"""The arguments of the split backward, checked and put in order: outputs with their cotangents, stage
+inputs, and the parameters W accumulates into.
+
+Every function raises :class:`~graphkit.graph.tensors.GraphkitInputError` with what was wrong and how to fix
+it, so that bad input never becomes a silently wrong gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from graphkit.graph.tensors import GraphkitInputError, flatten_tensors
+
+__all__ = ["matched_by_path", "named_inputs", "pair_outputs", "parameter_list", "weight_filter"]
+
+
+def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(output, cotangent) pairs for every output that requires grad and receives a gradient."""
+    named_outputs = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
+    if not named_outputs:
+        raise GraphkitInputError(
+            f"outputs hold no tensor (got {type(outputs).__name__}); pass the tensors the stage returned"
+        )
+    if grad_outputs is None:
+        pairs = []
+        for name, tensor in named_outputs:
+            if not tensor.requires_grad:
+                continue
+            if tensor.numel() != 1:
+                raise GraphkitInputError(
+                    f"grad_outputs=None means the outputs are scalar losses, but output {name!r} has shape "
+                    f"{tuple(tensor.shape)}; pass grad_outputs with one cotangent per output"
+                )
+            pairs.append((tensor, torch.ones_like(tensor)))
+    else:
+        if isinstance(grad_outputs, torch.Tensor):
+            grads: list[tuple[str, Any]] = [("output", grad_outputs)]
+            structure = named_outputs
+        else:
+            grads = flatten_tensors(grad_outputs, keep_none=True)
+            structure = flatten_tensors(outputs, keep_none=True)
+        if len(grads) != len(structure):
+            raise GraphkitInputError(
+                f"grad_outputs has {len(grads)} entries but outputs has {len(structure)}; give one "
+                "cotangent per output tensor, in the same structure (None for an output with no gradient)"
+            )
+        grads = matched_by_path(structure, grads)
+        pairs = []
+        for (name, tensor), (_, grad) in zip(structure, grads, strict=True):
+            if tensor is None or not tensor.requires_grad or grad is None:
+                continue
+            if grad.shape != tensor.shape:
+                raise GraphkitInputError(
+                    f"cotangent for output {name!r} has shape {tuple(grad.shape)} but the output has shape "
+                    f"{tuple(tensor.shape)}"
+                )
+            pairs.append((tensor, grad))
+    if not any(tensor.requires_grad for _, tensor in named_outputs):
+        raise GraphkitInputError(
+            "no output requires grad, so there is no autograd graph to run backward through; run the "
+            "forward with gradients enabled and parameters or inputs that require grad"
+        )
+    return pairs
+
+
+def matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``grads`` reordered to follow ``structure``, matched by path (dict keys, nested too), not position.
+
+    Raises:
+        GraphkitInputError: a path of one has no counterpart in the other (a misspelt or missing key).
+    """
+    if [name for name, _ in structure] == [name for name, _ in grads]:
+        return grads
+    by_path = dict(grads)
+    missing = [name for name, _ in structure if name not in by_path]
+    unexpected = sorted(set(by_path) - {name for name, _ in structure})
+    if missing or unexpected or len(by_path) != len(grads):
+        raise GraphkitInputError(
+            f"grad_outputs does not match the outputs' structure: no cotangent for {missing or 'none'}, "
+            f"cotangents for {unexpected or 'none'} that are not outputs; give one cotangent per output "
+            "under the same keys (None for an output with no gradient)"
+        )
+    return [(name, by_path[name]) for name, _ in structure]
+
+
+def named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
+    if inputs is None:
+        return []
+    if isinstance(inputs, torch.Tensor):
+        return [("input", inputs)]
+    return flatten_tensors(inputs)
+
+
+def weight_filter(params: list[torch.Tensor] | None) -> set[int] | None:
+    if params is None:
+        return None
+    return {id(parameter) for parameter in params}
+
+
+def parameter_list(params: Iterable[torch.Tensor] | torch.nn.Module | None) -> list[torch.Tensor] | None:
+    """``params`` read once into a list (``module.parameters()`` is a generator), or None.
+
+    Raises:
+        GraphkitInputError: an entry is not a tensor, or not a leaf (W accumulates into leaves only, so
+            a computed tensor would silently receive nothing).
+    """
+    if params is None:
+        return None
+    parameters = list(params.parameters() if isinstance(params, torch.nn.Module) else params)
+    for position, parameter in enumerate(parameters):
+        if not isinstance(parameter, torch.Tensor):
+            raise GraphkitInputError(
+                f"params[{position}] is a {type(parameter).__name__}, not a tensor: pass a module or the "
+                "parameters (leaf tensors) whose gradients W should accumulate"
+            )
+        if parameter.grad_fn is not None:
+            raise GraphkitInputError(
+                f"params[{position}] (shape {tuple(parameter.shape)}, made by {type(parameter.grad_fn).__name__}) "
+                "is not a leaf: W accumulates into leaves only, so it would receive no gradient; pass the "
+                "parameters it is computed from instead"
+            )
+    return parameters

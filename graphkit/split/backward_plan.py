@@ -1,0 +1,171 @@
+"""What the split backward needs of a graph's structure, computed once per structure and cached.
+
+A :class:`BackwardPlan` is the split of one walked graph (:func:`graphkit.graph.walk.walk_nodes`) by node
+index: the intermediates where weight gradients leave the input path and the weight-side edges each feeds,
+the weight leaves, the weight-only Nodes, and which leaves are fed both ways. These are the definitions of
+:mod:`graphkit.analysis.closures` (input closure, parameter closure, intermediates), computed on node
+indices instead of a networkx graph, because B plans every microbatch it has not seen the structure of.
+
+Microbatches of one stage have the same structure (Node classes and edges; only shapes differ), so
+:func:`cached_plan` keeps the last :data:`PLAN_CACHE_SIZE` plans by structure; B then replays a plan for
+every later microbatch. Everything here is iterative (explicit stacks), O(nodes + edges).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from torch.autograd.graph import Node
+
+from graphkit.graph import _autograd
+from graphkit.graph.walk import NodeWalk
+from graphkit.split.checkpointing import saves_tensors
+from graphkit.split.run_once import run_once_kind
+
+__all__ = [
+    "PLAN_CACHE_SIZE",
+    "BackwardPlan",
+    "cached_plan",
+    "input_closure_flags",
+    "opaque_positions_of",
+    "plan_of",
+    "reach",
+]
+
+
+@dataclass(slots=True)
+class BackwardPlan:
+    """The split of one walked graph, by node index (see :mod:`graphkit.analysis.closures` for the definitions).
+
+    It depends only on the graph's structure, so microbatches of the same stage share one plan.
+    """
+
+    # (intermediate index, ((input_nr, target index, target output_nr), ...))
+    intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]]
+    weight_leaves: list[int]
+    weight_only: bytearray
+    # per intermediate: the input_nr of each weight-side edge (what its formula computes)
+    weight_input_nrs: list[tuple[int, ...]]
+    # targets that are AccumulateGrad Nodes (leaves: a sparse one gets its gradient from its Node)
+    leaf_targets: frozenset[int]
+    # leaf targets fed both by intermediates and by the weight-only subgraph
+    mixed_leaves: frozenset[int]
+    # filled on first use by opaque_positions_of: (run-once Node indices, Nodes W may unpack hooked saved
+    # tensors of); both depend on Node classes alone, like the rest of the plan
+    opaque_positions: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+
+_CACHE: dict[Any, BackwardPlan] = {}
+PLAN_CACHE_SIZE = 16
+"""How many structures :func:`cached_plan` remembers (a stage has one; a few stages share a process)."""
+_CACHE_LOCK = threading.Lock()
+
+
+def cached_plan(
+    walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int], input_positions: tuple[int, ...]
+) -> BackwardPlan:
+    """The plan of ``walk``, reused when a graph of the same structure was planned before.
+
+    The key is the structure alone (Node classes, edges, which nodes are stage inputs and excluded
+    leaves): shapes are read per microbatch in W, so graphs that differ only in shapes share a plan.
+    """
+    key = (tuple(map(type, walk.nodes)), tuple(walk.flat_edges), excluded, input_positions)
+    plan = _CACHE.get(key)
+    if plan is None:
+        plan = plan_of(walk, input_nodes, excluded)
+        with _CACHE_LOCK:  # split backwards may run on several threads at once
+            if len(_CACHE) >= PLAN_CACHE_SIZE:
+                _CACHE.pop(next(iter(_CACHE)))
+            _CACHE[key] = plan
+    return plan
+
+
+def plan_of(walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int] = frozenset()) -> BackwardPlan:
+    """Input closure, weight-only nodes and intermediates of ``walk`` in one pass over its edges.
+
+    The same definitions as :mod:`graphkit.analysis.closures`, on node indices instead of a networkx graph:
+    this runs for every new graph structure, so it avoids building attribute dictionaries. Leaves whose
+    indices are in ``excluded`` (parameters left out by ``params=``) count as no weight at all, so the W
+    phase computes nothing for them.
+    """
+    count = len(walk.nodes)
+    consumers: list[list[int]] = [[] for _ in range(count)]
+    for producer, consumer, _, _ in walk.edges():
+        consumers[producer].append(consumer)
+    inputs = [index for index, node in enumerate(walk.nodes) if node in input_nodes]
+    leaves = [
+        index
+        for index, node in enumerate(walk.nodes)
+        if node not in input_nodes and index not in excluded and _autograd.is_accumulate_grad(node)
+    ]
+    in_closure = reach(consumers, inputs, count)
+    weight_only = reach(consumers, leaves, count)
+    for index in range(count):
+        if in_closure[index]:
+            weight_only[index] = 0
+    edges_of: dict[int, list[tuple[int, int, int]]] = {}
+    for producer, consumer, output_nr, input_nr in walk.edges():
+        if weight_only[producer] and in_closure[consumer]:
+            edges_of.setdefault(consumer, []).append((input_nr, producer, output_nr))
+    # in the order a full backward runs them (latest created first, as the engine's ready queue), so
+    # that several contributions to one parameter are summed in the same order
+    intermediates = [
+        (index, tuple(sorted(edges)))
+        for index, edges in sorted(
+            edges_of.items(), key=lambda item: (-_autograd.sequence_number(walk.nodes[item[0]]), item[0])
+        )
+    ]
+    targets = {target for _, edges in intermediates for _, target, _ in edges}
+    leaf_targets = frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target]))
+    return BackwardPlan(
+        intermediates,
+        leaves,
+        weight_only,
+        [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
+        leaf_targets,
+        frozenset(
+            leaf for leaf in leaf_targets if any(weight_only[consumer] for consumer in consumers[leaf])
+        ),
+    )
+
+
+def reach(consumers: list[list[int]], sources: list[int], count: int) -> bytearray:
+    """Per node index: 1 where the node is reachable from ``sources`` along ``consumers`` (sources
+    included), with an explicit stack."""
+    reached = bytearray(count)
+    stack = list(sources)
+    for source in sources:
+        reached[source] = 1
+    while stack:
+        for consumer in consumers[stack.pop()]:
+            if not reached[consumer]:
+                reached[consumer] = 1
+                stack.append(consumer)
+    return reached
+
+
+def input_closure_flags(walk: NodeWalk, input_nodes: set[Node]) -> bytearray:
+    """Per node index of ``walk``: 1 where the node is on a path to a stage input (the input closure)."""
+    count = len(walk.nodes)
+    consumers: list[list[int]] = [[] for _ in range(count)]
+    for producer, consumer, _, _ in walk.edges():
+        consumers[producer].append(consumer)
+    return reach(consumers, [index for index, node in enumerate(walk.nodes) if node in input_nodes], count)
+
+
+def opaque_positions_of(plan: BackwardPlan, nodes: list[Node]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """For ``plan``'s structure: the indices of run-once Nodes, and of the Nodes W may unpack hooked
+    saved tensors of (intermediates and weight-only Nodes of classes that save tensors). Cached per plan:
+    both depend on Node classes alone, and checkpointing adds no Node."""
+    if plan.opaque_positions is not None:
+        return plan.opaque_positions
+    run_once = tuple(index for index, node in enumerate(nodes) if run_once_kind(node) is not None)
+    skip = set(run_once)
+    candidates = [index for index, _ in plan.intermediates if index not in skip]
+    candidates += [index for index, flag in enumerate(plan.weight_only) if flag]
+    saving = tuple(index for index in candidates if saves_tensors(nodes[index]))
+    # one assignment: threads that fill it at once compute the same value, and readers see all or nothing
+    plan.opaque_positions = (run_once, saving)
+    return run_once, saving
