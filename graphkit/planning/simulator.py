@@ -28,6 +28,7 @@ waiting actions; one missing an action, or running one twice, raises :class:`Inc
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,15 +259,23 @@ def _placement(actions: dict[int, list[Action]]) -> tuple[dict[int, int], int, i
 
 def _completeness_problems(actions: dict[int, list[Action]], num_stages: int, microbatches: int) -> list[str]:
     """What breaks "every (stage, microbatch) has one F and either one B or one I and one W, nothing twice"."""
-    counts: dict[tuple[int, str, int], int] = {}
-    for row in actions.values():
-        for action in row:
-            key = (action.stage, action.kind, action.microbatch)
-            counts[key] = counts.get(key, 0) + 1
-    problems = [f"{stage}{kind}{mb} runs {n} times" for (stage, kind, mb), n in counts.items() if n > 1]
+    counts = Counter(action for row in actions.values() for action in row)
+    in_range = all(action.microbatch < microbatches for action in counts)
+    if in_range and len(counts) == sum(map(len, actions.values())):  # nothing twice: count per stage and kind
+        per_kind = Counter((stage, kind) for stage, kind, _ in counts)
+        if all(
+            per_kind[stage, "F"] == microbatches
+            and (
+                (per_kind[stage, "B"] == microbatches and not per_kind[stage, "I"] + per_kind[stage, "W"])
+                or (per_kind[stage, "I"] == per_kind[stage, "W"] == microbatches and not per_kind[stage, "B"])
+            )
+            for stage in range(num_stages)
+        ):
+            return []  # every action once, in range, and the counts add up: complete
+    problems = [f"{action} runs {n} times" for action, n in counts.items() if n > 1]
     for stage in range(num_stages):
         for mb in range(microbatches):
-            has = {kind for kind in "FIWB" if (stage, kind, mb) in counts}
+            has = {kind for kind in "FIWB" if Action(stage, kind, mb) in counts}
             if "F" not in has:
                 problems.append(f"{stage}F{mb} is missing: stage {stage} never runs microbatch {mb} forward")
             if "B" in has and has & {"I", "W"}:
