@@ -19,7 +19,8 @@ The zero-bubble schedules follow Qi et al., "Zero Bubble Pipeline Parallelism" (
   parallelogram: with unit costs every rank is busy without a gap from its first action to its last,
   ``3m`` seconds (the paper's bubble ``(p-1)(T_F + T_B - 2T_W) = 0``, which counts each rank from its
   own start: consecutive steps overlap once the optimizer step is not synchronized). One step on its own
-  still ends at ``3m + p - 1``.
+  still ends at ``3m + p - 1``. This needs ``m >= 2p - 1``; with fewer microbatches the order stays
+  valid (complete, deadlock-free) but leaves bubbles.
 """
 
 from __future__ import annotations
@@ -68,7 +69,9 @@ def one_f_one_b(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
     return order
 
 
-def _split_backward(num_ranks: int, microbatches: int, warmup: list[int], pending: list[int]):
+def _split_backward(
+    num_ranks: int, microbatches: int, warmup: list[int], pending: list[int]
+) -> dict[int, list[Action]]:
     """Rank ``i``: ``warmup[i]`` forwards; then per microbatch its I, the W's that keep ``pending[i]``
     weight gradients outstanding, the next F; finally the W's still pending."""
     order = {}
