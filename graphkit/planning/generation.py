@@ -1,0 +1,118 @@
+"""Handcrafted schedules for one stage per rank (stage ``i`` on rank ``i``): GPipe, 1F1B, ZB-H1, ZB-H2.
+
+Each function returns ``{rank: [Action, ...]}``, the per-rank compute order that
+:func:`~graphkit.planning.simulator.simulate` predicts and
+:func:`~graphkit.planning.actions.write_schedule_csv` writes for PyTorch's ``_PipelineScheduleRuntime``.
+GPipe and 1F1B use a full backward B; ZB-H1 and ZB-H2 split it into I (input gradients, ``B`` in the ZB
+paper) and W (weight gradients), with the same messages as 1F1B (one per stage boundary and direction).
+
+The zero-bubble schedules follow Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), §3.1, with
+``p`` ranks and ``m >= p`` microbatches (rank ``i`` = stage ``i``, 0-based):
+
+- **ZB-H1**: 1F1B's memory. Rank ``i`` runs ``p - i`` forwards, then each I followed by the W's that
+  keep ``i`` weight gradients pending, then the next F; the pending W's fill the cool-down. With
+  ``F = I = W = 1`` every rank idles ``p - 1`` (the paper's ``(p-1)(T_F + T_B - T_W)``, a third of
+  1F1B's ``(p-1)(T_F + T_B + T_W)``), and rank ``i`` holds at most ``p - i`` microbatches' activations
+  (plus ``i`` pending W's: ``(p-i) * activation_bytes + i * weight_bytes``).
+- **ZB-H2**: more memory, no bubble inside each rank's span. Rank ``i`` runs ``2p - 1 - 2i`` forwards
+  before its first I (filling the wait for it), then I, W's keeping ``2i`` pending, F; the layout is a
+  parallelogram: with unit costs every rank is busy without a gap from its first action to its last,
+  ``3m`` seconds (the paper's bubble ``(p-1)(T_F + T_B - 2T_W) = 0``, which counts each rank from its
+  own start: consecutive steps overlap once the optimizer step is not synchronized). One step on its own
+  still ends at ``3m + p - 1``. This needs ``m >= 2p - 1``; with fewer microbatches the order stays
+  valid (complete, deadlock-free) but leaves bubbles.
+"""
+
+from __future__ import annotations
+
+from graphkit.planning.actions import Action
+
+__all__ = ["SCHEDULES", "gpipe", "one_f_one_b", "zb_h1", "zb_h2"]
+
+
+def _check(num_ranks: int, microbatches: int) -> None:
+    if num_ranks < 1 or microbatches < 1:
+        raise ValueError(f"need at least one rank and one microbatch, got {num_ranks} and {microbatches}")
+
+
+def gpipe(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
+    """GPipe: every forward, then every full backward, in microbatch order.
+
+    Raises:
+        ValueError: fewer than one rank or microbatch.
+    """
+    _check(num_ranks, microbatches)
+    return {
+        rank: [Action(rank, "F", mb) for mb in range(microbatches)]
+        + [Action(rank, "B", mb) for mb in range(microbatches)]
+        for rank in range(num_ranks)
+    }
+
+
+def one_f_one_b(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
+    """1F1B (PyTorch's ``Schedule1F1B``): ``p - 1 - i`` warm-up forwards on rank ``i``, then a forward and
+    a full backward in turn, then the remaining backwards.
+
+    Raises:
+        ValueError: fewer than one rank or microbatch.
+    """
+    _check(num_ranks, microbatches)
+    order = {}
+    for rank in range(num_ranks):
+        warmup = min(num_ranks - 1 - rank, microbatches)
+        row = [Action(rank, "F", mb) for mb in range(warmup)]
+        for mb in range(microbatches):
+            if warmup + mb < microbatches:
+                row.append(Action(rank, "F", warmup + mb))
+            row.append(Action(rank, "B", mb))
+        order[rank] = row
+    return order
+
+
+def _split_backward(
+    num_ranks: int, microbatches: int, warmup: list[int], pending: list[int]
+) -> dict[int, list[Action]]:
+    """Rank ``i``: ``warmup[i]`` forwards; then per microbatch its I, the W's that keep ``pending[i]``
+    weight gradients outstanding, the next F; finally the W's still pending."""
+    order = {}
+    for rank in range(num_ranks):
+        row = [Action(rank, "F", mb) for mb in range(warmup[rank])]
+        forwards = warmup[rank]
+        waiting: list[int] = []
+        for mb in range(microbatches):
+            row.append(Action(rank, "I", mb))
+            waiting.append(mb)
+            while len(waiting) > pending[rank]:
+                row.append(Action(rank, "W", waiting.pop(0)))
+            if forwards < microbatches:
+                row.append(Action(rank, "F", forwards))
+                forwards += 1
+        row.extend(Action(rank, "W", mb) for mb in waiting)
+        order[rank] = row
+    return order
+
+
+def zb_h1(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
+    """ZB-H1 (ZB paper §3.1): 1F1B's in-flight forwards, W's deferred into the cool-down.
+
+    Raises:
+        ValueError: fewer than one rank or microbatch.
+    """
+    _check(num_ranks, microbatches)
+    warmup = [min(num_ranks - rank, microbatches) for rank in range(num_ranks)]
+    return _split_backward(num_ranks, microbatches, warmup, list(range(num_ranks)))
+
+
+def zb_h2(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
+    """ZB-H2 (ZB paper §3.1): ``2p - 1 - 2i`` warm-up forwards on rank ``i``, ``2i`` W's kept pending.
+
+    Raises:
+        ValueError: fewer than one rank or microbatch.
+    """
+    _check(num_ranks, microbatches)
+    warmup = [min(2 * num_ranks - 1 - 2 * rank, microbatches) for rank in range(num_ranks)]
+    return _split_backward(num_ranks, microbatches, warmup, [2 * rank for rank in range(num_ranks)])
+
+
+SCHEDULES = {"GPipe": gpipe, "1F1B": one_f_one_b, "ZB-H1": zb_h1, "ZB-H2": zb_h2}
+"""The handcrafted generators by name: ``SCHEDULES[name](num_ranks, microbatches)``."""

@@ -1,0 +1,238 @@
+"""The schedule simulator against closed forms: unit costs (F = I = W = 1, full B = 2, free messages), hand
+traces of small schedules, and PyTorch's own schedules read from their ``pipeline_order``.
+
+Closed forms (p ranks, m microbatches, rank i = stage i, A activation bytes, K bytes I keeps for W):
+
+- 1F1B and GPipe: step ``3(m + p - 1)``; every rank idles ``3(p - 1)``, a bubble of ``(p-1)/(m+p-1)``;
+  peak memory ``min(p - i, m) * A`` (1F1B), ``m * A`` (GPipe);
+- ZB-H1 (m >= p): step ``3m + p - 1`` = ``m(F+B+W) + (p-1)(F+B-W)``, the ZB paper's bubble
+  ``(p-1)(T_F + T_B - T_W)`` (§3.1, Table 1), a third of 1F1B's; peak ``(p - i) A + i K`` (rank 0: 1F1B's);
+- ZB-H2 (m >= 2p - 1): every rank busy from its first action to its last, ``3m`` (the paper's bubble
+  ``(p-1)(T_F + T_B - 2T_W) = 0``); one step alone ends at ``3m + p - 1``; peak ``(2p-1-2i) A + 2i K``.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ElementTree
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.distributed.pipelining import schedules as torch_schedules
+
+from graphkit.planning.actions import Action, ScheduleError, read_schedule_csv, schedule_actions
+from graphkit.planning.cost_model import CommModel, StageCost
+from graphkit.planning.generation import gpipe, one_f_one_b, zb_h1, zb_h2
+from graphkit.planning.simulator import DeadlockError, IncompleteScheduleError, simulate
+
+A, K = 10, 4  # activation bytes, bytes I keeps for W
+UNIT = StageCost(1.0, 1.0, 1.0, activation_bytes=A, weight_bytes=K)
+GRID = [(p, m) for p in (2, 4, 8) for m in (4, 8, 16)]
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def fake_stage(index: int, num_stages: int, rank: int, ranks: int) -> SimpleNamespace:
+    """What PyTorch's schedule constructors read from a stage to build ``pipeline_order``."""
+    return SimpleNamespace(
+        stage_index=index,
+        num_stages=num_stages,
+        group_rank=rank,
+        group_size=ranks,
+        is_first=index == 0,
+        is_last=index == num_stages - 1,
+        submod=torch.nn.Identity(),
+        stage_index_to_group_rank=None,
+    )
+
+
+@pytest.mark.parametrize(("p", "m"), GRID)
+def test_1f1b_matches_its_closed_form(p, m):
+    result = simulate(one_f_one_b(p, m), UNIT)
+    assert result.step_seconds == 3 * (m + p - 1)
+    assert result.idle_seconds == [3 * (p - 1)] * p
+    assert result.rank_bubble_fractions == pytest.approx([(p - 1) / (m + p - 1)] * p)
+    assert result.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+    assert result.peak_memory_bytes == [min(p - i, m) * A for i in range(p)]
+    assert result.messages == 2 * (p - 1) * m
+
+
+@pytest.mark.parametrize(("p", "m"), GRID)
+def test_gpipe_has_1f1bs_step_and_holds_every_microbatch(p, m):
+    result = simulate(gpipe(p, m), UNIT)
+    assert result.step_seconds == 3 * (m + p - 1)
+    assert result.peak_memory_bytes == [m * A] * p
+
+
+@pytest.mark.parametrize(("p", "m"), [(p, m) for p, m in GRID if m >= p])
+def test_zb_h1_has_a_third_of_1f1bs_bubble_at_1f1bs_peak(p, m):
+    result = simulate(zb_h1(p, m), UNIT)
+    f, b, w = 1, 1, 1
+    assert result.step_seconds == 3 * m + p - 1 == m * (f + b + w) + (p - 1) * (f + b - w)
+    assert result.idle_seconds == [p - 1] * p  # (p-1)(T_F + T_B - T_W), 1F1B's is 3(p-1)
+    assert result.peak_memory_bytes == [(p - i) * A + i * K for i in range(p)]
+    assert result.peak_memory_bytes[0] == max(simulate(one_f_one_b(p, m), UNIT).peak_memory_bytes)
+
+
+@pytest.mark.parametrize(("p", "m"), [(p, m) for p, m in GRID if m >= 2 * p - 1])
+def test_zb_h2_has_no_bubble_inside_any_ranks_span(p, m):
+    result = simulate(zb_h2(p, m), UNIT)
+    assert result.rank_span_seconds == [3 * m] * p  # (p-1)(T_F + T_B - 2T_W) = 0
+    assert result.busy_seconds == [3 * m] * p
+    assert [actions[0].start for actions in map(result.rank_actions, range(p))] == list(range(p))
+    assert result.step_seconds == 3 * m + p - 1
+    assert result.peak_memory_bytes == [(2 * p - 1 - 2 * i) * A + 2 * i * K for i in range(p)]
+
+
+def test_messages_cost_latency_plus_bytes_over_bandwidth_between_ranks_only():
+    costs = [
+        StageCost(2.0, 3.0, 1.0, output_bytes=100, input_grad_bytes=300),
+        StageCost(4.0, 5.0, 2.0, output_bytes=7, input_grad_bytes=50),
+    ]
+    comm = CommModel(latency=0.5, bandwidth=100.0)  # 100 bytes: 1.5 s; 50 bytes: 1.0 s
+    two_ranks = {0: ["0F0", "0I0", "0W0"], 1: ["1F0", "1I0", "1W0"]}
+    result = simulate(two_ranks, costs, comm)
+    times = {a.label: (a.start, a.end) for a in result.actions}
+    assert times["1F0"] == (3.5, 7.5)  # 0F0 ends at 2, its 100 bytes arrive 1.5 s later
+    assert times["1I0"] == (7.5, 12.5)
+    assert times["0I0"] == (13.5, 16.5)  # 1I0's 50 bytes of input gradient take 1.0 s
+    assert result.step_seconds == 17.5
+    assert (result.messages, result.message_bytes) == (2, 150)
+    one_rank = simulate({0: ["0F0", "1F0", "1I0", "0I0", "0W0", "1W0"]}, costs, comm)
+    assert one_rank.step_seconds == 2 + 4 + 5 + 3 + 1 + 2
+    assert (one_rank.messages, one_rank.message_bytes) == (0, 0)
+
+
+def test_memory_follows_f_i_w_and_full_b():
+    cost = StageCost(1, 1, 1, activation_bytes=A, weight_bytes=K)
+    result = simulate({0: ["0F0", "0F1", "0I0", "0B1", "0W0"]}, cost)
+    assert [a.memory_bytes for a in result.actions] == [A, 2 * A, A + K, K, 0]
+    assert result.peak_memory_bytes == [2 * A]
+
+
+def test_recompute_in_w_lengthens_w_only():
+    cost = StageCost(1.0, 2.0, 3.0, recompute=0.5)
+    assert simulate({0: ["0F0", "0I0", "0W0"]}, cost).step_seconds == 1 + 2 + 3.5
+    assert simulate({0: ["0F0", "0B0"]}, cost).step_seconds == 1 + 5
+    assert simulate({0: ["0F0", "0B0"]}, StageCost(1, 2, 3, full_backward=4)).step_seconds == 5
+
+
+def test_a_rank_running_i_before_its_f_deadlocks_and_says_so():
+    order = {0: ["0I0", "0F0", "0W0"], 1: ["1F0", "1I0", "1W0"]}
+    with pytest.raises(DeadlockError) as caught:
+        simulate(order, UNIT)
+    error = caught.value
+    assert [(w.rank, str(w.action), str(w.needs)) for w in error.waiting] == [
+        (0, "0I0", "0F0"),
+        (1, "1F0", "0F0"),
+    ]
+    assert "rank 0 waits at 0I0 (position 0) for 0F0 (on rank 0 itself, later in its own order)" in str(error)
+    assert "rank 1 waits at 1F0 (position 0) for 0F0 (on rank 0)" in str(error)
+
+
+def test_two_ranks_waiting_for_each_other_deadlock():
+    order = {0: ["0F0", "0I0", "0F1", "0I1", "0W0", "0W1"], 1: ["1F1", "1F0", "1I0", "1I1", "1W0", "1W1"]}
+    with pytest.raises(DeadlockError) as caught:
+        simulate(order, UNIT)
+    assert "rank 0 waits at 0I0 (position 1) for 1I0 (on rank 1)" in str(caught.value)
+    assert "rank 1 waits at 1F1 (position 0) for 0F1 (on rank 0)" in str(caught.value)
+
+
+def test_missing_and_repeated_actions_are_reported():
+    with pytest.raises(IncompleteScheduleError, match="0W1 is missing"):
+        simulate({0: ["0F0", "0F1", "0I0", "0W0", "0I1"]}, UNIT)
+    with pytest.raises(IncompleteScheduleError, match=r"0I1 \(or 0B1\) is missing"):
+        simulate({0: ["0F0", "0F1", "0B0"]}, UNIT)
+    with pytest.raises(IncompleteScheduleError, match="0F0 runs 2 times"):
+        simulate({0: ["0F0", "0F0", "0B0"]}, UNIT)
+    with pytest.raises(ScheduleError, match="stage 0 runs on rank 0 and on rank 1"):
+        simulate({0: ["0F0"], 1: ["0B0"]}, UNIT)
+
+
+def test_pytorch_1f1b_pipeline_order_is_reported_incomplete():
+    """PyTorch's ``Schedule1F1B._get_pipeline_order`` starts the last rank at microbatch 1 (an IR-only slip:
+    its ``step`` does not read it); the simulator names what is wrong instead of predicting nonsense."""
+    schedule = torch_schedules.Schedule1F1B(fake_stage(1, 2, 1, 2), 4)
+    with pytest.raises(IncompleteScheduleError) as caught:
+        simulate(schedule, UNIT, microbatches=4)
+    assert "1F4 names a microbatch outside 0 .. 3" in caught.value.problems
+    assert any(line.startswith("1F0 is missing") for line in caught.value.problems)
+
+
+def test_pytorch_gpipe_pipeline_order_simulates_to_the_closed_form():
+    p, m = 4, 8
+    schedule = torch_schedules.ScheduleGPipe(fake_stage(0, p, 0, p), m)
+    assert schedule_actions(schedule) == gpipe(p, m)  # None gaps and REDUCE_GRAD dropped
+    assert simulate(schedule, UNIT).step_seconds == 3 * (m + p - 1)
+
+
+def zbv(p: int, m: int) -> torch_schedules.ScheduleZBVZeroBubble:
+    stages = [fake_stage(0, 2 * p, 0, p), fake_stage(2 * p - 1, 2 * p, 0, p)]
+    return torch_schedules.ScheduleZBVZeroBubble(stages, m)
+
+
+def test_pytorch_zbv_on_two_ranks_matches_a_hand_trace():
+    """p = 2, m = 4, every stage F = I = W = 1: traced by hand, each rank idles exactly 1 s of 25."""
+    schedule = zbv(2, 4)
+    result = simulate(schedule, UNIT)
+    assert result.name == "ScheduleZBVZeroBubble"
+    assert result.placement == {0: 0, 1: 1, 2: 1, 3: 0}
+    assert result.step_seconds == 25
+    assert result.busy_seconds == [24, 24]
+    assert result.idle_seconds == [1, 1]
+    times = {a.label: (a.start, a.end) for a in result.actions}
+    assert times["3F0"] == (3, 4)  # waits for 2F0 on rank 1, which waited for 1F0
+    assert times["2I0"] == (5, 6)
+    assert times["0I0"] == (10, 11)
+    assert times["1I3"] == (21, 22)
+    assert times["1W3"] == (24, 25)
+    assert result.messages == 4 * 4  # 0->1 and 2->3 forward, 3->2 and 1->0 backward, per microbatch
+
+
+def test_pipeline_order_with_comms_gives_the_same_prediction():
+    schedule = zbv(2, 4)
+    with_comms = simulate(schedule.pipeline_order_with_comms, UNIT)
+    assert with_comms.actions == simulate(schedule.pipeline_order, UNIT).actions
+
+
+def test_pytorch_interleaved_zero_bubble_runs_without_deadlock():
+    p, m = 2, 4
+    stages = [fake_stage(rank_stage, 2 * p, 0, p) for rank_stage in (0, 2)]
+    result = simulate(torch_schedules.ScheduleInterleavedZeroBubble(stages, m), UNIT)
+    assert result.placement == {0: 0, 1: 1, 2: 0, 3: 1}
+    assert result.busy_seconds == [2 * m * 3] * p
+    assert result.step_seconds >= 2 * m * 3 + 1  # stage 0's first F always waits for nothing, rank 1 for it
+
+
+def test_csv_cells_are_read_as_pytorch_writes_them(tmp_path):
+    path = tmp_path / "schedule.csv"
+    path.write_text("0F0,0SEND_F0,,0RECV_B0,0I0,0W0,0REDUCE_GRAD\n1RECV_F0,1F0,1I0,1SEND_B0,1W0\n")
+    assert read_schedule_csv(path) == {
+        0: [Action(0, "F", 0), Action(0, "I", 0), Action(0, "W", 0)],
+        1: [Action(1, "F", 0), Action(1, "I", 0), Action(1, "W", 0)],
+    }
+    assert str(Action(2, "W", 13)) == "2W13"
+    with pytest.raises(ScheduleError, match="'0X1' is not a pipeline action"):
+        schedule_actions({0: ["0X1"]})
+
+
+def test_the_prediction_draws_as_a_recorded_timeline():
+    from graphkit.drawing.timeline import timeline_svg
+
+    result = simulate(zb_h1(4, 8), UNIT, name="ZB-H1")
+    timeline = result.to_schedule_timeline()
+    assert timeline.schedule == "ZB-H1"
+    assert timeline.step_seconds == result.step_seconds
+    assert timeline.bubble_fraction == pytest.approx(result.bubble_fraction)
+    assert [rank.peak_memory_bytes for rank in timeline.ranks] == result.peak_memory_bytes
+    assert timeline.ranks[2].compute_order() == [str(a) for a in zb_h1(4, 8)[2]]
+    root = ElementTree.fromstring(timeline_svg(timeline))
+    drawn = [rect for rect in root.iter(f"{SVG}rect") if "action" in rect.get("class", "").split()]
+    assert len(drawn) == len(result.actions) == 4 * 8 * 3
+
+
+def test_64_ranks_256_microbatches_simulate_to_the_closed_form():
+    """The size ``bench/simulate.py`` times; here only the values."""
+    p, m = 64, 256
+    result = simulate(zb_h1(p, m), UNIT)
+    assert len(result.actions) == 3 * p * m
+    assert result.step_seconds == 3 * m + p - 1
