@@ -3,7 +3,7 @@
     python bench/simulate.py [--ranks 64] [--microbatches 256] [--repeat 3] [--json]
 
 Cases: 1F1B (F and full B) and ZB-H1 (F, I, W) with one stage per rank, unit costs; the best of
-``--repeat`` wall times (``time.perf_counter``) of :func:`graphkit.planning.simulate`, which predicts every
+``--repeat`` wall times (``time.perf_counter``) of :func:`graphkit.pipelining.planning.simulate`, which predicts every
 action's start and end, bubbles and memory. The baseline, measured in the same run on the same ZB-H1
 order: PyTorch's ``_simulate_comms_compute`` (unit steps, order only) after ``_PipelineScheduleRuntime``
 has lowered the order with sends and receives (minus the UNSHARD / RESHARD / REDUCE_GRAD actions its
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.planning import StageCost, one_f_one_b, simulate, zb_h1
+from graphkit.pipelining.planning import StageCost, one_f_one_b, simulate, zb_h1
 
 UNIT = StageCost(1.0, 1.0, 1.0, activation_bytes=1, weight_bytes=1)
 

@@ -11,11 +11,16 @@ import pytest
 import torch
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.planning.actions import ScheduleError, read_schedule_csv, schedule_actions, write_schedule_csv
-from graphkit.planning.adaptive import adaptive_schedule
-from graphkit.planning.cost_model import CommModel, StageCost
-from graphkit.planning.generation import SCHEDULES, one_f_one_b, zb_h1
-from graphkit.planning.simulator import simulate
+from graphkit.pipelining.planning.actions import (
+    ScheduleError,
+    read_schedule_csv,
+    schedule_actions,
+    write_schedule_csv,
+)
+from graphkit.pipelining.planning.adaptive import adaptive_schedule
+from graphkit.pipelining.planning.cost_model import CommModel, StageCost
+from graphkit.pipelining.planning.generation import SCHEDULES, one_f_one_b, zb_h1
+from graphkit.pipelining.planning.simulator import simulate
 
 A, K = 10, 4
 UNIT = StageCost(1.0, 1.0, 1.0, activation_bytes=A, weight_bytes=K)

@@ -20,10 +20,10 @@ import pytest
 import torch
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.planning.actions import Action, ScheduleError, read_schedule_csv, schedule_actions
-from graphkit.planning.cost_model import CommModel, StageCost
-from graphkit.planning.generation import gpipe, one_f_one_b, zb_h1, zb_h2
-from graphkit.planning.simulator import DeadlockError, IncompleteScheduleError, simulate
+from graphkit.pipelining.planning.actions import Action, ScheduleError, read_schedule_csv, schedule_actions
+from graphkit.pipelining.planning.cost_model import CommModel, StageCost
+from graphkit.pipelining.planning.generation import gpipe, one_f_one_b, zb_h1, zb_h2
+from graphkit.pipelining.planning.simulator import DeadlockError, IncompleteScheduleError, simulate
 
 A, K = 10, 4  # activation bytes, bytes I keeps for W
 UNIT = StageCost(1.0, 1.0, 1.0, activation_bytes=A, weight_bytes=K)

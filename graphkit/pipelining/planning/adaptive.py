@@ -17,7 +17,7 @@ heuristic builds one from the costs instead. :func:`adaptive_schedule` does it f
   the gap before the next known F or I), and the order with the shorter predicted step wins (ties: the
   lower peak memory). The paper's ILP refinement is not done.
 
-Memory is counted as :mod:`graphkit.planning.cost_model` describes (F adds ``activation_bytes`` at its
+Memory is counted as :mod:`graphkit.pipelining.planning.cost_model` describes (F adds ``activation_bytes`` at its
 start; I frees all but ``weight_bytes``; W frees the rest).
 """
 
@@ -27,10 +27,10 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from graphkit.planning.actions import Action, ScheduleError
-from graphkit.planning.cost_model import CommModel, StageCost, stage_costs
-from graphkit.planning.generation import zb_h1, zb_h2
-from graphkit.planning.simulator import simulate
+from graphkit.pipelining.planning.actions import Action, ScheduleError
+from graphkit.pipelining.planning.cost_model import CommModel, StageCost, stage_costs
+from graphkit.pipelining.planning.generation import zb_h1, zb_h2
+from graphkit.pipelining.planning.simulator import simulate
 
 __all__ = ["adaptive_schedule"]
 

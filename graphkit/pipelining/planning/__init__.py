@@ -1,17 +1,17 @@
 """Plan pipeline schedules before running them: simulate any schedule from per-stage costs, generate
 GPipe, 1F1B, ZB-H1, ZB-H2 and the ZB paper's adaptive schedule, and write them for PyTorch's runtime.
 
-- :mod:`~graphkit.planning.actions`: the action vocabulary (``0F1``), reading any per-rank order, CSV;
-- :mod:`~graphkit.planning.cost_model`: per-stage seconds and bytes, the message cost model;
-- :mod:`~graphkit.planning.simulator`: :func:`simulate` -> :class:`Simulation` (timeline, step, bubble,
+- :mod:`~graphkit.pipelining.planning.actions`: the action vocabulary (``0F1``), reading any per-rank order, CSV;
+- :mod:`~graphkit.pipelining.planning.cost_model`: per-stage seconds and bytes, the message cost model;
+- :mod:`~graphkit.pipelining.planning.simulator`: :func:`simulate` -> :class:`Simulation` (timeline, step, bubble,
   peak memory, messages);
-- :mod:`~graphkit.planning.generation`: the handcrafted schedules, one stage per rank;
-- :mod:`~graphkit.planning.adaptive`: the greedy schedule from costs under a memory limit.
+- :mod:`~graphkit.pipelining.planning.generation`: the handcrafted schedules, one stage per rank;
+- :mod:`~graphkit.pipelining.planning.adaptive`: the greedy schedule from costs under a memory limit.
 """
 
 from __future__ import annotations
 
-from graphkit.planning.actions import (
+from graphkit.pipelining.planning.actions import (
     COMPUTE_KINDS,
     Action,
     ScheduleError,
@@ -19,10 +19,10 @@ from graphkit.planning.actions import (
     schedule_actions,
     write_schedule_csv,
 )
-from graphkit.planning.adaptive import adaptive_schedule
-from graphkit.planning.cost_model import CommModel, StageCost
-from graphkit.planning.generation import SCHEDULES, gpipe, one_f_one_b, zb_h1, zb_h2
-from graphkit.planning.simulator import (
+from graphkit.pipelining.planning.adaptive import adaptive_schedule
+from graphkit.pipelining.planning.cost_model import CommModel, StageCost
+from graphkit.pipelining.planning.generation import SCHEDULES, gpipe, one_f_one_b, zb_h1, zb_h2
+from graphkit.pipelining.planning.simulator import (
     DeadlockError,
     IncompleteScheduleError,
     PredictedAction,

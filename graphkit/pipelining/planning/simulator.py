@@ -1,9 +1,9 @@
 """Predict a pipeline schedule's step from per-stage costs: every action's start and end on every rank.
 
-:func:`simulate` takes a schedule (any per-rank order :func:`~graphkit.planning.actions.schedule_actions`
+:func:`simulate` takes a schedule (any per-rank order :func:`~graphkit.pipelining.planning.actions.schedule_actions`
 reads: a PyTorch schedule's ``pipeline_order`` or ``pipeline_order_with_comms``, a CSV's rows, lists of
-strings), the costs of each stage (:class:`~graphkit.planning.cost_model.StageCost`) and a link model
-(:class:`~graphkit.planning.cost_model.CommModel`), and returns a :class:`Simulation`: the predicted
+strings), the costs of each stage (:class:`~graphkit.pipelining.planning.cost_model.StageCost`) and a link model
+(:class:`~graphkit.pipelining.planning.cost_model.CommModel`), and returns a :class:`Simulation`: the predicted
 timeline, the step time, the bubble fraction of each rank, the peak activation memory of each rank and the
 messages that cross ranks. No process, no process group, no torch.
 
@@ -16,7 +16,7 @@ The model:
 - a dependency between stages on different ranks arrives one message later
   (:meth:`CommModel.seconds` of the F's ``output_bytes`` or the backward's ``input_grad_bytes``);
   within a rank it arrives at once. Messages overlap compute (sends never block the sender);
-- memory per rank as :mod:`graphkit.planning.cost_model` counts it (F allocates at its start, backwards
+- memory per rank as :mod:`graphkit.pipelining.planning.cost_model` counts it (F allocates at its start, backwards
   free at their end).
 
 The placement (which rank runs which stage) is read from the lists. Each rank advances a pointer through
@@ -33,8 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphkit.planning.actions import Action, ScheduleError, schedule_actions
-from graphkit.planning.cost_model import CommModel, StageCost, stage_costs
+from graphkit.pipelining.planning.actions import Action, ScheduleError, schedule_actions
+from graphkit.pipelining.planning.cost_model import CommModel, StageCost, stage_costs
+from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
 
 __all__ = [
     "DeadlockError",
@@ -206,8 +207,6 @@ class Simulation:
         """The prediction as a recorded-timeline ``ScheduleTimeline``, so graphkit's timeline drawing
         (``timeline_svg``) shows predicted and recorded steps side by side. Every rank's step is the
         predicted step time (its idle tail shows); ``device`` is ``"predicted"``."""
-        # the recording module moves in the tree reorganization
-        from graphkit.split.schedule_recording import RankTimeline, RecordedAction, ScheduleTimeline
 
         ranks = []
         for rank in range(self.num_ranks):
@@ -232,7 +231,7 @@ class Simulation:
             num_stages=self.num_stages,
             ranks=ranks,
             device="predicted",
-            memory_method="simulated activation bytes (graphkit.planning)",
+            memory_method="simulated activation bytes (graphkit.pipelining.planning)",
         )
 
 
@@ -303,7 +302,7 @@ def simulate(
     """Predict one step of ``schedule`` with per-stage ``costs`` and link model ``comm`` (default: free).
 
     Args:
-        schedule: per-rank action lists (see :func:`~graphkit.planning.actions.schedule_actions`).
+        schedule: per-rank action lists (see :func:`~graphkit.pipelining.planning.actions.schedule_actions`).
         costs: one :class:`StageCost` for every stage, or one per stage (index = stage).
         comm: message cost between ranks; None: messages take no time.
         microbatches: microbatches per step; None: one more than the largest the lists name. Given, an

@@ -1,8 +1,8 @@
 """Handcrafted schedules for one stage per rank (stage ``i`` on rank ``i``): GPipe, 1F1B, ZB-H1, ZB-H2.
 
 Each function returns ``{rank: [Action, ...]}``, the per-rank compute order that
-:func:`~graphkit.planning.simulator.simulate` predicts and
-:func:`~graphkit.planning.actions.write_schedule_csv` writes for PyTorch's ``_PipelineScheduleRuntime``.
+:func:`~graphkit.pipelining.planning.simulator.simulate` predicts and
+:func:`~graphkit.pipelining.planning.actions.write_schedule_csv` writes for PyTorch's ``_PipelineScheduleRuntime``.
 GPipe and 1F1B use a full backward B; ZB-H1 and ZB-H2 split it into I (input gradients, ``B`` in the ZB
 paper) and W (weight gradients), with the same messages as 1F1B (one per stage boundary and direction).
 
@@ -25,7 +25,7 @@ The zero-bubble schedules follow Qi et al., "Zero Bubble Pipeline Parallelism" (
 
 from __future__ import annotations
 
-from graphkit.planning.actions import Action
+from graphkit.pipelining.planning.actions import Action
 
 __all__ = ["SCHEDULES", "gpipe", "one_f_one_b", "zb_h1", "zb_h2"]
 
