@@ -4,6 +4,8 @@ Every function returns ``(module, inputs)`` where ``inputs`` is a dict of keywor
 ``module(**inputs)``. Float inputs with ``requires_grad=True`` are stage inputs; integer ids and float
 tensors without ``requires_grad`` are ordinary inputs. Parameters and inputs come from a private seed
 (:func:`torch.random.fork_rng`), so two builds of one kind are equal and the global random state is untouched.
+The kinds the zoo already has (:mod:`graphkit.models.zoo`: ``lstm``, ``chain``, ``view_output``,
+``weight_norm``, and its ``Chain`` for :func:`recurrence`) are the zoo's models, with the zoo's seed.
 
 The kinds follow the graphs on which split backward is known to go wrong: a parameter shared by two layers
 and registered after them, a parameter-only output, multi-output nodes (custom ``autograd.Function``, LSTM),
@@ -34,6 +36,7 @@ from torch.nn import functional
 
 from graphkit.analysis.parameter_groups import GroupFlag, ParamGroup, ParamGroups, param_groups
 from graphkit.graph.autograd_graph import capture
+from graphkit.models import zoo
 
 __all__ = [
     "KINDS",
@@ -79,6 +82,12 @@ def _seeded(make: Callable[[], ModelAndInputs], seed: int = _SEED) -> ModelAndIn
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return make()
+
+
+def _from_zoo(name: str) -> ModelAndInputs:
+    """The zoo model ``name`` (:mod:`graphkit.models.zoo`, its own seed) with its one input as the keyword ``x``."""
+    module, (x,) = zoo.build(name)
+    return module, {"x": x}
 
 
 def run(module: nn.Module, inputs: dict[str, Any]) -> Any:
@@ -174,28 +183,11 @@ def nested() -> ModelAndInputs:
     return _seeded(lambda: (Nested(), {"x": torch.randn(2, 4).requires_grad_()}))
 
 
-class Recurrence(nn.Module):
-    """``h = tanh(h @ weight)`` repeated ``steps`` times, starting from ``x``.
-
-    Input ``x`` float32 ``(batch, 4)``; output ``(batch, 4)``. The graph has ``2 * steps + 2`` nodes
-    (an MmBackward0 and a TanhBackward0 per step, the weight, the input) and ``3 * steps`` edges.
-    """
-
-    def __init__(self, steps: int) -> None:
-        super().__init__()
-        self.steps = steps
-        self.weight = nn.Parameter(torch.randn(4, 4) / 2)
-
-    def forward(self, x: Tensor) -> Tensor:
-        hidden = x
-        for _ in range(self.steps):
-            hidden = torch.tanh(hidden @ self.weight)
-        return hidden
-
-
 def recurrence(steps: int = 2000) -> ModelAndInputs:
-    """A ``steps``-long recurrence: a deep, narrow graph (torchviz's recursive walk overflows on it)."""
-    return _seeded(lambda: (Recurrence(steps), {"x": torch.randn(2, 4).requires_grad_()}))
+    """A ``steps``-long recurrence ``h = tanh(h @ weight)`` (:class:`graphkit.models.zoo.Chain`) on ``x`` float32
+    ``(2, 8)``: a deep, narrow graph of ``2 * steps + 2`` nodes and ``3 * steps`` edges (torchviz's recursive
+    walk overflows on it)."""
+    return _seeded(lambda: (zoo.Chain(steps), {"x": torch.randn(2, 8).requires_grad_()}))
 
 
 def transformer_encoder(layers: int = 12, *, batch: int = 2, tokens: int = 4) -> ModelAndInputs:
@@ -308,46 +300,19 @@ def custom_multi_output() -> ModelAndInputs:
     return _seeded(lambda: (CustomMultiOutput(), {"x": torch.randn(3, 4).requires_grad_()}))
 
 
-class LSTMAll(nn.Module):
-    """``nn.LSTM(4, 5, batch_first=True)`` returning ``(out, h, c)``; ``x`` float32 ``(2, 3, 4)``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lstm = nn.LSTM(4, 5, batch_first=True)
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        out, (hidden, cell) = self.lstm(x)
-        return out, hidden, cell
-
-
 def lstm() -> ModelAndInputs:
-    """An LSTM whose fused kernel node has three outputs, all of them stage outputs."""
-    return _seeded(lambda: (LSTMAll(), {"x": torch.randn(2, 3, 4).requires_grad_()}))
+    """An LSTM whose fused kernel node has three outputs, all of them stage outputs (``zoo:lstm``)."""
+    return _from_zoo("lstm")
 
 
 def chain() -> ModelAndInputs:
-    """One weight used three times in a chain: ``h = tanh(h @ W)`` three times."""
-    return recurrence(3)
-
-
-class ViewOutputs(nn.Module):
-    """``y = linear(x)`` on 3-D ``x`` (a view of addmm's output) and ``y.transpose(1, 2)``, both returned.
-
-    Input ``x`` float32 ``(2, 3, 4)``; outputs ``(2, 3, 5)`` and ``(2, 5, 3)``.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = nn.Linear(4, 5)
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        y = self.linear(x)
-        return y, y.transpose(1, 2)
+    """One weight used three times in a chain: ``h = tanh(h @ W)`` three times (``zoo:chain``)."""
+    return _from_zoo("chain")
 
 
 def view_outputs() -> ModelAndInputs:
-    """Stage outputs that are views (ViewBackward0, TransposeBackward0)."""
-    return _seeded(lambda: (ViewOutputs(), {"x": torch.randn(2, 3, 4).requires_grad_()}))
+    """Stage outputs that are views (ViewBackward0, TransposeBackward0) (``zoo:view_output``)."""
+    return _from_zoo("view_output")
 
 
 class IntegerInputs(nn.Module):
@@ -421,24 +386,10 @@ def in_place() -> ModelAndInputs:
     return _seeded(lambda: (InPlace(), {"x": torch.randn(3, 4).requires_grad_()}))
 
 
-class WeightNorm(nn.Module):
-    """``F.linear(x, weight / weight.norm(), bias)``: ``weight`` meets the input only through a chain.
-
-    Input ``x`` float32 ``(3, 4)``; output ``(3, 4)``.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(4, 4))
-        self.bias = nn.Parameter(torch.zeros(4))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return functional.linear(x, self.weight / self.weight.norm(), self.bias)
-
-
 def weight_norm() -> ModelAndInputs:
-    """A parameter that reaches the input path only through the weight-only chain ``W / W.norm()``."""
-    return _seeded(lambda: (WeightNorm(), {"x": torch.randn(3, 4).requires_grad_()}))
+    """A parameter that reaches the input path only through the weight-only chain ``W / W.norm()``
+    (``zoo:weight_norm``)."""
+    return _from_zoo("weight_norm")
 
 
 KINDS: dict[str, Callable[[], ModelAndInputs]] = {

@@ -14,6 +14,7 @@ from graphkit.analysis.parameter_groups import param_groups
 from graphkit.cli import main
 from graphkit.graph.tracing import trace
 from graphkit.models import zoo
+from graphkit.models.huggingface import KNOWN_ARCHITECTURES
 
 BROKEN = f"{Path(__file__).parent / 'specs' / 'broken_split.py'}:build"
 
@@ -130,6 +131,19 @@ def test_verify_and_groups_name_checkpointed_nodes_and_the_recomputations(capsys
 
 
 # --- graphkit list: pipeline specs ------------------------------------------------------------------------
+def test_list_names_every_zoo_model_and_hf_architecture(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = run(capsys, "list")
+    assert status == 0
+    for name in zoo.MODELS:
+        assert f"zoo:{name}" in out
+    for arch in KNOWN_ARCHITECTURES:
+        assert f"hf:{arch}" in out
+    status, out, _ = run(capsys, "list", "--json")
+    data = json.loads(out)
+    assert list(data["zoo"]) == [f"zoo:{name}" for name in zoo.MODELS]
+    assert set(data["hf"]) == {f"hf:{arch}" for arch in KNOWN_ARCHITECTURES}
+
+
 def test_list_prints_the_built_in_pipelines_and_the_hf_architectures_cut_into_stages(capsys):
     from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES
 

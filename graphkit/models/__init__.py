@@ -7,7 +7,9 @@
 - :mod:`graphkit.models.pipeline_specs`: pipeline specs, one format for every pipeline command
   (``verify-pipeline``, ``costs``, ``timeline``, ``compare-schedules``): a function of ``num_stages`` and
   ``batch_size`` returning ``(stages, loss_fn, inputs, target)`` for the whole batch, the built-in
-  ``zoo-pipeline:NAME`` and ``hf:gpt2`` / ``hf:llama`` cut into stages.
+  ``zoo-pipeline:NAME`` and ``hf:gpt2`` / ``hf:llama`` cut into stages;
+- :mod:`graphkit.models.huggingface_stages`: the stage modules, key parsing and layer split of the
+  ``hf:gpt2`` and ``hf:llama`` pipeline specs.
 
 Models sit beside the graph layer at the bottom: they import nothing else of graphkit.
 """

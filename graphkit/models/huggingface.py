@@ -44,6 +44,11 @@ spec's seed, so the same spec gives identical weights and inputs and the global 
 All dropout probabilities default to zero, so forward calls are deterministic too (Mixtral's router jitter
 is zero as well).
 
+The layer runners of the middle stages (:func:`run_gpt2_blocks`, :func:`run_rotary_layers`,
+:func:`position_ids_of`), :func:`default_config`, :func:`import_transformers` and the boolean words of a
+spec value (:data:`TRUE_WORDS`, :data:`FALSE_WORDS`) are public: :mod:`graphkit.models.huggingface_stages`
+builds the pipeline stages of ``hf:gpt2`` and ``hf:llama`` from them.
+
 ``transformers`` is an optional dependency (``pip install 'graphkit[models]'``); it is imported only when a
 spec is loaded.
 """
@@ -62,11 +67,18 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
+    "FALSE_WORDS",
     "KNOWN_ARCHITECTURES",
     "STAGES",
+    "TRUE_WORDS",
     "HFSpec",
+    "default_config",
+    "import_transformers",
     "load_hf_spec",
     "parse_hf_spec",
+    "position_ids_of",
+    "run_gpt2_blocks",
+    "run_rotary_layers",
 ]
 
 PREFIX = "hf:"
@@ -102,8 +114,11 @@ _META_FIELDS = frozenset(
         "rope_parameters",
     }
 )
-_TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
-_FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+TRUE_WORDS = frozenset({"true", "1", "yes", "on"})
+"""The words a spec value may use for True (lower case): ``true``, ``1``, ``yes``, ``on``."""
+
+FALSE_WORDS = frozenset({"false", "0", "no", "off"})
+"""The words a spec value may use for False (lower case): ``false``, ``0``, ``no``, ``off``."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -227,6 +242,18 @@ KNOWN_ARCHITECTURES: dict[str, str] = {name: arch.description for name, arch in 
 """The architectures a spec ``hf:ARCH`` can name, with a one-line description of each."""
 
 
+def default_config(arch: str) -> dict[str, Any]:
+    """The config fields of the tiny default model of ``arch`` (one of :data:`KNOWN_ARCHITECTURES`), a new dict.
+
+    These are the fields a spec ``hf:ARCH`` starts from before its overrides (attention implementation
+    aside): small widths, two layers, every dropout probability zero.
+
+    Raises:
+        KeyError: ``arch`` is not one of :data:`KNOWN_ARCHITECTURES`.
+    """
+    return dict(_ARCHITECTURES[arch].defaults)
+
+
 @dataclass(slots=True, frozen=True)
 class HFSpec:
     """A parsed spec ``hf:ARCH[?key=value&...]``.
@@ -314,7 +341,7 @@ def load_hf_spec(spec: str) -> tuple[nn.Module, dict[str, Tensor]]:
     """
     parsed = parse_hf_spec(spec)
     arch = _ARCHITECTURES[parsed.arch]
-    transformers = _import_transformers()
+    transformers = import_transformers()
     config_class = getattr(transformers, arch.config_class)
     model_class = getattr(transformers, arch.model_class)
 
@@ -347,7 +374,7 @@ def load_hf_spec(spec: str) -> tuple[nn.Module, dict[str, Tensor]]:
     return module, inputs
 
 
-def _import_transformers() -> Any:
+def import_transformers() -> Any:
     """Import ``transformers``; raise an ImportError naming the extra to install when it is missing or too old."""
     try:
         import transformers
@@ -426,9 +453,9 @@ def _convert_value(raw: str, default: Any, key: str) -> Any:
         return None
     if isinstance(default, bool):
         word = raw.lower()
-        if word in _TRUE_WORDS:
+        if word in TRUE_WORDS:
             return True
-        if word in _FALSE_WORDS:
+        if word in FALSE_WORDS:
             return False
         raise ValueError(f"{key} expects a boolean (true/false), got {raw!r}")
     if isinstance(default, int):
@@ -449,9 +476,9 @@ def _convert_value(raw: str, default: Any, key: str) -> Any:
                 return parse(raw)
             except ValueError:
                 pass
-        if raw.lower() in _TRUE_WORDS - {"1"}:
+        if raw.lower() in TRUE_WORDS - {"1"}:
             return True
-        if raw.lower() in _FALSE_WORDS - {"0"}:
+        if raw.lower() in FALSE_WORDS - {"0"}:
             return False
         return raw
     raise ValueError(f"{key} holds a {type(default).__name__}, which a spec cannot set")
@@ -526,7 +553,7 @@ class EncoderDecoderLanguageModel(nn.Module):
 # --- middle stages --------------------------------------------------------------------------------------------
 
 
-def _position_ids(hidden_states: Tensor) -> Tensor:
+def position_ids_of(hidden_states: Tensor) -> Tensor:
     """Positions ``0 .. seq-1`` as int64 (1, seq), on the device of ``hidden_states`` (batch, seq, hidden)."""
     return torch.arange(hidden_states.shape[1], device=hidden_states.device).unsqueeze(0)
 
@@ -552,13 +579,13 @@ class RotaryDecoderStage(nn.Module):
 
     def forward(self, hidden_states: Tensor) -> dict[str, Tensor]:
         """``hidden_states``: (batch, seq, hidden_size). Returns ``{"hidden_states": same shape}``."""
-        hidden_states = _run_rotary_layers(
+        hidden_states = run_rotary_layers(
             self.layers, self.rotary_emb, self.make_mask, self.config, hidden_states
         )
         return {"hidden_states": hidden_states}
 
 
-def _run_rotary_layers(
+def run_rotary_layers(
     layers: Any, rotary_emb: nn.Module, make_mask: Any, config: Any, hidden_states: Tensor
 ) -> Tensor:
     """Run Llama-style decoder layers as ``LlamaModel.forward`` runs them, without a KV cache.
@@ -567,7 +594,7 @@ def _run_rotary_layers(
     from the shape, device and dtype of ``hidden_states`` (batch, seq, hidden_size), positions ``0 .. seq-1``.
     Returns the hidden states after the last layer, same shape.
     """
-    position_ids = _position_ids(hidden_states)
+    position_ids = position_ids_of(hidden_states)
     mask = _causal_mask(make_mask, config, hidden_states, position_ids)
     position_embeddings = rotary_emb(hidden_states, position_ids=position_ids)
     for layer in layers:
@@ -613,15 +640,15 @@ class GPT2Stage(nn.Module):
 
     def forward(self, hidden_states: Tensor) -> dict[str, Tensor]:
         """``hidden_states``: (batch, seq, hidden_size). Returns ``{"hidden_states": same shape}``."""
-        return {"hidden_states": _run_gpt2_blocks(self.h, self.make_mask, self.config, hidden_states)}
+        return {"hidden_states": run_gpt2_blocks(self.h, self.make_mask, self.config, hidden_states)}
 
 
-def _run_gpt2_blocks(blocks: Any, make_mask: Any, config: Any, hidden_states: Tensor) -> Tensor:
+def run_gpt2_blocks(blocks: Any, make_mask: Any, config: Any, hidden_states: Tensor) -> Tensor:
     """Run GPT-2 blocks under a causal mask (``make_mask``) as ``GPT2Model.forward`` runs them, without a cache.
 
     ``hidden_states``: (batch, seq, n_embd), positions ``0 .. seq-1``; returns the same shape.
     """
-    position_ids = _position_ids(hidden_states)
+    position_ids = position_ids_of(hidden_states)
     mask = _causal_mask(make_mask, config, hidden_states, position_ids)
     for block in blocks:
         hidden_states = block(hidden_states, attention_mask=mask, use_cache=False, position_ids=position_ids)
