@@ -80,12 +80,12 @@ from graphkit.models.huggingface_stages import (
 )
 from graphkit.models.specs import (
     SpecError,
-    _check_result,
-    _import_file,
-    _import_module,
-    _looks_like_path,
-    _on_sys_path,
+    check_model_result,
+    import_spec_file,
+    import_spec_module,
     load_spec,
+    looks_like_path,
+    on_sys_path,
 )
 
 __all__ = [
@@ -255,20 +255,20 @@ def _function_of(spec: str) -> Callable[..., Any]:
             "package.module:function, zoo-pipeline:NAME, hf:gpt2 or hf:llama (the function returns "
             "(stages, loss_fn, inputs, target))"
         )
-    if _looks_like_path(target):
-        module = _import_file(spec, Path(target))
+    if looks_like_path(target):
+        module = import_spec_file(spec, Path(target))
         function = getattr(module, function_name, None)
         if callable(function):
             folder = Path(target).resolve().parent
 
             def in_its_folder(**arguments: Any) -> Any:  # it may import files next to it
-                with _on_sys_path(folder):
+                with on_sys_path(folder):
                     return function(**arguments)
 
             in_its_folder.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
             return in_its_folder
     else:
-        module = _import_module(spec, target)
+        module = import_spec_module(spec, target)
         function = getattr(module, function_name, None)
     if not callable(function):
         raise SpecError(f"pipeline spec {spec!r}: {module.__name__} has no function {function_name!r}")
@@ -398,7 +398,7 @@ def load_stage_or_pipeline(
         result = _call(stripped, function, None, None)
     if _is_pipeline_result(result):
         return _checked(stripped, result, num_stages)
-    return _check_result(stripped, stripped.rpartition(":")[2] + "()", result)
+    return check_model_result(stripped, stripped.rpartition(":")[2] + "()", result)
 
 
 def _is_pipeline_result(result: Any) -> bool:

@@ -34,7 +34,18 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["SpecError", "load_spec", "load_spec_on", "meta_forward_error", "spec_inputs_as_call"]
+__all__ = [
+    "SpecError",
+    "check_model_result",
+    "import_spec_file",
+    "import_spec_module",
+    "load_spec",
+    "load_spec_on",
+    "looks_like_path",
+    "meta_forward_error",
+    "on_sys_path",
+    "spec_inputs_as_call",
+]
 
 _FORMS = "zoo:NAME, path/to/file.py:function, package.module:function or hf:ARCH"
 
@@ -73,11 +84,11 @@ def load_spec(spec: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
             f"model spec {spec!r} names no function: write it as {_FORMS} "
             "(the function takes no arguments and returns (module, inputs))"
         )
-    if _looks_like_path(target):
-        module = _import_file(spec, Path(target))
-        with _on_sys_path(Path(target).resolve().parent):
+    if looks_like_path(target):
+        module = import_spec_file(spec, Path(target))
+        with on_sys_path(Path(target).resolve().parent):
             return _call_spec_function(spec, module, function_name)
-    module = _import_module(spec, target)
+    module = import_spec_module(spec, target)
     return _call_spec_function(spec, module, function_name)
 
 
@@ -179,7 +190,7 @@ def _load_zoo(spec: str, name: str) -> tuple[nn.Module, tuple[Any, ...] | dict[s
     if name not in zoo.MODELS:
         known = ", ".join(zoo.MODELS)
         raise SpecError(f"unknown zoo model {name!r} in spec {spec!r}; known models: {known} (e.g. zoo:gpt)")
-    return _check_result(spec, f"zoo.{name}", zoo.MODELS[name].build())
+    return check_model_result(spec, f"zoo.{name}", zoo.MODELS[name].build())
 
 
 def _load_hf(spec: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
@@ -193,15 +204,20 @@ def _load_hf(spec: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
             "use a zoo: or file spec instead"
         ) from error
     result = hf.load_hf_spec(spec)
-    return _check_result(spec, "graphkit.models.huggingface.load_hf_spec", result)
+    return check_model_result(spec, "graphkit.models.huggingface.load_hf_spec", result)
 
 
-def _looks_like_path(target: str) -> bool:
+def looks_like_path(target: str) -> bool:
     """True when the part before ``:function`` is a file path rather than a dotted module name."""
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def _import_file(spec: str, path: Path) -> ModuleType:
+def import_spec_file(spec: str, path: Path) -> ModuleType:
+    """Import the Python file ``path`` that ``spec`` names, as a module of its own.
+
+    Raises:
+        SpecError: the file does not exist, is a folder, or raises while it is imported.
+    """
     if not path.is_file():
         where = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise SpecError(
@@ -217,7 +233,7 @@ def _import_file(spec: str, path: Path) -> ModuleType:
     module = importlib.util.module_from_spec(import_spec)
     sys.modules[module_name] = module
     try:
-        with _on_sys_path(resolved.parent):
+        with on_sys_path(resolved.parent):
             import_spec.loader.exec_module(module)
     except Exception as error:
         sys.modules.pop(module_name, None)
@@ -228,7 +244,12 @@ def _import_file(spec: str, path: Path) -> ModuleType:
     return module
 
 
-def _import_module(spec: str, module_name: str) -> ModuleType:
+def import_spec_module(spec: str, module_name: str) -> ModuleType:
+    """Import the module ``module_name`` that ``spec`` names.
+
+    Raises:
+        SpecError: the module cannot be imported (the message says why and how to fix it).
+    """
     try:
         return importlib.import_module(module_name)
     except Exception as error:
@@ -266,7 +287,7 @@ def _call_spec_function(
         raise SpecError(
             f"model spec {spec!r}: calling {function_name}() raised {type(error).__name__}: {error}"
         ) from error
-    return _check_result(spec, f"{function_name}()", result)
+    return check_model_result(spec, f"{function_name}()", result)
 
 
 def _check_takes_no_arguments(spec: str, function_name: str, function: Callable[..., Any]) -> None:
@@ -288,9 +309,14 @@ def _check_takes_no_arguments(spec: str, function_name: str, function: Callable[
         )
 
 
-def _check_result(
+def check_model_result(
     spec: str, producer: str, result: Any
 ) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
+    """``result`` of a spec's function (``producer`` names it in messages) as ``(module, inputs)``.
+
+    Raises:
+        SpecError: ``result`` is not a pair of an ``nn.Module`` and a tuple or dict of inputs.
+    """
     shape_hint = "return (module, inputs) with module an nn.Module and inputs a tuple or a dict"
     if not isinstance(result, tuple | list) or len(result) != 2:
         got = f"a {type(result).__name__}"
@@ -330,7 +356,7 @@ def _public_functions(module: ModuleType) -> list[str]:
 
 
 @contextmanager
-def _on_sys_path(folder: Path) -> Iterator[None]:
+def on_sys_path(folder: Path) -> Iterator[None]:
     """Put ``folder`` first on ``sys.path`` for the duration of the block (unless it is already there)."""
     entry = str(folder)
     if entry in sys.path:
