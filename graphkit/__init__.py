@@ -73,7 +73,7 @@ def __getattr__(name: str) -> Any:
 
         return verify_split
     if name in ("current_phase", "Phase"):
-        from graphkit.split import _REMOVED
+        from graphkit.split import REMOVED_PHASE_API
 
-        raise AttributeError(f"graphkit.{name} was removed: {_REMOVED}")
+        raise AttributeError(f"graphkit.{name} was removed: {REMOVED_PHASE_API}")
     raise AttributeError(f"module 'graphkit' has no attribute {name!r}")

@@ -44,7 +44,7 @@ __all__ = [
     "backward_weight",
 ]
 
-_REMOVED = (
+REMOVED_PHASE_API = (  # what replaced current_phase() and Phase, for the error of the names removed
     "graphkit sets ctx.needs_input_grad of each custom Function's Node to the running phase (in B only the "
     "arguments on the input path need a gradient, in W only the weight-side ones): compute what "
     "ctx.needs_input_grad asks for and drop the phase check"
@@ -53,5 +53,5 @@ _REMOVED = (
 
 def __getattr__(name: str) -> Any:
     if name in ("current_phase", "Phase"):
-        raise AttributeError(f"graphkit.split.{name} was removed: {_REMOVED}")
+        raise AttributeError(f"graphkit.split.{name} was removed: {REMOVED_PHASE_API}")
     raise AttributeError(f"module 'graphkit.split' has no attribute {name!r}")
