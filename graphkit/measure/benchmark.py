@@ -47,6 +47,7 @@ from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_t
 from graphkit.measure.flops import PhaseFlops
 from graphkit.measure.timing import timed
 from graphkit.measure.verification import call_stage, fresh_inputs
+from graphkit.models.specs import load_spec
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.checkpointing import checkpoint_tensors
 
@@ -526,8 +527,6 @@ def bench_spec(
 
     ``threads`` sets ``torch.set_num_threads`` first (None: PyTorch's default).
     """
-    from graphkit.models.specs import load_spec
-
     if threads is not None:
         if threads < 1:
             raise GraphkitInputError(f"threads must be at least 1, got {threads}")

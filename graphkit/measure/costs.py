@@ -47,6 +47,8 @@ from graphkit.measure.benchmark import memory_kept, saved_tensors_below
 from graphkit.measure.flops import PhaseFlops
 from graphkit.measure.timing import timed
 from graphkit.measure.verification import call_stage, fresh_inputs
+from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PipelineModel, load_stage_or_pipeline
+from graphkit.models.specs import SpecError
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 
 __all__ = ["PassCost", "PipelineCosts", "StageCosts", "pipeline_costs", "spec_costs", "stage_costs"]
@@ -489,8 +491,6 @@ def spec_costs(
             spec and ``num_stages``, ``batch_size`` or ``microbatches`` is given (they shape a pipeline).
         GraphkitInputError: as :func:`stage_costs`.
     """
-    from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PipelineModel, load_stage_or_pipeline
-
     loaded = load_stage_or_pipeline(spec, pipeline=pipeline, num_stages=num_stages, batch_size=batch_size)
     if isinstance(loaded, PipelineModel):
         inputs, target = loaded.microbatch(microbatches)
@@ -507,8 +507,6 @@ def spec_costs(
         if value != unset
     ]
     if ignored:  # a model spec is one stage on its own inputs: these would be silently dropped
-        from graphkit.models.specs import SpecError
-
         hint = (
             "; to cut it into stages, pass pipeline=True (graphkit costs --pipeline)"
             if isinstance(spec, str)
