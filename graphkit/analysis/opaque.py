@@ -21,9 +21,12 @@ kind                        what the split does with it
                             matrix: the matrix's gradient needs the right-hand side's, so W solves again)
 ==========================  ============================================================================
 
-:func:`opaque_nodes` finds them in a captured graph, from the Node class names and, when the graph
-holds its live Nodes, their saved-tensor hooks. :func:`graphkit.measure.verification.verify_split`
-measures the FLOPs each one costs in B, in W and in a full backward.
+This is the one enumeration of these kinds: :func:`opaque_kind` classifies a live autograd Node (a
+reentrant checkpoint or a compiled region by the ``torch.autograd.Function`` class its Node belongs to),
+and :mod:`graphkit.split.run_once` asks it which Nodes to run once, in B. :func:`opaque_nodes` finds them
+in a captured graph: from its live Nodes, or, for a graph without them (read back from GraphML), from the
+Node class names. :func:`graphkit.measure.verification.verify_split` measures the FLOPs each one costs in
+B, in W and in a full backward.
 """
 
 from __future__ import annotations
@@ -31,12 +34,24 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+import torch.utils.checkpoint
+from torch.autograd.graph import Node
 
 from graphkit.analysis.closures import Intermediate, input_closure, intermediates, weight_only_nodes
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import AutogradGraph, NodeKind
 
-__all__ = ["NO_OUTPUT_SKIP_NODES", "OPAQUE_MEANINGS", "OpaqueKind", "OpaqueNode", "opaque_nodes"]
+__all__ = [
+    "NO_OUTPUT_SKIP_NODES",
+    "OPAQUE_MEANINGS",
+    "RUN_ONCE_KINDS",
+    "OpaqueKind",
+    "OpaqueNode",
+    "opaque_kind",
+    "opaque_nodes",
+]
 
 
 class OpaqueKind(enum.StrEnum):
@@ -47,6 +62,11 @@ class OpaqueKind(enum.StrEnum):
     COMPILED_REGION = "compiled-region"
     CUSTOM_FUNCTION = "custom-function"
     NO_OUTPUT_SKIP = "no-output-skip"
+
+
+RUN_ONCE_KINDS = frozenset({OpaqueKind.REENTRANT_CHECKPOINT, OpaqueKind.COMPILED_REGION})
+"""The kinds whose Node computes every gradient in one backward, wherever it is: the split runs it once, in B
+(:mod:`graphkit.split.run_once`)."""
 
 
 OPAQUE_MEANINGS: dict[str, str] = {
@@ -98,6 +118,55 @@ _RUN_ONCE_NAMES = {
     "CheckpointFunctionBackward": OpaqueKind.REENTRANT_CHECKPOINT,
     "CompiledFunctionBackward": OpaqueKind.COMPILED_REGION,
 }
+"""The run-once kinds by Node class name, for graphs whose live Nodes are gone."""
+
+_run_once_by_class: dict[type, OpaqueKind | None] = {}
+
+
+def _run_once_kind(node: Node) -> OpaqueKind | None:
+    """A kind of :data:`RUN_ONCE_KINDS` for ``node``, by the Function class it belongs to (cached per Node
+    class): ``CheckpointFunction`` (``torch/utils/checkpoint.py``) or AOTAutograd's ``CompiledFunction``
+    (``torch/_functorch/_aot_autograd/runtime_wrappers.py``); None for any other Node."""
+    node_class = type(node)
+    try:
+        return _run_once_by_class[node_class]
+    except KeyError:
+        pass
+    function_class = _autograd.forward_class(node)
+    kind = None
+    if function_class is torch.utils.checkpoint.CheckpointFunction:
+        kind = OpaqueKind.REENTRANT_CHECKPOINT
+    elif (
+        function_class is not None
+        and function_class.__name__ == "CompiledFunction"
+        and function_class.__module__.startswith("torch._functorch")
+    ):
+        kind = OpaqueKind.COMPILED_REGION
+    _run_once_by_class[node_class] = kind
+    return kind
+
+
+def opaque_kind(node: Node, *, intermediate: bool) -> OpaqueKind | None:
+    """The :class:`OpaqueKind` of a live autograd Node, or None when the split can split its work.
+
+    Args:
+        node: the Node.
+        intermediate: whether it feeds weights through weight-side edges
+            (:func:`graphkit.analysis.closures.intermediates`). A reentrant checkpoint or a compiled
+            region (:data:`RUN_ONCE_KINDS`) is opaque wherever it is; the other kinds only in an
+            intermediate, whose work W must restrict to the weight side. With ``intermediate=False`` the
+            answer is a run-once kind or None: what :mod:`graphkit.split.run_once` asks.
+    """
+    kind = _run_once_kind(node)
+    if kind is not None or not intermediate:
+        return kind
+    if _autograd.uses_saved_tensor_hooks(node):
+        return OpaqueKind.CHECKPOINTED
+    if _autograd.is_custom_function(node):
+        return OpaqueKind.CUSTOM_FUNCTION
+    if type(node).__name__ in NO_OUTPUT_SKIP_NODES:
+        return OpaqueKind.NO_OUTPUT_SKIP
+    return None
 
 
 @dataclass(slots=True, frozen=True)
@@ -137,35 +206,41 @@ def opaque_nodes(
     computed.
 
     Every reentrant checkpoint and compiled region (they run their whole backward wherever they are), and
-    the intermediates whose work W cannot restrict to the weight side: hooked saved tensors (needs the
-    live Nodes, which a graph from :func:`graphkit.capture` holds, or ``details=True``), custom Functions,
-    and the ops of :data:`NO_OUTPUT_SKIP_NODES`.
+    the intermediates whose work W cannot restrict to the weight side: hooked saved tensors, custom
+    Functions, and the ops of :data:`NO_OUTPUT_SKIP_NODES`. Each Node the graph holds live (a graph from
+    :func:`graphkit.capture`) is classified by :func:`opaque_kind`; any other (a graph read back from
+    GraphML) by its class name and recorded details (hooked saved tensors need ``details=True``).
     """
     if found_intermediates is None:
         closure_of_inputs = input_closure(graph)
         found_intermediates = intermediates(
             graph, closure_of_inputs, weight_only_nodes(graph, closure_of_inputs)
         )
+    live_nodes: Mapping[str, Node] = getattr(graph, "autograd_nodes", {})
     found: dict[str, OpaqueNode] = {}
     for node, data in graph.nodes(data=True):
         if data["kind"] in (NodeKind.PARAMETER, NodeKind.LEAF):
             continue
         is_intermediate = node in found_intermediates
-        kind = _RUN_ONCE_NAMES.get(data["name"]) if data["is_custom_function"] else None
-        if kind is None and is_intermediate:
-            if _hooked(graph, node):
-                kind = OpaqueKind.CHECKPOINTED
-            elif data["is_custom_function"]:
-                kind = OpaqueKind.CUSTOM_FUNCTION
-            elif data["name"] in NO_OUTPUT_SKIP_NODES:
-                kind = OpaqueKind.NO_OUTPUT_SKIP
+        live = live_nodes.get(node)
+        if live is not None:
+            kind = opaque_kind(live, intermediate=is_intermediate)
+        else:
+            kind = _opaque_kind_by_name(data, intermediate=is_intermediate)
         if kind is not None:
             found[node] = OpaqueNode(node, data["op"], kind, is_intermediate, OPAQUE_MEANINGS[kind.value])
     return found
 
 
-def _hooked(graph: AutogradGraph, node: str) -> bool:
-    live = graph.autograd_nodes.get(node) if hasattr(graph, "autograd_nodes") else None
-    if live is not None:
-        return _autograd.uses_saved_tensor_hooks(live)
-    return graph.nodes[node].get("saved_reason") == _autograd.HOOKED_SAVED_TENSORS_REASON
+def _opaque_kind_by_name(data: Mapping[str, Any], *, intermediate: bool) -> OpaqueKind | None:
+    """:func:`opaque_kind` from a graph node's recorded attributes, for a graph without its live Nodes."""
+    kind = _RUN_ONCE_NAMES.get(data["name"]) if data["is_custom_function"] else None
+    if kind is not None or not intermediate:
+        return kind
+    if data.get("saved_reason") == _autograd.HOOKED_SAVED_TENSORS_REASON:
+        return OpaqueKind.CHECKPOINTED
+    if data["is_custom_function"]:
+        return OpaqueKind.CUSTOM_FUNCTION
+    if data["name"] in NO_OUTPUT_SKIP_NODES:
+        return OpaqueKind.NO_OUTPUT_SKIP
+    return None

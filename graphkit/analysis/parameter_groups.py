@@ -47,6 +47,7 @@ from graphkit.analysis.closures import (
     weight_only_nodes,
 )
 from graphkit.analysis.opaque import OpaqueKind, OpaqueNode, opaque_nodes
+from graphkit.graph._autograd import is_accumulate_grad, sequence_number
 from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind
 
 __all__ = [
@@ -402,8 +403,6 @@ def forward_ranks(graph: AutogradGraph) -> dict[str, int]:
     0, an op one more than its latest producer. Leaves are never keys of an order, and get 0 or -1.
     Iterative, O(nodes + edges).
     """
-    from graphkit.graph._autograd import is_accumulate_grad, sequence_number
-
     live = graph.autograd_nodes
     ranks: dict[str, int] = {}
     if live and len(live) == graph.number_of_nodes():

@@ -50,6 +50,9 @@ from graphkit.drawing.folding import folded_node_count
 from graphkit.drawing.plan import plan_diagram
 from graphkit.drawing.rendering import render
 from graphkit.graph.autograd_graph import AutogradGraph
+from graphkit.graph.tracing import trace
+from graphkit.measure.verification import verify_split
+from graphkit.models.specs import load_spec, spec_inputs_as_call
 
 __all__ = ["Explorer", "explore"]
 
@@ -96,9 +99,6 @@ def _resolve(
     graph_or_spec: Any, module: torch.nn.Module | None, inputs: Any
 ) -> tuple[AutogradGraph, torch.nn.Module | None, Any, str | None]:
     """``(graph, module, inputs, spec)`` from what :func:`explore` was given."""
-    from graphkit.graph.tracing import trace
-    from graphkit.models.specs import load_spec, spec_inputs_as_call
-
     spec = None
     if isinstance(graph_or_spec, AutogradGraph):
         return graph_or_spec, module, inputs, None
@@ -394,8 +394,6 @@ class Explorer:
                 "verify needs the module and its inputs: call explore('zoo:NAME'), explore((module, inputs)) "
                 "or explore(graph, module=..., inputs=...)"
             )
-        from graphkit.measure.verification import verify_split
-
         self.verify_button.disabled = True
         self.verify_button.description = "verifying\u2026"
         self.verify_panel.value = "<i>running the forward twice, a full backward, then B and W\u2026</i>"

@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from graphkit.drawing.collapsing import drawn_node_count
 from graphkit.drawing.diagram import draw
+from graphkit.drawing.folding import folded_node_count
 from graphkit.graph.autograd_graph import AutogradGraph
 
 __all__ = ["FORMATS", "GraphvizNotFoundError", "RenderTimeoutError", "drawn_nodes", "render", "run_dot"]
@@ -159,9 +161,6 @@ def _smaller_options(
     graph: AutogradGraph, options: dict[str, Any], nodes: int
 ) -> tuple[str, dict[str, Any]] | None:
     """A smaller drawing of ``graph`` after a layout timeout: folded, or collapsed at depth 1; None if none."""
-    from graphkit.drawing.collapsing import drawn_node_count
-    from graphkit.drawing.folding import folded_node_count
-
     if not options.get("fold") and folded_node_count(graph) < 0.8 * nodes:
         return "with repeated structure folded", {**options, "fold": True}
     if options.get("collapse_depth") != 1 and drawn_node_count(graph, 1) < 0.8 * nodes:

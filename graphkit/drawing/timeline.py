@@ -27,6 +27,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 from graphkit.drawing.labels import format_bytes
 from graphkit.drawing.palette import FONT, SECONDARY_TEXT
+from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError
 from graphkit.drawing.templating import environment
 from graphkit.pipelining.recording import COMPUTE_KINDS, RecordedAction, ScheduleTimeline
 
@@ -462,8 +463,6 @@ def write_timeline(
 def _pipe(graph: Any, output_format: str, timeout_s: float) -> bytes:
     import shutil
     import subprocess
-
-    from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError
 
     program = shutil.which("neato")
     if program is None:

@@ -11,6 +11,7 @@ in PyTorch breaks one small file and nothing else - except the per-op weight-sid
   ``torch.autograd.graph.saved_tensors_hooks`` packed it);
 - ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes;
 - ``RemovableHandle.hooks_dict_ref`` of a ``Node.register_hook`` handle: the Node's Python post-hooks;
+- ``_forward_cls`` of a custom Function's Node: the ``torch.autograd.Function`` subclass it belongs to;
 - ``run_function`` of a reentrant checkpoint's Node (its ctx): the function whose parameters the nested
   backward reaches;
 - ``torch.autograd.graph._engine_run_backward``: the engine call behind ``torch.autograd.backward`` and
@@ -40,6 +41,7 @@ __all__ = [
     "SavedTensorInfo",
     "any_custom_function",
     "aten_operator_names",
+    "forward_class",
     "forward_op_name",
     "gradient_edge",
     "gradient_metadata",
@@ -103,6 +105,11 @@ def any_custom_function(nodes: Sequence[Node]) -> bool:
     return any(issubclass(node_class, BackwardCFunction) for node_class in set(map(type, nodes)))
 
 
+def forward_class(node: Node) -> type | None:
+    """The ``torch.autograd.Function`` subclass a custom Function's Node belongs to; None for other Nodes."""
+    return getattr(node, "_forward_cls", None)
+
+
 def reentrant_checkpoint_parameters(node: Node) -> list[torch.Tensor]:
     """Parameters a reentrant checkpoint (``checkpoint(..., use_reentrant=True)``) uses inside its region.
 
@@ -112,8 +119,8 @@ def reentrant_checkpoint_parameters(node: Node) -> list[torch.Tensor]:
     arguments hold modules. Empty for any other Node, or a region that reaches its modules otherwise
     (globals).
     """
-    forward_class = getattr(node, "_forward_cls", None)
-    if forward_class is None or forward_class.__name__ != "CheckpointFunction":
+    function_class = forward_class(node)
+    if function_class is None or function_class.__name__ != "CheckpointFunction":
         return []
     stack = [getattr(node, "run_function", None)]
     modules: dict[int, torch.nn.Module] = {}

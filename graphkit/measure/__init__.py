@@ -2,8 +2,8 @@
 
 - :mod:`graphkit.measure.verification`: :func:`~graphkit.measure.verification.verify_split`, the split
   backward against a full backward, gradient by gradient;
-- :mod:`graphkit.measure.flops`: FLOPs per Node and the one helper that counts FLOPs of the full
-  backward, B and W (:func:`~graphkit.measure.flops.phase_flops`);
+- :mod:`graphkit.measure.flops`: FLOPs per Node and the one helper that counts FLOPs of the forward,
+  the full backward, B and W (:class:`~graphkit.measure.flops.PhaseFlops`);
 - :mod:`graphkit.measure.benchmark`: timing B + W against a full backward;
 - :mod:`graphkit.measure.costs`: time, FLOPs and memory of each stage's F, B (I) and W, as schedulers
   take them;

@@ -5,7 +5,7 @@ medians after warm-up):
 
 - ``full_s``: an ordinary ``torch.autograd.backward``; ``b_s`` / ``w_s``: graphkit's B and W phases;
   ``split_s``: their sum;
-- ``flops``: FLOPs of ``full``, ``b`` and ``w`` (:class:`graphkit.measure.flops.FlopCounter`);
+- ``flops``: FLOPs of ``full``, ``b`` and ``w`` (:class:`graphkit.measure.flops.PhaseFlops`);
 - ``w_engine_calls``: autograd-engine calls the W phase makes;
 - ``retained_bytes``: bytes kept alive between B and W once the caller dropped the stage outputs -
   saved tensors reachable from what the state holds, plus the captured gradients (for a non-reentrant
@@ -44,9 +44,10 @@ import torch
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
-from graphkit.measure.flops import FlopCounter
+from graphkit.measure.flops import PhaseFlops
 from graphkit.measure.timing import timed
 from graphkit.measure.verification import call_stage, fresh_inputs
+from graphkit.models.specs import load_spec
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.checkpointing import checkpoint_tensors
 
@@ -57,6 +58,8 @@ __all__ = [
     "bench_spec",
     "benchmark_split",
     "count_engine_calls",
+    "memory_kept",
+    "saved_tensors_below",
 ]
 
 
@@ -112,7 +115,7 @@ def count_engine_calls() -> Iterator[list[int]]:
         autograd_module._engine_run_backward = original
 
 
-def _saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
+def saved_tensors_below(nodes: list[Any]) -> list[torch.Tensor]:
     """Saved tensors of every Node reachable from ``nodes`` through next_functions (iterative)."""
     seen: set[Any] = set()
     stack = list(nodes)
@@ -140,7 +143,7 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     """
     captured = state.captured_tensors()
     held = state.held_tensors()
-    parameters = {tensor.untyped_storage().data_ptr() for tensor in state._weight_tensors}
+    parameters = {tensor.untyped_storage().data_ptr() for tensor in state.weight_tensors()}
 
     def not_parameters(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [tensor for tensor in tensors if tensor.untyped_storage().data_ptr() not in parameters]
@@ -148,16 +151,13 @@ def memory_kept(state: SplitState) -> tuple[int, int]:
     # a held tensor with a grad_fn would keep that graph alive too (defensive: the formulas hold
     # detached tensors, so this is normally empty)
     held_graphs = [tensor.grad_fn for tensor in held if tensor.grad_fn is not None]
-    below = _saved_tensors_below(state.held_nodes() + held_graphs)
+    below = saved_tensors_below(state.held_nodes() + held_graphs)
     retained = distinct_bytes(not_parameters([*captured, *held, *below]))
     own = []
-    for work in state._work:
-        if work is not None and work.node is not None:
-            saved = _autograd.saved_tensors(work.node)
-            own.extend(saved[1] if saved else [])
-    weight_side = _saved_tensors_below(
-        list(state._targets.values()) + [e.node for e, _ in state._output_roots]
-    )
+    for node in state.called_nodes():
+        saved = _autograd.saved_tensors(node)
+        own.extend(saved[1] if saved else [])
+    weight_side = saved_tensors_below(state.weight_side_nodes())
     needs = distinct_bytes(not_parameters([*captured, *held, *own, *weight_side]))
     return retained, needs
 
@@ -249,15 +249,16 @@ def benchmark_split(
     graph_saved = (
         capture([t for t, _ in pairs], inputs=stage_inputs(prepared)).graph["saved_bytes_total"] or 0
     )
-    with FlopCounter() as full_counter:
+    flops = PhaseFlops()
+    with flops.counting("full"):
         torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
     reset()
     prepared, pairs = forward()
-    with FlopCounter() as b_counter:
+    with flops.counting("b"):
         state = backward_input([t for t, _ in pairs], [g for _, g in pairs], prepared)
     del pairs  # the caller drops the stage outputs after B
     retained, needs = memory_kept(state)
-    with FlopCounter() as w_counter, count_engine_calls() as calls:
+    with flops.counting("w"), count_engine_calls() as calls:
         backward_weight(state)
 
     medians = [statistics.median(values[warmup:]) for values in (full, b, w)]
@@ -266,11 +267,7 @@ def benchmark_split(
         b_s=medians[1],
         w_s=medians[2],
         split_s=medians[1] + medians[2],
-        flops={
-            "full": int(full_counter.get_total_flops()),
-            "b": int(b_counter.get_total_flops()),
-            "w": int(w_counter.get_total_flops()),
-        },
+        flops=flops.backward(),
         w_engine_calls=calls[0],
         retained_bytes=retained,
         w_needs_bytes=needs,
@@ -305,6 +302,7 @@ def _benchmark_pytorch(
         return {"pytorch_error": f"unavailable: {error}"}
     try:
         b_times, w_times = [], []
+        flops = PhaseFlops()
         for _ in range(warmup + repeat + 1):
             reset()
             prepared, pairs = forward()
@@ -315,7 +313,7 @@ def _benchmark_pytorch(
                 ),
                 device,
             )
-            with FlopCounter() as counter, count_engine_calls() as calls:
+            with flops.counting("w"), count_engine_calls() as calls:
                 w_seconds, _ = timed(
                     lambda groups=groups: pipelining.stage_backward_weight(iter(parameters), groups), device
                 )
@@ -327,7 +325,7 @@ def _benchmark_pytorch(
             "pytorch_b_s": b_median,
             "pytorch_w_s": w_median,
             "pytorch_split_s": b_median + w_median,
-            "pytorch_w_flops": int(counter.get_total_flops()),
+            "pytorch_w_flops": flops.w,
             "pytorch_w_engine_calls": calls[0],
         }
     except Exception as error:  # PyTorch's split fails on some graphs: report it, do not hide it
@@ -526,8 +524,6 @@ def bench_spec(
 
     ``threads`` sets ``torch.set_num_threads`` first (None: PyTorch's default).
     """
-    from graphkit.models.specs import load_spec
-
     if threads is not None:
         if threads < 1:
             raise GraphkitInputError(f"threads must be at least 1, got {threads}")

@@ -12,7 +12,8 @@ Method (all in one run, on the device the stage lives on):
 
 - **time**: ``warmup`` unmeasured microbatches, then the median over ``repeat`` microbatches of the
   wall time of F, of B and of W (``time.perf_counter``; CUDA is synchronized around each pass);
-- **FLOPs**: one more microbatch under ``torch.utils.flop_counter.FlopCounterMode``, a pass at a time;
+- **FLOPs**: one more microbatch under ``torch.utils.flop_counter.FlopCounterMode``, a pass at a time
+  (:class:`graphkit.measure.flops.PhaseFlops`);
 - **bytes** (exact, from the tensors themselves, each storage counted once, parameters never):
   ``activation_bytes`` - the saved tensors a forward leaves for the backward (everything the autograd
   graph of the outputs saved); ``b_keeps_bytes`` - what the B phase keeps for W (captured gradients and
@@ -40,12 +41,14 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
-from graphkit.measure.benchmark import _saved_tensors_below, memory_kept
+from graphkit.measure.benchmark import memory_kept, saved_tensors_below
+from graphkit.measure.flops import PhaseFlops
 from graphkit.measure.timing import timed
 from graphkit.measure.verification import call_stage, fresh_inputs
+from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PipelineModel, load_stage_or_pipeline
+from graphkit.models.specs import SpecError
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 
 __all__ = ["PassCost", "PipelineCosts", "StageCosts", "pipeline_costs", "spec_costs", "stage_costs"]
@@ -349,25 +352,23 @@ def stage_costs(
 
         # FLOPs and exact bytes: one untimed microbatch
         microbatch = new_microbatch()
-        with FlopCounterMode(display=False) as counter:
+        flops = PhaseFlops()
+        with flops.counting("forward"):
             microbatch.forward()
-        flops_f = int(counter.get_total_flops())
         microbatch.make_cotangents()
-        activations = _saved_tensors_below([tensor.grad_fn for tensor in microbatch.outputs])
+        activations = saved_tensors_below([tensor.grad_fn for tensor in microbatch.outputs])
         activation_bytes = distinct_bytes(not_parameters(activations))
-        with FlopCounterMode(display=False) as counter:
+        with flops.counting("b"):
             microbatch.backward_input()
-        flops_b = int(counter.get_total_flops())
         state = microbatch.state
         assert state is not None
         b_keeps, w_needs = memory_kept(state)
         kept_saved = distinct_bytes(
-            not_parameters([*state.held_tensors(), *_saved_tensors_below(state.held_nodes())])
+            not_parameters([*state.held_tensors(), *saved_tensors_below(state.held_nodes())])
         )
         input_grad_bytes = distinct_bytes(grad for grad in state.input_grads if grad is not None)
-        with FlopCounterMode(display=False) as counter:
+        with flops.counting("w"):
             microbatch.backward_weight()
-        flops_w = int(counter.get_total_flops())
         parameter_grad_bytes = distinct_bytes(p.grad for p in parameters if p.grad is not None)
 
         # peaks: one more untimed microbatch, a pass at a time
@@ -383,9 +384,9 @@ def stage_costs(
             parameter.grad = grad
     return StageCosts(
         stage_index=stage_index,
-        forward=PassCost(medians["F"], flops_f, peaks[0]),
-        backward_input=PassCost(medians["B"], flops_b, peaks[1]),
-        backward_weight=PassCost(medians["W"], flops_w, peaks[2]),
+        forward=PassCost(medians["F"], flops.forward, peaks[0]),
+        backward_input=PassCost(medians["B"], flops.b, peaks[1]),
+        backward_weight=PassCost(medians["W"], flops.w, peaks[2]),
         activation_bytes=activation_bytes,
         b_keeps_bytes=b_keeps,
         b_frees_bytes=max(activation_bytes - kept_saved, 0),
@@ -490,8 +491,6 @@ def spec_costs(
             spec and ``num_stages``, ``batch_size`` or ``microbatches`` is given (they shape a pipeline).
         GraphkitInputError: as :func:`stage_costs`.
     """
-    from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PipelineModel, load_stage_or_pipeline
-
     loaded = load_stage_or_pipeline(spec, pipeline=pipeline, num_stages=num_stages, batch_size=batch_size)
     if isinstance(loaded, PipelineModel):
         inputs, target = loaded.microbatch(microbatches)
@@ -508,8 +507,6 @@ def spec_costs(
         if value != unset
     ]
     if ignored:  # a model spec is one stage on its own inputs: these would be silently dropped
-        from graphkit.models.specs import SpecError
-
         hint = (
             "; to cut it into stages, pass pipeline=True (graphkit costs --pipeline)"
             if isinstance(spec, str)

@@ -1,4 +1,8 @@
-"""Counting FLOPs of the split backward: in total, and per autograd Node.
+"""Counting FLOPs of the split backward: per phase, in total, and per autograd Node.
+
+:class:`PhaseFlops` is the one place FLOPs of a microbatch's phases are counted - the forward, the full
+backward, B and W (:meth:`PhaseFlops.counting`) - for :mod:`graphkit.measure.verification`,
+:mod:`graphkit.measure.benchmark`, :mod:`graphkit.measure.costs` and the inspect report.
 
 :class:`FlopCounter` is ``torch.utils.flop_counter.FlopCounterMode`` without its per-module breakdown.
 That breakdown comes from a ``ModuleTracker`` that registers gradient hooks on every module's inputs
@@ -13,15 +17,25 @@ which Node costs more under B + W than in a full backward.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
 
 from torch.autograd.graph import Node
 from torch.utils.flop_counter import FlopCounterMode
 
 from graphkit.graph import _autograd
+from graphkit.split.backward import observing_direct_calls
 
-__all__ = ["FlopCounter", "flops_per_node"]
+__all__ = ["NOT_COUNTED", "FlopCounter", "Phase", "PhaseFlops", "flops_per_node"]
+
+Phase = Literal["forward", "full", "b", "w"]
+"""A phase of one microbatch: its forward, a full backward, B (input gradients) or W (weight gradients)."""
+
+NOT_COUNTED = -1
+"""The FLOPs of a phase that was not counted (it did not run, or could not run under the counter)."""
 
 
 class _GlobalOnly:
@@ -66,8 +80,6 @@ def flops_per_node(counter: FlopCounterMode, nodes: Mapping[str, Node]) -> Itera
     :func:`graphkit.split.backward.observing_direct_calls`. Nothing global is patched: counters in
     other threads, or nested in this one, stay separate. Hooks are removed on exit, also on errors.
     """
-    from graphkit.split.backward import observing_direct_calls
-
     names = {node: name for name, node in nodes.items()}
     found: dict[str, int] = {}
     started: dict[str, list[int]] = {}
@@ -103,3 +115,59 @@ def flops_per_node(counter: FlopCounterMode, nodes: Mapping[str, Node]) -> Itera
     finally:
         for handle in handles:
             handle.remove()
+
+
+@dataclass(slots=True)
+class PhaseFlops:
+    """FLOPs of the phases of one microbatch, as :class:`FlopCounter` counts them.
+
+    Fill it one phase at a time with :meth:`counting`; a phase never counted, or dropped with
+    :meth:`forget`, stays :data:`NOT_COUNTED`.
+
+    Attributes:
+        forward: FLOPs of the forward.
+        full: FLOPs of a full backward.
+        b: FLOPs of B (the input-gradient phase).
+        w: FLOPs of W (the weight-gradient phase).
+        nodes: by phase, the FLOPs each watched Node triggered (:func:`flops_per_node`; a Node that did
+            not run in that phase is absent).
+    """
+
+    forward: int = NOT_COUNTED
+    full: int = NOT_COUNTED
+    b: int = NOT_COUNTED
+    w: int = NOT_COUNTED
+    nodes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @contextmanager
+    def counting(self, phase: Phase, nodes: Mapping[str, Node] | None = None) -> Iterator[None]:
+        """Count the FLOPs of the block as ``phase`` (replacing any earlier count of it).
+
+        Args:
+            phase: ``"forward"``, ``"full"``, ``"b"`` or ``"w"``.
+            nodes: Nodes whose FLOPs to count separately, by name (:func:`flops_per_node`), into
+                ``self.nodes[phase]``.
+
+        The count is recorded when the block ends without an error; an error propagates and leaves the
+        phase as it was.
+        """
+        with FlopCounter() as counter:
+            watching = flops_per_node(counter, nodes) if nodes else contextlib.nullcontext({})
+            with watching as per_node:
+                yield
+        setattr(self, phase, int(counter.get_total_flops()))
+        self.nodes[phase] = dict(per_node)
+
+    def forget(self, *phases: Phase) -> None:
+        """Mark ``phases`` as not counted (a later phase failed, so their counts tell nothing)."""
+        for phase in phases:
+            setattr(self, phase, NOT_COUNTED)
+            self.nodes.pop(phase, None)
+
+    def backward(self) -> dict[str, int]:
+        """``{"full", "b", "w"}``: FLOPs of the full backward, of B and of W (:data:`NOT_COUNTED`: -1)."""
+        return {"full": self.full, "b": self.b, "w": self.w}
+
+    def of_node(self, name: str) -> dict[str, int]:
+        """``{"full", "b", "w"}``: FLOPs the watched Node ``name`` triggered in each backward (0: none)."""
+        return {phase: self.nodes.get(phase, {}).get(name, 0) for phase in ("full", "b", "w")}

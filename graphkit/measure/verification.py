@@ -10,7 +10,7 @@ may update buffers: batch norm's running statistics, spectral norm's power itera
 the end. Every floating or complex output that requires grad receives the same seeded
 random cotangent in both runs. Every stage-input gradient and the gradient of every leaf the outputs
 reach (registered parameters or not) is compared - complex ones as complex values - and the FLOPs of
-each phase are counted (:class:`graphkit.measure.flops.FlopCounter`), also per *opaque Node*
+each phase are counted (:class:`graphkit.measure.flops.PhaseFlops`), also per *opaque Node*
 (:mod:`graphkit.analysis.opaque`: activation checkpoints, compiled regions, custom Functions,
 ``linalg.solve`` with a learned matrix): the report names each one with its FLOPs in the full backward,
 in B and in W, so a user sees where B + W costs more than a full backward, and which parameters received
@@ -43,7 +43,7 @@ from graphkit.analysis.parameter_groups import param_groups
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, unflatten_like
-from graphkit.measure.flops import FlopCounter, flops_per_node
+from graphkit.measure.flops import NOT_COUNTED, PhaseFlops
 from graphkit.split.backward import backward_full, backward_input, backward_weight
 from graphkit.split.checkpointing import Recompute, recompute_policy
 
@@ -549,14 +549,14 @@ def _verify_in_place(
         full_graph = capture(outputs, inputs=prepared, details=False)
         opaque = opaque_nodes(full_graph)  # node ids are the same in every run of the stage
         full_watched = {node: full_graph.autograd_nodes[node] for node in opaque}
-        with FlopCounter() as full_counter, _per_node(full_counter, full_watched) as full_nodes:
+        flops = PhaseFlops()
+        with flops.counting("full", full_watched):
             reference_inputs = backward_full(outputs, cotangent_structure, prepared)
         reference_params = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
         del outputs, full_graph, full_watched
-        node_flops: dict[str, dict[str, int]] = {}
         grads_in_b: list[str] = []
 
-        def split_run(count_flops: bool) -> tuple[Any, Any, int, int, int]:
+        def split_run(count_flops: bool) -> tuple[Any, Any, int]:
             for leaf in leaves:
                 leaf.grad = None
             prepared, outputs = forward()
@@ -572,43 +572,30 @@ def _verify_in_place(
                 else {}
             )
             del graph
-            input_counter = FlopCounter() if count_flops else contextlib.nullcontext()
-            weight_counter = FlopCounter() if count_flops else contextlib.nullcontext()
-            with input_counter, _per_node(input_counter, watched) as b_nodes, warnings.catch_warnings():
+            counting = flops.counting if count_flops else _not_counting
+            with counting("b", watched), warnings.catch_warnings():
                 # the report names the parameters a reentrant checkpoint serves in B (grads_in_b)
                 warnings.filterwarnings("ignore", message=".*reentrant activation checkpoint")
                 state = backward_input(outputs, cotangent_structure, prepared, recompute=recompute)
             grads_in_b[:] = [name for name, leaf in zip(names, leaves, strict=True) if leaf.grad is not None]
-            regions = state._checkpoints
+            regions = state.checkpoint_regions
             del outputs
-            with weight_counter, _per_node(weight_counter, watched) as w_nodes:
+            with counting("w", watched):
                 backward_weight(state)
             del watched
             if regions is not None:
                 extra["recomputations"] = dict(regions.recomputations)
                 extra["recompute"] = str(Recompute(recompute))
-            if not count_flops:
-                return prepared, state, groups, -1, -1
-            node_flops.update(
-                {
-                    node: {
-                        "full": full_nodes.get(node, 0),
-                        "b": b_nodes.get(node, 0),
-                        "w": w_nodes.get(node, 0),
-                    }
-                    for node in opaque
-                }
-            )
-            return prepared, state, groups, input_counter.get_total_flops(), weight_counter.get_total_flops()
+            return prepared, state, groups
 
         extra: dict[str, Any] = {}
         try:
-            prepared, state, groups, b_flops, w_flops = split_run(count_flops=True)
+            prepared, state, groups = split_run(count_flops=True)
         except RuntimeError as error:
             # Counting FLOPs runs a dispatch mode over every op, which some ops or PyTorch releases may
             # refuse. Verify the gradients without it, and say the FLOPs are missing.
-            node_flops.clear()
-            prepared, state, groups, b_flops, w_flops = split_run(count_flops=False)
+            flops.forget("b", "w")
+            prepared, state, groups = split_run(count_flops=False)
             reason = str(error).splitlines()[0][:160]
             extra["flops_note"] = (
                 f"B and W FLOPs not counted: FlopCounterMode failed with this model ({reason})"
@@ -636,20 +623,16 @@ def _verify_in_place(
     return VerifyReport(
         inputs=input_checks,
         params=param_checks,
-        flops={
-            "full": int(full_counter.get_total_flops()),
-            "b": int(b_flops),
-            "w": int(w_flops),
-        },
+        flops=flops.backward(),
         groups=groups,
         dtype=str(autocast_dtype or dtype or dominant).removeprefix("torch."),
         device=str(run_device),
         tolerance=tolerance,
         extra=extra,
         opaque=[
-            OpaqueNodeCost(entry.node, entry.op, str(entry.kind), entry.meaning, node_flops[node])
+            OpaqueNodeCost(entry.node, entry.op, str(entry.kind), entry.meaning, flops.of_node(node))
             for node, entry in opaque.items()
-            if node in node_flops
+            if flops.b != NOT_COUNTED
         ],
         grads_in_b=grads_in_b,
     )
@@ -667,8 +650,9 @@ def _dominant_leaf_dtype(leaves: list[torch.Tensor]) -> torch.dtype:
     return leaves[0].dtype if leaves else torch.get_default_dtype()
 
 
-def _per_node(counter: Any, nodes: dict[str, Any]) -> Any:
-    return flops_per_node(counter, nodes) if nodes else contextlib.nullcontext({})
+def _not_counting(phase: str, nodes: Mapping[str, Any]) -> contextlib.nullcontext[None]:
+    """Stands in for :meth:`PhaseFlops.counting` in a run that counts nothing."""
+    return contextlib.nullcontext()
 
 
 def _named(value: Any) -> list[tuple[str, torch.Tensor]]:

@@ -34,6 +34,8 @@ from typing import Any
 
 from torch import nn
 
+from graphkit.models import zoo
+
 __all__ = [
     "SpecError",
     "check_model_result",
@@ -185,8 +187,6 @@ def spec_inputs_as_call(
 
 
 def _load_zoo(spec: str, name: str) -> tuple[nn.Module, tuple[Any, ...] | dict[str, Any]]:
-    from graphkit.models import zoo
-
     if name not in zoo.MODELS:
         known = ", ".join(zoo.MODELS)
         raise SpecError(f"unknown zoo model {name!r} in spec {spec!r}; known models: {known} (e.g. zoo:gpt)")

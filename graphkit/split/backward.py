@@ -209,6 +209,23 @@ class SplitState:
         nodes += [tensor.grad_fn for tensor in self._keep_alive if tensor.grad_fn is not None]
         return nodes
 
+    def called_nodes(self) -> list[Node]:
+        """The intermediates without a weight-side formula, whose Node W calls (their saved tensors stay)."""
+        return [work.node for work in self._work if work is not None and work.node is not None]
+
+    def weight_side_nodes(self) -> list[Node]:
+        """The Nodes W's engine call starts from: weight-side targets and parameter-only outputs' Nodes."""
+        return list(self._targets.values()) + [edge.node for edge, _ in self._output_roots]
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The parameters (weight leaves) W accumulates into."""
+        return list(self._weight_tensors)
+
+    @property
+    def checkpoint_regions(self) -> CheckpointedRegions | None:
+        """The non-reentrant checkpointed regions W reads (their recomputation counts), or None."""
+        return self._checkpoints
+
     def _release(self) -> None:
         _remove_handles(self._watch_handles)
         self._used = True

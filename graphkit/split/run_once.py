@@ -14,7 +14,7 @@ Some Nodes compute every gradient in one backward and cannot compute only the in
 
 Running such a Node again in W would repeat its whole backward - and, for a reentrant checkpoint,
 accumulate the region's parameters a second time. So graphkit runs it exactly once, in B
-(:class:`RunOnceNodes`): B's engine call allows the nested backward (``torch.autograd._is_checkpoint_valid``
+(:class:`RunOnceNodes`; which Nodes these are, :mod:`graphkit.analysis.opaque` says): B's engine call allows the nested backward (``torch.autograd._is_checkpoint_valid``
 answers True for its duration) and a compiled backward under ``retain_graph=True`` (``donated_buffer``
 is off for its duration: no Node that donates runs twice), a post-hook keeps the gradients such an
 intermediate returns along its weight-side edges, and W feeds those in without calling the Node
@@ -27,7 +27,6 @@ argument that requires grad), so it computes all its gradients there, once.
 
 from __future__ import annotations
 
-import enum
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -37,42 +36,17 @@ from typing import Any
 import torch
 from torch.autograd.graph import Node
 
+from graphkit.analysis.opaque import OpaqueKind, opaque_kind
 from graphkit.graph import _autograd
 from graphkit.split.weight_rules import PreparedWeightGradient
 
-__all__ = ["RunOnceKind", "RunOnceNodes", "kept_gradient", "run_once_kind"]
+__all__ = ["RunOnceNodes", "kept_gradient", "run_once_kind"]
 
 
-class RunOnceKind(enum.StrEnum):
-    """Why a Node runs its whole backward at once (module docstring)."""
-
-    REENTRANT_CHECKPOINT = "reentrant-checkpoint"
-    COMPILED_REGION = "compiled-region"
-
-
-_kinds_by_class: dict[type, RunOnceKind | None] = {}
-
-
-def run_once_kind(node: Node) -> RunOnceKind | None:
-    """The :class:`RunOnceKind` of ``node``, or None for any other Node (cached per Node class)."""
-    cls = type(node)
-    try:
-        return _kinds_by_class[cls]
-    except KeyError:
-        pass
-    forward_class = getattr(node, "_forward_cls", None)
-    kind = None
-    if forward_class is not None:
-        import torch.utils.checkpoint as checkpoint_module
-
-        if forward_class is checkpoint_module.CheckpointFunction:
-            kind = RunOnceKind.REENTRANT_CHECKPOINT
-        elif forward_class.__name__ == "CompiledFunction" and forward_class.__module__.startswith(
-            "torch._functorch"
-        ):
-            kind = RunOnceKind.COMPILED_REGION
-    _kinds_by_class[cls] = kind
-    return kind
+def run_once_kind(node: Node) -> OpaqueKind | None:
+    """``OpaqueKind.REENTRANT_CHECKPOINT`` or ``OpaqueKind.COMPILED_REGION`` for a Node the split runs
+    once, in B; None for any other Node (:func:`graphkit.analysis.opaque.opaque_kind` decides)."""
+    return opaque_kind(node, intermediate=False)
 
 
 class _SharedOverride:
@@ -137,7 +111,8 @@ class RunOnceNodes:
     """The run-once Nodes of one microbatch's graph, and what B keeps of them for W.
 
     Args:
-        nodes: every Node of the walked graph with a :class:`RunOnceKind`, as ``(index, node, kind)``.
+        nodes: every Node of the walked graph with a run-once kind (:func:`run_once_kind`), as
+            ``(index, node, kind)``.
         weight_input_nrs: for the intermediates among them, by index, the ``next_functions`` positions of
             their weight-side edges.
 
@@ -148,7 +123,7 @@ class RunOnceNodes:
 
     def __init__(
         self,
-        nodes: Sequence[tuple[int, Node, RunOnceKind]],
+        nodes: Sequence[tuple[int, Node, OpaqueKind]],
         weight_input_nrs: dict[int, tuple[int, ...]],
     ) -> None:
         self.nodes = list(nodes)
@@ -159,7 +134,7 @@ class RunOnceNodes:
     @property
     def reentrant(self) -> list[int]:
         """Indices of the reentrant checkpoints."""
-        return [index for index, _, kind in self.nodes if kind is RunOnceKind.REENTRANT_CHECKPOINT]
+        return [index for index, _, kind in self.nodes if kind is OpaqueKind.REENTRANT_CHECKPOINT]
 
     def all_ran(self) -> bool:
         """Whether every run-once Node ran (in B)."""
@@ -177,7 +152,7 @@ class RunOnceNodes:
                 stack.callback(handle.remove)
             if self.reentrant:
                 stack.enter_context(_checkpoint_valid())
-            if any(kind is RunOnceKind.COMPILED_REGION for _, _, kind in self.nodes):
+            if any(kind is OpaqueKind.COMPILED_REGION for _, _, kind in self.nodes):
                 stack.enter_context(_no_donated_buffers())
             yield
 

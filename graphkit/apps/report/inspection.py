@@ -23,12 +23,17 @@ import torch
 
 from graphkit.analysis.parameter_groups import ParamGroups, param_groups
 from graphkit.analysis.uncounted_flops import FlopCoverage, flop_coverage
+from graphkit.drawing.collapsing import choose_collapse_depth
+from graphkit.drawing.diagram import draw
+from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError, render
 from graphkit.graph.autograd_graph import AutogradGraph
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.graph.tracing import trace
+from graphkit.measure.flops import PhaseFlops
 from graphkit.measure.verification import VerifyReport, verify_split
 from graphkit.models.specs import load_spec, load_spec_on, meta_forward_error, spec_inputs_as_call
 from graphkit.models.zoo import DEFAULT_MODEL
+from graphkit.split.backward import backward_input, backward_weight
 
 __all__ = ["DEFAULT_SPEC", "FILES", "MAX_NODES", "META_VERIFY_NOTE", "STEPS", "Inspection", "collect"]
 
@@ -234,31 +239,27 @@ def _describe_inputs(
 def _meta_backward_flops(
     outputs: Any, module: torch.nn.Module, stage_inputs: list[torch.Tensor]
 ) -> dict[str, int]:
-    """Backward FLOPs on the meta device, counted by FlopCounterMode from shapes: ``{"full", "b", "w"}``.
+    """Backward FLOPs on the meta device, counted from shapes (:class:`graphkit.measure.flops.PhaseFlops`):
+    ``{"full", "b", "w"}``.
 
     A full backward (ones as cotangents, the graph kept), then the split's B and W phases
     (:func:`graphkit.backward_input`, :func:`graphkit.backward_weight`) on the same graph; no value is
     read, so nothing is verified. B and W are -1 when the split cannot run there.
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from graphkit.split.backward import backward_input, backward_weight
-
     roots = [tensor for _, tensor in flatten_tensors(outputs) if tensor.requires_grad]
     leaves = [parameter for parameter in module.parameters() if parameter.requires_grad] + stage_inputs
     cotangents = [torch.ones_like(root) for root in roots]
-    with FlopCounterMode(display=False) as full:
+    flops = PhaseFlops()
+    with flops.counting("full"):
         torch.autograd.grad(roots, leaves, cotangents, retain_graph=True, allow_unused=True)
-    counted = {"full": int(full.get_total_flops()), "b": -1, "w": -1}
     try:
-        with FlopCounterMode(display=False) as input_phase:
+        with flops.counting("b"):
             state = backward_input(roots, cotangents, inputs=stage_inputs or None, params=module)
-        with FlopCounterMode(display=False) as weight_phase:
+        with flops.counting("w"):
             backward_weight(state)
     except Exception:  # noqa: BLE001 - a split that cannot run on meta leaves B and W uncounted
-        return counted
-    counted.update(b=int(input_phase.get_total_flops()), w=int(weight_phase.get_total_flops()))
-    return counted
+        flops.forget("b", "w")
+    return flops.backward()
 
 
 def collect(
@@ -295,10 +296,6 @@ def collect(
         ValueError: ``collapse_depth < 1``, ``max_nodes < 1``, or ``device`` is unknown or unavailable.
         graphkit.graph.tensors.GraphkitInputError: the model's outputs have no autograd graph.
     """
-    from graphkit.drawing.collapsing import choose_collapse_depth
-    from graphkit.drawing.diagram import draw
-    from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError, render
-
     spec = spec or DEFAULT_SPEC
     if collapse_depth is not None and collapse_depth < 1:
         raise ValueError(f"--collapse must be a module depth >= 1, got {collapse_depth}")
