@@ -170,7 +170,7 @@ class SplitState:
     # Kept only when a custom Function's Node must be called in W: a Python Node object refers to its
     # C++ Node weakly, and only the graph above it keeps that (and its ctx) alive. An empty anchor
     # tensor (graph_anchor) holds that graph, not the caller's outputs, which may be detached in place.
-    _keep_alive: tuple[torch.Tensor, ...] = field(default=(), repr=False)
+    _keep_alive: tuple[torch.Tensor | GradientEdge, ...] = field(default=(), repr=False)
     _used: bool = False
     _failure: str | None = field(default=None, repr=False)  # why W failed, when it did
     # set by a pre-hook when another backward runs through this microbatch's graph before W
@@ -206,7 +206,11 @@ class SplitState:
         nodes = [work.node for work in self._work if work is not None and work.node is not None]
         nodes += list(self._targets.values())
         nodes += [edge.node for edge, _ in self._output_roots]
-        nodes += [tensor.grad_fn for tensor in self._keep_alive if tensor.grad_fn is not None]
+        nodes += [
+            item.node if isinstance(item, GradientEdge) else item.grad_fn
+            for item in self._keep_alive
+            if isinstance(item, GradientEdge) or item.grad_fn is not None
+        ]
         return nodes
 
     def _release(self) -> None:
@@ -400,7 +404,7 @@ def _backward_input(
                 stacklevel=stacklevel,
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
-    output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
+    output_edges = [_root_edge(output) for output, _ in pairs]
     walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
@@ -546,9 +550,17 @@ def _hook_name(hook: Any) -> str:
     return getattr(hook, "__qualname__", None) or type(hook).__name__
 
 
-def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    anchor = graph_anchor(outputs)
-    return () if anchor is None else (anchor,)
+def _anchor_outputs(outputs: list[Any]) -> tuple[Any, ...]:
+    """What keeps the outputs' graph alive: an anchor tensor above the tensor outputs, and the
+    ``GradientEdge`` outputs themselves (an edge holds its Node)."""
+    anchor = graph_anchor([output for output in outputs if isinstance(output, torch.Tensor)])
+    edges = tuple(output for output in outputs if isinstance(output, GradientEdge))
+    return edges if anchor is None else (anchor, *edges)
+
+
+def _root_edge(output: torch.Tensor | GradientEdge) -> GradientEdge:
+    """The autograd edge a stage output roots the backward at: a ``GradientEdge`` output is its own."""
+    return output if isinstance(output, GradientEdge) else get_gradient_edge(output)
 
 
 def _run_once_nodes(plan: BackwardPlan, nodes: list[Node], positions: tuple[int, ...]) -> RunOnceNodes | None:
@@ -686,11 +698,14 @@ def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torc
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
 
 
-def backward_weight(state: SplitState) -> None:
+def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
     """W phase: accumulate the parameter gradients of one microbatch into ``.grad``.
 
     Args:
         state: what :func:`backward_input` returned for this microbatch.
+        retain_graph: keep the saved tensors of the weight-only part of the graph that W runs through
+            (as ``retain_graph`` of ``torch.autograd.backward``), so another backward through that part
+            may follow. The state is single use either way.
 
     Effects: every parameter receives exactly the gradient a full backward would give it, added to its
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
@@ -743,7 +758,7 @@ def backward_weight(state: SplitState) -> None:
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     try:
         with _outside_inference_mode(), _opaque_weight_phase(state):
-            _run_weight_phase(state)
+            _run_weight_phase(state, retain_graph)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
         raise
@@ -751,7 +766,7 @@ def backward_weight(state: SplitState) -> None:
         state._release()
 
 
-def _run_weight_phase(state: SplitState) -> None:
+def _run_weight_phase(state: SplitState, retain_graph: bool = False) -> None:
     if not state._weight_tensors or (not state._targets and not state._output_roots):
         return
     work = state._work
@@ -801,7 +816,7 @@ def _run_weight_phase(state: SplitState) -> None:
     if not roots:
         return
     try:
-        _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
+        _autograd.run_engine_backward(roots, root_grads, state._weight_tensors, retain_graph)
     except RuntimeError as error:
         raise _freed_error(error) from error
 
