@@ -87,6 +87,7 @@ from graphkit.split.checkpointing import (
 )
 from graphkit.split.custom_functions import call_custom_function, custom_functions_in_input_phase
 from graphkit.split.graph_anchor import graph_anchor
+from graphkit.split.multi_grad_hooks import MULTI_GRAD_HOOK_REASON, refusing_multi_grad_hooks
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
@@ -250,6 +251,43 @@ def _inside(tensor: torch.Tensor, ranges: list[tuple[int, int] | None]) -> bool:
     except RuntimeError:
         return True
     return any(bounds is None or bounds[0] <= address < bounds[1] for bounds in ranges)
+
+
+def _in_leaf_layout(grad: torch.Tensor | None, leaf: torch.Tensor) -> torch.Tensor | None:
+    """``grad`` with the strides a full backward gives the ``.grad`` of ``leaf`` (values unchanged).
+
+    AccumulateGrad keeps a gradient whose strides match its leaf's (sizes of 1 aside) and otherwise copies
+    it into the leaf's strides (into a contiguous tensor if the leaf is not dense): ``clone_obey_contract``
+    in ``torch/csrc/autograd/functions/accumulate_grad.h``. The engine's raw input gradient may have other
+    strides (an LSTM over a PackedSequence, some fft backwards); B's follows the same rule.
+    """
+    if grad is None or not leaf.is_leaf or grad.layout != torch.strided or leaf.layout != torch.strided:
+        return grad
+    if grad.shape != leaf.shape:
+        return grad
+    if _dense(leaf):
+        if all(
+            (size != 1 and stride == expected) or (size == 1 and stride != 0)
+            for size, stride, expected in zip(grad.shape, grad.stride(), leaf.stride(), strict=True)
+        ):
+            return grad
+        return grad.new_empty_strided(leaf.shape, leaf.stride()).copy_(grad)
+    return grad if grad.is_contiguous() else grad.clone(memory_format=torch.contiguous_format)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is non-overlapping and dense (its elements fill its storage span once, any order)."""
+    if tensor.is_contiguous():
+        return True
+    sizes_strides = sorted(
+        (stride, size) for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size != 1
+    )
+    expected = 1
+    for stride, size in sizes_strides:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _unaliased(grad: torch.Tensor | None, captured: list[torch.Tensor]) -> torch.Tensor | None:
@@ -462,6 +500,7 @@ def _backward_input(
             with (
                 custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
                 _opaque_input_phase(run_once, checkpoints),
+                refusing_multi_grad_hooks(_weight_side_nodes(plan, nodes), _multi_grad_hook_error),
             ):
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
@@ -484,7 +523,8 @@ def _backward_input(
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
     input_grads = tuple(
-        _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in inputs_by_name
+        _unaliased(_in_leaf_layout(input_grads_by_id.get(id(tensor)), tensor), kept_grads)
+        for _, tensor in inputs_by_name
     )
     state = SplitState(
         input_grads=input_grads,
@@ -509,6 +549,15 @@ def _backward_input(
     _mark_materialized(plan, work, materialized)
     _watch_for_other_backwards(state, output_edges)
     return state
+
+
+def _weight_side_nodes(plan: BackwardPlan, nodes: list[Node]) -> list[Node]:
+    """The Nodes only W runs (the weight-only subgraph, parameters' AccumulateGrad Nodes included)."""
+    return [nodes[index] for index, flag in enumerate(plan.weight_only) if flag]
+
+
+def _multi_grad_hook_error() -> SplitError:
+    return SplitError(MULTI_GRAD_HOOK_REASON)
 
 
 def _capture_received(
