@@ -389,7 +389,10 @@ def storage_key(tensor: torch.Tensor) -> int:
 
 
 def run_engine_backward(
-    roots: Sequence[GradientEdge], grads: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]
+    roots: Sequence[GradientEdge],
+    grads: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    keep_graph: bool = False,
 ) -> None:
     """Run the autograd engine from ``roots`` and accumulate into the ``.grad`` of ``inputs``.
 
@@ -399,14 +402,22 @@ def run_engine_backward(
     checks each root gradient against its edge in C++ (``validate_outputs``: it sums a broadcast
     gradient down to the edge's shape, casts its dtype, and raises on a shape it cannot reduce), so a
     wrong gradient fails loudly. Uses the private ``torch.autograd.graph._engine_run_backward``; falls
-    back to the public call where it is missing.
+    back to the public call where it is missing. ``keep_graph``: as ``retain_graph``.
     """
     engine_call = getattr(torch.autograd.graph, "_engine_run_backward", None)
     if engine_call is None:
-        torch.autograd.backward(list(roots), grad_tensors=list(grads), inputs=list(inputs))
+        torch.autograd.backward(
+            list(roots), grad_tensors=list(grads), inputs=list(inputs), retain_graph=keep_graph
+        )
         return
     engine_call(
-        tuple(roots), tuple(grads), False, False, tuple(inputs), allow_unreachable=True, accumulate_grad=True
+        tuple(roots),
+        tuple(grads),
+        keep_graph,
+        False,
+        tuple(inputs),
+        allow_unreachable=True,
+        accumulate_grad=True,
     )
 
 

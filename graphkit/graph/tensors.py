@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import GradientEdge
 
 __all__ = ["GraphkitInputError", "distinct_bytes", "flatten_tensors", "unflatten_like"]
 
@@ -19,7 +20,9 @@ class GraphkitInputError(ValueError):
     """Raised for input graphkit cannot work with; the message says what was wrong and how to fix it."""
 
 
-def flatten_tensors(value: Any, prefix: str = "", *, keep_none: bool = False) -> list[tuple[str, Any]]:
+def flatten_tensors(
+    value: Any, prefix: str = "", *, keep_none: bool = False, edges: bool = False
+) -> list[tuple[str, Any]]:
     """All tensors inside ``value`` with their paths, in a deterministic order.
 
     Args:
@@ -28,6 +31,8 @@ def flatten_tensors(value: Any, prefix: str = "", *, keep_none: bool = False) ->
         prefix: path prefix for the names.
         keep_none: also list ``None`` leaves (as ``(path, None)``), so that two structures of the same
             shape, such as outputs and their cotangents, flatten to aligned lists.
+        edges: also list ``torch.autograd.graph.GradientEdge`` leaves (a stage output a pipeline released,
+            standing for its tensor), which would otherwise be taken apart as a tuple.
 
     Returns:
         ``[(path, tensor), ...]`` in depth-first order: sequences by index, mappings in their own order.
@@ -37,7 +42,7 @@ def flatten_tensors(value: Any, prefix: str = "", *, keep_none: bool = False) ->
     stack: list[tuple[str, Any]] = [(prefix, value)]
     while stack:
         path, item = stack.pop()
-        if isinstance(item, torch.Tensor) or (keep_none and item is None):
+        if isinstance(item, torch.Tensor) or (keep_none and item is None) or (edges and _is_edge(item)):
             found.append((path or "output", item))
         elif isinstance(item, Mapping):
             children = [(_join(path, str(key)), child) for key, child in item.items()]
@@ -46,6 +51,10 @@ def flatten_tensors(value: Any, prefix: str = "", *, keep_none: bool = False) ->
             children = [(_join(path, str(index)), child) for index, child in enumerate(item)]
             stack.extend(reversed(children))
     return found
+
+
+def _is_edge(item: Any) -> bool:
+    return isinstance(item, GradientEdge)
 
 
 def distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:

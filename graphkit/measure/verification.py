@@ -514,6 +514,14 @@ def _verify_in_place(
     run_device = device or next((p.device for p in stage.parameters()), torch.device("cpu"))
     initial_buffers = _snapshot(buffers)
 
+    @contextlib.contextmanager
+    def seeded_backward() -> Iterator[None]:
+        # the full backward and the split's B and W start from one random state, so a checkpointed
+        # region that does not restore the forward's (preserve_rng_state=False) draws the same in both
+        with torch.random.fork_rng(devices=[run_device] if run_device.type == "cuda" else []):
+            torch.manual_seed(seed + 1)
+            yield
+
     def forward() -> tuple[Any, Any]:
         _reset(buffers, initial_buffers)  # a forward may update buffers: both start from the same ones
         _reset_changed(parameter_values)  # and parameters a forward changed in place
@@ -550,7 +558,7 @@ def _verify_in_place(
         opaque = opaque_nodes(full_graph)  # node ids are the same in every run of the stage
         full_watched = {node: full_graph.autograd_nodes[node] for node in opaque}
         flops = PhaseFlops()
-        with flops.counting("full", full_watched):
+        with flops.counting("full", full_watched), seeded_backward():
             reference_inputs = backward_full(outputs, cotangent_structure, prepared)
         reference_params = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
         del outputs, full_graph, full_watched
@@ -576,11 +584,15 @@ def _verify_in_place(
             with counting("b", watched), warnings.catch_warnings():
                 # the report names the parameters a reentrant checkpoint serves in B (grads_in_b)
                 warnings.filterwarnings("ignore", message=".*reentrant activation checkpoint")
-                state = backward_input(outputs, cotangent_structure, prepared, recompute=recompute)
+                with seeded_backward():
+                    state = backward_input(outputs, cotangent_structure, prepared, recompute=recompute)
+                    # W goes on from the random state B left, as a full backward goes on after B's part
+                    after_b = torch.get_rng_state()
             grads_in_b[:] = [name for name, leaf in zip(names, leaves, strict=True) if leaf.grad is not None]
             regions = state.checkpoint_regions
             del outputs
-            with counting("w", watched):
+            with counting("w", watched), seeded_backward():
+                torch.set_rng_state(after_b)
                 backward_weight(state)
             del watched
             if regions is not None:

@@ -11,7 +11,8 @@ it from ``_PipelineStageBase``. graphkit relies on how the installed torch calls
   second value it returns in ``backward_state`` for W;
 - ``backward_weight_one_chunk`` (a W action) calls it with ``"weight"`` and ``bwd_kwargs["param_groups"]``
   (that value), or, on stage 0, with ``"full"``;
-- ``dw_builder`` (a user-supplied W) bypasses it.
+- with ``dw_builder`` (a user-supplied W) the I action calls it with ``"full"`` and the W action calls the
+  user's runner instead of it.
 
 :func:`check_torch_contract` reads these facts from the compiled methods (their names and constants, so
 it needs no source files) on the PyTorch class a graphkit stage extends (``PipelineStage`` or

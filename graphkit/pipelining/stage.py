@@ -68,19 +68,14 @@ class _SplitBackwardStage:
     submod: torch.nn.Module
     backward_calls: BackwardCalls
 
-    def _prepare_split_backward(self, submodule: torch.nn.Module, dw_builder: Any = None) -> None:
-        """Check, before PyTorch's constructor: the installed torch's contract, ``dw_builder``, DDP's settings.
+    def _prepare_split_backward(self, submodule: torch.nn.Module) -> None:
+        """Check, before PyTorch's constructor: the installed torch's contract, DDP's settings.
 
         Raises:
             PipelineContractError: the installed torch no longer routes I / W as graphkit expects.
-            ValueError: ``dw_builder`` is given, or ``submodule`` is DDP with ``find_unused_parameters=True``.
+            ValueError: ``submodule`` is DDP with ``find_unused_parameters=True``.
         """
         check_torch_contract(self._torch_stage)
-        if dw_builder is not None:
-            raise ValueError(
-                "graphkit.pipelining.PipelineStage computes W itself and does not take dw_builder; drop "
-                "dw_builder, or use torch.distributed.pipelining.PipelineStage for a custom W"
-            )
         check_data_parallel(submodule)
         self.backward_calls = BackwardCalls()
 
@@ -159,11 +154,15 @@ class PipelineStage(_SplitBackwardStage, _TorchPipelineStage):
       (:mod:`graphkit.pipelining.gradient_scaling`);
     - ``stage.backward_calls`` counts the B, W and full backwards it ran.
 
+    With ``dw_builder`` (a custom weight-gradient runner) the stage does what PyTorch's does: each I
+    action runs a full backward (exact input and weight gradients) and builds a runner with
+    ``dw_builder()``, which the W action calls (at once, for a schedule without W actions); graphkit's
+    split is then not used.
+
     Raises:
         PipelineContractError: the installed torch no longer routes I / W as graphkit expects (the
             message names its version).
-        ValueError: ``dw_builder`` is given (it would replace W: use PyTorch's stage for a custom W), or
-            the submodule is DDP with ``find_unused_parameters=True``.
+        ValueError: the submodule is DDP with ``find_unused_parameters=True``.
         TypeError: arguments PyTorch's stage does not take.
     """
 
@@ -178,10 +177,10 @@ class PipelineStage(_SplitBackwardStage, _TorchPipelineStage):
         *args: Any,
         **kwargs: Any,
     ) -> None:
-        bound = inspect.signature(_TorchPipelineStage.__init__).bind(
+        inspect.signature(_TorchPipelineStage.__init__).bind(
             self, submodule, stage_index, num_stages, device, *args, **kwargs
-        )
-        self._prepare_split_backward(submodule, bound.arguments.get("dw_builder"))
+        )  # PyTorch's TypeError for arguments it does not take, before any check of graphkit's
+        self._prepare_split_backward(submodule)
         super().__init__(submodule, stage_index, num_stages, device, *args, **kwargs)
 
     def _compute_outputs(self, *args: Any, module: torch.nn.Module, **kwargs: Any) -> Any:

@@ -2,18 +2,21 @@
 
 ``stage_backward_input`` and ``stage_backward_weight`` in ``torch/distributed/pipelining/_backward.py`` are
 what PyTorch's pipeline stage calls for a zero-bubble schedule's I and W actions. The functions here take
-the same arguments and return values of the same shape, and run :func:`graphkit.split.backward.backward_input`
-and :func:`graphkit.split.backward.backward_weight` instead, so a runtime that calls PyTorch's functions
-directly can call these. What differs from PyTorch's:
+the same arguments, return the same values and have the same effects on the caller's side (the stage
+inputs' ``.grad``, outputs detached in place, ``retain_graph``), and run
+:func:`graphkit.split.backward.backward_input` and :func:`graphkit.split.backward.backward_weight` instead,
+so a runtime that calls PyTorch's functions directly can call these. Where they differ from PyTorch's
+(the table in ``docs/pipelining.md`` lists the same):
 
+- the parameters' gradients are a full backward's, including where PyTorch's are wrong or missing
+  (shared and tied weights, parameter-only outputs, parameters inside ``loss_fn``), and W runs the
+  parameters' AccumulateGrad Nodes (post-accumulate-grad and DDP hooks fire);
 - the "parameter groups" returned by :func:`stage_backward_input` are an opaque one-element list holding
   graphkit's :class:`~graphkit.split.backward.SplitState`; pass it, unchanged, to :func:`stage_backward_weight`;
-- the stage inputs' ``.grad`` is left alone (PyTorch's adds the input gradients to it); the gradients are
-  returned, as by PyTorch's function;
-- the outputs are not detached in place (PyTorch's detaches every output, which raises for a view); the
-  caller may detach the ones that are not views, after B;
-- :func:`stage_backward_weight` returns the parameters' ``.grad`` after W (PyTorch's returns them as they
-  were before).
+- outputs that are views are not detached in place (PyTorch's detaches every output, which raises for a
+  view);
+- ``GradientEdge`` outputs (released stage outputs) are accepted on every torch release, and an output
+  that is neither a tensor, a ``GradientEdge`` nor None raises ``GraphkitInputError``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import GradientEdge
 from torch.nn import Parameter
 
 from graphkit.graph.tensors import GraphkitInputError
@@ -41,7 +45,11 @@ def split_input_gradients(
     """B phase over a pipeline stage's flat outputs and inputs, as ``torch.distributed.pipelining`` holds them.
 
     Args:
-        stage_outputs: the stage outputs (tensors; other values are skipped), or ``(loss,)`` on the last stage.
+        stage_outputs: the stage outputs, or ``(loss,)`` on the last stage. Each entry is a tensor, a
+            ``torch.autograd.graph.GradientEdge`` (newer PyTorch stages release an output after sending
+            it and pass its edge instead: B and W run from the edge, exactly as from the tensor), or None
+            (a released output that required no grad). A tensor that requires no grad is skipped, as by
+            PyTorch's stage.
         output_grads: one cotangent per entry of ``stage_outputs`` (None entries for outputs that receive
             no gradient), or None when ``stage_outputs`` are scalar losses (cotangent 1).
         input_values: the stage inputs (tensors and other values).
@@ -53,7 +61,9 @@ def split_input_gradients(
         run backward for: W then has nothing to do).
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: a cotangent whose shape differs from its output's,
+        graphkit.graph.tensors.GraphkitInputError: an output graphkit cannot run backward from (neither a
+            tensor, a ``GradientEdge`` nor None), a ``GradientEdge`` or a cotangent for an output that
+            has no graph where no cotangent is given, a cotangent whose shape differs from its output's,
             more or fewer cotangents than outputs, or (``output_grads`` None) a loss that does not
             require grad.
     """
@@ -62,6 +72,18 @@ def split_input_gradients(
             f"{len(output_grads)} output gradients for {len(stage_outputs)} stage outputs; give one per "
             "output (None for an output that receives no gradient)"
         )
+    for position, output in enumerate(stage_outputs):
+        if output is not None and not isinstance(output, (torch.Tensor, GradientEdge)):
+            raise GraphkitInputError(
+                f"stage output {position} is a {type(output).__name__}: graphkit runs the backward from "
+                "tensors and torch.autograd.graph.GradientEdge objects only (None for an output without "
+                "gradient); return tensors from the stage"
+            )
+        if isinstance(output, GradientEdge) and output_grads is None:
+            raise GraphkitInputError(
+                f"stage output {position} is a GradientEdge (a released output), which needs the gradient "
+                "the next stage sent; output_grads=None means the outputs are scalar losses"
+            )
     if output_grads is None and not any(
         isinstance(output, torch.Tensor) and output.requires_grad for output in stage_outputs
     ):
@@ -69,10 +91,10 @@ def split_input_gradients(
             "the loss does not require grad (it has no grad_fn), so there is nothing to run backward for: "
             "compute it from the stage output without detaching it, with gradients enabled"
         )
-    outputs: list[torch.Tensor] = []
+    outputs: list[torch.Tensor | GradientEdge] = []
     cotangents: list[torch.Tensor] = []
     for position, output in enumerate(stage_outputs):
-        if not isinstance(output, torch.Tensor) or not output.requires_grad:
+        if output is None or (isinstance(output, torch.Tensor) and not output.requires_grad):
             continue
         grad = torch.ones_like(output) if output_grads is None else output_grads[position]
         if grad is None:
@@ -94,15 +116,20 @@ def split_input_gradients(
 
 
 def stage_backward_input(
-    stage_outputs_or_loss: list[torch.Tensor],
-    output_grads: list[torch.Tensor] | None,
+    stage_outputs_or_loss: Sequence[torch.Tensor | GradientEdge | None],
+    output_grads: list[torch.Tensor | None] | None,
     input_values: list[Any],
     weights: Iterator[Parameter],
 ) -> tuple[tuple[torch.Tensor | None, ...], list[dict[str, Any]]]:
     """Drop-in for ``torch.distributed.pipelining._backward.stage_backward_input``: graphkit's B phase.
 
+    As PyTorch's function on the caller's side: each stage input's gradient is added to its ``.grad``
+    (set where it was None) and returned, and the tensor outputs are detached in place afterwards -
+    except views, which cannot be (PyTorch's raises there). Outputs may be ``GradientEdge`` objects.
+
     Args:
-        stage_outputs_or_loss: the stage outputs, or ``[loss]`` on the last stage.
+        stage_outputs_or_loss: the stage outputs (tensors, ``GradientEdge`` objects of released outputs,
+            None), or ``[loss]`` on the last stage.
         output_grads: the cotangents received from the next stage, one per output (None entries allowed),
             or None on the last stage (the loss gets cotangent 1).
         input_values: the stage inputs.
@@ -114,10 +141,20 @@ def stage_backward_input(
         flows), and an opaque list to pass to :func:`stage_backward_weight`.
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: mismatched output gradients.
+        graphkit.graph.tensors.GraphkitInputError: mismatched output gradients, an output that is
+            neither a tensor, a ``GradientEdge`` nor None.
         graphkit.split.backward.GraphFreedError: the graph was freed by an earlier backward.
     """
     grads, state = split_input_gradients(stage_outputs_or_loss, output_grads, input_values, list(weights))
+    for value, grad in zip(input_values, grads, strict=True):
+        if isinstance(value, torch.Tensor) and grad is not None:
+            if value.grad is None:
+                value.grad = grad
+            else:
+                value.grad += grad
+    for output in stage_outputs_or_loss:
+        if isinstance(output, torch.Tensor) and not output._is_view():
+            output.detach_()
     return grads, [{_STATE_KEY: state}]
 
 
@@ -129,22 +166,19 @@ def stage_backward_weight(
     Args:
         weights: the stage's parameters (only read for the return value).
         param_groups: what :func:`stage_backward_input` returned for this microbatch.
-        retain_graph: must be False: graphkit's W state is single use.
+        retain_graph: as PyTorch's: keep the graph W ran through for another backward (graphkit's W
+            state itself is single use: a second W for the same ``param_groups`` raises).
 
     Returns:
-        Each parameter's ``.grad`` after the W phase (None where it has none).
+        Each parameter's ``.grad`` as it was before W, as PyTorch's function returns it (None where it
+        had none; a tensor that was there received W's gradient in place).
 
     Raises:
-        ValueError: ``retain_graph=True``, or ``param_groups`` did not come from graphkit's
-            :func:`stage_backward_input` (PyTorch's parameter groups cannot be replayed by graphkit).
+        ValueError: ``param_groups`` did not come from graphkit's :func:`stage_backward_input`
+            (PyTorch's parameter groups cannot be replayed by graphkit).
         graphkit.split.backward.SplitError: this microbatch's W already ran.
     """
-    if retain_graph:
-        raise ValueError(
-            "graphkit's W phase runs once per B phase and frees what it used; retain_graph=True is not "
-            "supported: run the microbatch's forward and B again instead"
-        )
-    weights = list(weights)
+    weight_grads = tuple(weight.grad for weight in weights)
     for group in param_groups:
         if not isinstance(group, dict) or _STATE_KEY not in group:
             raise ValueError(
@@ -153,5 +187,5 @@ def stage_backward_weight(
             )
         state = group[_STATE_KEY]
         if state is not None:
-            backward_weight(state)
-    return tuple(weight.grad for weight in weights)
+            backward_weight(state, retain_graph=retain_graph)
+    return weight_grads

@@ -11,15 +11,39 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.autograd.graph import GradientEdge
 
+from graphkit.graph import _autograd
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors
 
-__all__ = ["matched_by_path", "named_inputs", "pair_outputs", "parameter_list", "weight_filter"]
+__all__ = ["Output", "matched_by_path", "named_inputs", "pair_outputs", "parameter_list", "weight_filter"]
 
 
-def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(output, cotangent) pairs for every output that requires grad and receives a gradient."""
-    named_outputs = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
+Output = torch.Tensor | GradientEdge
+"""A stage output: a tensor, or the ``GradientEdge`` of one that was released after its forward (the
+autograd edge it fed, ``torch.autograd.graph.get_gradient_edge(tensor)``), as newer
+``torch.distributed.pipelining`` stages pass them."""
+
+
+def _requires_grad(output: Output) -> bool:
+    return True if isinstance(output, GradientEdge) else output.requires_grad
+
+
+def _edge_shape(edge: GradientEdge) -> tuple[int, ...] | None:
+    """The shape of the gradient ``edge`` takes (its Node's input metadata), or None where PyTorch hides it."""
+    metadata = _autograd.gradient_metadata(edge.node)
+    if metadata is None or not 0 <= edge.output_nr < len(metadata):
+        return None
+    return metadata[edge.output_nr].shape
+
+
+def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Tensor]]:
+    """(output, cotangent) pairs for every output that requires grad and receives a gradient.
+
+    An output may be a ``GradientEdge`` (:data:`Output`): it always needs a cotangent.
+    """
+    single = isinstance(outputs, (torch.Tensor, GradientEdge))
+    named_outputs = [("output", outputs)] if single else flatten_tensors(outputs, edges=True)
     if not named_outputs:
         raise GraphkitInputError(
             f"outputs hold no tensor (got {type(outputs).__name__}); pass the tensors the stage returned"
@@ -27,6 +51,11 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, to
     if grad_outputs is None:
         pairs = []
         for name, tensor in named_outputs:
+            if isinstance(tensor, GradientEdge):
+                raise GraphkitInputError(
+                    f"output {name!r} is a GradientEdge (a released stage output), which needs its "
+                    "cotangent: grad_outputs=None means scalar losses; pass grad_outputs"
+                )
             if not tensor.requires_grad:
                 continue
             if tensor.numel() != 1:
@@ -41,7 +70,9 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, to
             structure = named_outputs
         else:
             grads = flatten_tensors(grad_outputs, keep_none=True)
-            structure = flatten_tensors(outputs, keep_none=True)
+            structure = (
+                [("output", outputs)] if single else flatten_tensors(outputs, keep_none=True, edges=True)
+            )
         if len(grads) != len(structure):
             raise GraphkitInputError(
                 f"grad_outputs has {len(grads)} entries but outputs has {len(structure)}; give one "
@@ -50,15 +81,20 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[torch.Tensor, to
         grads = matched_by_path(structure, grads)
         pairs = []
         for (name, tensor), (_, grad) in zip(structure, grads, strict=True):
-            if tensor is None or not tensor.requires_grad or grad is None:
+            if tensor is None or not _requires_grad(tensor) or grad is None:
                 continue
-            if grad.shape != tensor.shape:
+            if not isinstance(grad, torch.Tensor):
+                raise GraphkitInputError(
+                    f"cotangent for output {name!r} is a {type(grad).__name__}, not a tensor or None"
+                )
+            shape = _edge_shape(tensor) if isinstance(tensor, GradientEdge) else tuple(tensor.shape)
+            if shape is not None and tuple(grad.shape) != shape:
                 raise GraphkitInputError(
                     f"cotangent for output {name!r} has shape {tuple(grad.shape)} but the output has shape "
-                    f"{tuple(tensor.shape)}"
+                    f"{shape}"
                 )
             pairs.append((tensor, grad))
-    if not any(tensor.requires_grad for _, tensor in named_outputs):
+    if not any(_requires_grad(tensor) for _, tensor in named_outputs):
         raise GraphkitInputError(
             "no output requires grad, so there is no autograd graph to run backward through; run the "
             "forward with gradients enabled and parameters or inputs that require grad"

@@ -87,6 +87,7 @@ from graphkit.split.checkpointing import (
 )
 from graphkit.split.custom_functions import call_custom_function, custom_functions_in_input_phase
 from graphkit.split.graph_anchor import graph_anchor
+from graphkit.split.multi_grad_hooks import MULTI_GRAD_HOOK_REASON, refusing_multi_grad_hooks
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
@@ -170,7 +171,7 @@ class SplitState:
     # Kept only when a custom Function's Node must be called in W: a Python Node object refers to its
     # C++ Node weakly, and only the graph above it keeps that (and its ctx) alive. An empty anchor
     # tensor (graph_anchor) holds that graph, not the caller's outputs, which may be detached in place.
-    _keep_alive: tuple[torch.Tensor, ...] = field(default=(), repr=False)
+    _keep_alive: tuple[torch.Tensor | GradientEdge, ...] = field(default=(), repr=False)
     _used: bool = False
     _failure: str | None = field(default=None, repr=False)  # why W failed, when it did
     # set by a pre-hook when another backward runs through this microbatch's graph before W
@@ -206,7 +207,11 @@ class SplitState:
         nodes = [work.node for work in self._work if work is not None and work.node is not None]
         nodes += list(self._targets.values())
         nodes += [edge.node for edge, _ in self._output_roots]
-        nodes += [tensor.grad_fn for tensor in self._keep_alive if tensor.grad_fn is not None]
+        nodes += [
+            item.node if isinstance(item, GradientEdge) else item.grad_fn
+            for item in self._keep_alive
+            if isinstance(item, GradientEdge) or item.grad_fn is not None
+        ]
         return nodes
 
     def called_nodes(self) -> list[Node]:
@@ -263,6 +268,43 @@ def _inside(tensor: torch.Tensor, ranges: list[tuple[int, int] | None]) -> bool:
     except RuntimeError:
         return True
     return any(bounds is None or bounds[0] <= address < bounds[1] for bounds in ranges)
+
+
+def _in_leaf_layout(grad: torch.Tensor | None, leaf: torch.Tensor) -> torch.Tensor | None:
+    """``grad`` with the strides a full backward gives the ``.grad`` of ``leaf`` (values unchanged).
+
+    AccumulateGrad keeps a gradient whose strides match its leaf's (sizes of 1 aside) and otherwise copies
+    it into the leaf's strides (into a contiguous tensor if the leaf is not dense): ``clone_obey_contract``
+    in ``torch/csrc/autograd/functions/accumulate_grad.h``. The engine's raw input gradient may have other
+    strides (an LSTM over a PackedSequence, some fft backwards); B's follows the same rule.
+    """
+    if grad is None or not leaf.is_leaf or grad.layout != torch.strided or leaf.layout != torch.strided:
+        return grad
+    if grad.shape != leaf.shape:
+        return grad
+    if _dense(leaf):
+        if all(
+            (size != 1 and stride == expected) or (size == 1 and stride != 0)
+            for size, stride, expected in zip(grad.shape, grad.stride(), leaf.stride(), strict=True)
+        ):
+            return grad
+        return grad.new_empty_strided(leaf.shape, leaf.stride()).copy_(grad)
+    return grad if grad.is_contiguous() else grad.clone(memory_format=torch.contiguous_format)
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is non-overlapping and dense (its elements fill its storage span once, any order)."""
+    if tensor.is_contiguous():
+        return True
+    sizes_strides = sorted(
+        (stride, size) for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size != 1
+    )
+    expected = 1
+    for stride, size in sizes_strides:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _unaliased(grad: torch.Tensor | None, captured: list[torch.Tensor]) -> torch.Tensor | None:
@@ -417,7 +459,7 @@ def _backward_input(
                 stacklevel=stacklevel,
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
-    output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
+    output_edges = [_root_edge(output) for output, _ in pairs]
     walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
@@ -475,6 +517,7 @@ def _backward_input(
             with (
                 custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
                 _opaque_input_phase(run_once, checkpoints),
+                refusing_multi_grad_hooks(_weight_side_nodes(plan, nodes), _multi_grad_hook_error),
             ):
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
@@ -497,7 +540,8 @@ def _backward_input(
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
     input_grads = tuple(
-        _unaliased(input_grads_by_id.get(id(tensor)), kept_grads) for _, tensor in inputs_by_name
+        _unaliased(_in_leaf_layout(input_grads_by_id.get(id(tensor)), tensor), kept_grads)
+        for _, tensor in inputs_by_name
     )
     state = SplitState(
         input_grads=input_grads,
@@ -522,6 +566,15 @@ def _backward_input(
     _mark_materialized(plan, work, materialized)
     _watch_for_other_backwards(state, output_edges)
     return state
+
+
+def _weight_side_nodes(plan: BackwardPlan, nodes: list[Node]) -> list[Node]:
+    """The Nodes only W runs (the weight-only subgraph, parameters' AccumulateGrad Nodes included)."""
+    return [nodes[index] for index, flag in enumerate(plan.weight_only) if flag]
+
+
+def _multi_grad_hook_error() -> SplitError:
+    return SplitError(MULTI_GRAD_HOOK_REASON)
 
 
 def _capture_received(
@@ -563,9 +616,17 @@ def _hook_name(hook: Any) -> str:
     return getattr(hook, "__qualname__", None) or type(hook).__name__
 
 
-def _anchor_outputs(outputs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    anchor = graph_anchor(outputs)
-    return () if anchor is None else (anchor,)
+def _anchor_outputs(outputs: list[Any]) -> tuple[Any, ...]:
+    """What keeps the outputs' graph alive: an anchor tensor above the tensor outputs, and the
+    ``GradientEdge`` outputs themselves (an edge holds its Node)."""
+    anchor = graph_anchor([output for output in outputs if isinstance(output, torch.Tensor)])
+    edges = tuple(output for output in outputs if isinstance(output, GradientEdge))
+    return edges if anchor is None else (anchor, *edges)
+
+
+def _root_edge(output: torch.Tensor | GradientEdge) -> GradientEdge:
+    """The autograd edge a stage output roots the backward at: a ``GradientEdge`` output is its own."""
+    return output if isinstance(output, GradientEdge) else get_gradient_edge(output)
 
 
 def _run_once_nodes(plan: BackwardPlan, nodes: list[Node], positions: tuple[int, ...]) -> RunOnceNodes | None:
@@ -703,11 +764,14 @@ def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torc
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
 
 
-def backward_weight(state: SplitState) -> None:
+def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
     """W phase: accumulate the parameter gradients of one microbatch into ``.grad``.
 
     Args:
         state: what :func:`backward_input` returned for this microbatch.
+        retain_graph: keep the saved tensors of the weight-only part of the graph that W runs through
+            (as ``retain_graph`` of ``torch.autograd.backward``), so another backward through that part
+            may follow. The state is single use either way.
 
     Effects: every parameter receives exactly the gradient a full backward would give it, added to its
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
@@ -760,7 +824,7 @@ def backward_weight(state: SplitState) -> None:
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     try:
         with _outside_inference_mode(), _opaque_weight_phase(state):
-            _run_weight_phase(state)
+            _run_weight_phase(state, retain_graph)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
         raise
@@ -768,7 +832,7 @@ def backward_weight(state: SplitState) -> None:
         state._release()
 
 
-def _run_weight_phase(state: SplitState) -> None:
+def _run_weight_phase(state: SplitState, retain_graph: bool = False) -> None:
     if not state._weight_tensors or (not state._targets and not state._output_roots):
         return
     work = state._work
@@ -818,7 +882,7 @@ def _run_weight_phase(state: SplitState) -> None:
     if not roots:
         return
     try:
-        _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
+        _autograd.run_engine_backward(roots, root_grads, state._weight_tensors, retain_graph)
     except RuntimeError as error:
         raise _freed_error(error) from error
 

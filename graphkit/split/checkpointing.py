@@ -21,6 +21,15 @@ recomputes is a choice (:class:`Recompute`):
   cost of holding those saved tensors (about what these Nodes would save without checkpointing)
   between B and W.
 
+A region checkpointed with ``preserve_rng_state=False`` recomputes with whatever random state is current,
+so two recomputations of a region with dropout would draw two masks, and W's weight gradients would
+not match B's input gradients. For such a region graphkit notes the random state (CPU, and the devices of
+the region's inputs) when B's recomputation starts, and W's recomputation runs from that same state (in
+``torch.random.fork_rng``, so the random state outside is left as B left it): B and W see one mask, the
+one a full backward, recomputing once at B's time, would draw. A region W recomputes without B having
+recomputed it draws once, in W. (Regions with ``preserve_rng_state=True``, the default, restore the
+forward's random state themselves.)
+
 A region checkpointed with ``debug=True`` can be recomputed only once (its logging context is single
 use), so B's recomputation is kept for W there under either policy.
 
@@ -31,7 +40,8 @@ PyTorch has no public API for this; the private details used are isolated here a
 ``tests/test_checkpointing.py``: the ``frame`` cell of ``SavedTensor.unpack_hook``'s closure (a
 ``_CheckpointFrame``), ``SavedTensor.data`` (the ``_Holder``), the frame's ``recompute_fn``,
 ``recomputed``, ``is_recomputed``, ``recomp_counter`` and ``weak_holders``, ``_Holder.handles``,
-``_Handle``, ``_StopRecomputationError``, and ``torch._C._get_graph_exec_group`` /
+``_Handle``, ``_StopRecomputationError``, the ``preserve_rng_state`` cell of ``recompute_fn``'s closure,
+``_infer_device_type``, ``get_device_states`` / ``set_device_states``, and ``torch._C._get_graph_exec_group`` /
 ``_set_graph_exec_group`` (to swap, not nest, groups when a caller already set one).
 """
 
@@ -194,6 +204,9 @@ class CheckpointedRegions:
         self._input_group = checkpoint_module.GraphExecGroup()
         self._weight_group = checkpoint_module.GraphExecGroup()
         self.recomputations = {"b": 0, "w": 0}
+        # regions that do not restore the forward's random state: id(frame) -> B's random state, once noted
+        self._fresh_draw = {id(frame) for frame in self.frames if not _preserves_rng_state(frame)}
+        self._b_random_state: dict[int, _RandomState] = {}
 
     @contextmanager
     def input_phase(self) -> Iterator[None]:
@@ -241,10 +254,19 @@ class CheckpointedRegions:
         keep = phase == "b" and (self.policy is Recompute.KEEP_FROM_B or single_use)
         stop = _checkpoint_module()._StopRecomputationError
 
+        fresh_draw = id(frame) in self._fresh_draw
+
         def recompute_region(*args: Any) -> None:
             self.recomputations[phase] += 1
             try:
-                recompute(*args)
+                if fresh_draw and phase == "b":
+                    self._b_random_state.setdefault(id(frame), _RandomState.now(args))
+                    recompute(*args)
+                elif fresh_draw and id(frame) in self._b_random_state:
+                    with self._b_random_state[id(frame)].restored():
+                        recompute(*args)
+                else:
+                    recompute(*args)
             except stop:  # the early stop once every holder is filled: the recomputation is complete
                 if keep:
                     self._keep_for_weight_phase(frame)
@@ -275,6 +297,50 @@ class CheckpointedRegions:
             holder.handles[self._weight_group] = handle
             frame.recomputed[self._weight_group][handle] = tensor
         frame.is_recomputed[self._weight_group] = True
+
+
+def _preserves_rng_state(frame: Any) -> bool:
+    """Whether a region's recomputation restores the forward's random state (``preserve_rng_state``).
+
+    Read from the ``preserve_rng_state`` cell of the frame's ``recompute_fn`` closure; False when it
+    cannot be read (restoring B's random state for W is then harmless: a region that restores its own
+    sets it again inside).
+    """
+    function = getattr(frame, "recompute_fn", None)
+    code = getattr(function, "__code__", None)
+    if code is None or not function.__closure__:
+        return False
+    for name, cell in zip(code.co_freevars, function.__closure__, strict=False):
+        if name == "preserve_rng_state":
+            try:
+                return bool(cell.cell_contents)
+            except ValueError:
+                return False
+    return False
+
+
+class _RandomState:
+    """The CPU random state and that of the devices ``args`` live on, noted to run code from it again."""
+
+    def __init__(self, cpu: torch.Tensor, device_type: str, devices: list[int], states: list[Any]) -> None:
+        self.cpu, self.device_type, self.devices, self.states = cpu, device_type, devices, states
+
+    @classmethod
+    def now(cls, args: tuple[Any, ...]) -> _RandomState:
+        checkpoint_module = _checkpoint_module()
+        device_type = checkpoint_module._infer_device_type(*args)
+        devices, states = checkpoint_module.get_device_states(*args)
+        return cls(torch.get_rng_state(), device_type, devices, states)
+
+    @contextmanager
+    def restored(self) -> Iterator[None]:
+        """Run from the noted state, leaving the random state outside as it was."""
+        checkpoint_module = _checkpoint_module()
+        with torch.random.fork_rng(devices=self.devices, device_type=self.device_type):
+            torch.set_rng_state(self.cpu)
+            if self.devices:
+                checkpoint_module.set_device_states(self.devices, self.states, device_type=self.device_type)
+            yield
 
 
 def regions_of(nodes: Iterable[Node], policy: Recompute | str) -> CheckpointedRegions | None:

@@ -1,0 +1,184 @@
+"""Cases where the split once went silently wrong: each is now exact, or refused before anything runs.
+
+- a non-reentrant checkpoint with ``preserve_rng_state=False`` around dropout (W recomputed with a fresh
+  random draw), under both recompute policies, and ``verify_split`` on it;
+- ``register_multi_grad_hook(..., mode="all")`` over an input-path and a weight-side tensor (fired once
+  per phase with part of the gradients): refused;
+- stage-input gradients with other strides than a full backward's ``.grad`` (LSTM over a
+  ``PackedSequence``, fft);
+- a module full backward hook on a module wholly on the weight side: runs once, in W, exactly (as the
+  docs say).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from graphkit import backward_input, backward_weight, verify_split
+from graphkit.split.backward import SplitError
+
+
+class _DropoutRegion(nn.Module):
+    def __init__(self, preserve_rng_state: bool) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.outer = nn.Linear(8, 8)
+        self.preserve_rng_state = preserve_rng_state
+
+    def region(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.dropout(self.inner(x), 0.5, training=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = checkpoint(self.region, x, use_reentrant=False, preserve_rng_state=self.preserve_rng_state)
+        return self.outer(hidden)
+
+
+@pytest.mark.parametrize("recompute", ["in-w", "keep-from-b"])
+def test_a_checkpoint_without_rng_state_gives_w_the_dropout_mask_b_saw(recompute: str) -> None:
+    torch.manual_seed(0)
+    stage = _DropoutRegion(preserve_rng_state=False).double()
+    reference = copy.deepcopy(stage)
+    x = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    cotangent = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    torch.manual_seed(10)
+    x_reference = x.clone().requires_grad_()
+    output = reference(x_reference)
+    torch.manual_seed(20)
+    output.backward(cotangent)
+    after_full = torch.get_rng_state()
+
+    torch.manual_seed(10)
+    x_split = x.clone().requires_grad_()
+    output = stage(x_split)
+    torch.manual_seed(20)
+    state = backward_input(output, cotangent, x_split, recompute=recompute)
+    backward_weight(state)
+    assert torch.equal(state.input_grads[0], x_reference.grad)
+    for parameter, expected in zip(stage.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(parameter.grad, expected.grad)
+    assert torch.equal(torch.get_rng_state(), after_full)  # the random stream moved on as in a full backward
+
+
+@pytest.mark.parametrize("preserve_rng_state", [True, False])
+@pytest.mark.parametrize("input_requires_grad", [True, False])
+@pytest.mark.parametrize("recompute", ["in-w", "keep-from-b"])
+def test_verify_split_reports_checkpointed_dropout_exact_under_both_policies(
+    recompute: str, input_requires_grad: bool, preserve_rng_state: bool
+) -> None:
+    torch.manual_seed(0)
+    stage = _DropoutRegion(preserve_rng_state).double()
+    x = torch.randn(4, 8, dtype=torch.float64).requires_grad_(input_requires_grad)
+    report = verify_split(stage, x, recompute=recompute)
+    assert report.ok, report
+
+
+def _multi_hook_stage() -> tuple[nn.Linear, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = nn.Linear(4, 4)
+    x = torch.randn(2, 4, requires_grad=True)
+    hidden = layer(x)  # on the input path
+    scaled = layer.weight * 2  # on the weight side
+    return layer, x, hidden, scaled, hidden @ scaled
+
+
+def test_a_multi_grad_hook_over_both_sides_is_refused_before_it_fires() -> None:
+    _, x, hidden, scaled, output = _multi_hook_stage()
+    calls = []
+    torch.autograd.graph.register_multi_grad_hook((hidden, scaled), calls.append, mode="all")
+    with pytest.raises(SplitError, match="register_multi_grad_hook"):
+        backward_input(output, torch.ones_like(output), x)
+    assert calls == []
+    assert torch._C._will_engine_execute_node.__module__ is None or "graphkit" not in str(
+        torch._C._will_engine_execute_node
+    )  # the engine query is PyTorch's own again
+
+
+def test_multi_grad_hooks_over_one_side_fire_once_with_a_full_backwards_gradients() -> None:
+    calls: dict[str, list] = {}
+    for run in ("split", "full"):
+        _, x, hidden, scaled, output = _multi_hook_stage()
+        calls[run] = []
+        hidden_tanh, scaled_exp = hidden.tanh(), scaled.exp()
+        output = output + hidden_tanh @ scaled_exp
+        torch.autograd.graph.register_multi_grad_hook((hidden, hidden_tanh), calls[run].append, mode="all")
+        torch.autograd.graph.register_multi_grad_hook((scaled, scaled_exp), calls[run].append, mode="all")
+        if run == "split":
+            backward_weight(backward_input(output, torch.ones_like(output), x))
+        else:
+            output.backward(torch.ones_like(output))
+    assert len(calls["split"]) == len(calls["full"]) == 2
+
+    def by_shape(grads: list) -> tuple[int, ...]:
+        return tuple(grads[0].shape)
+
+    for ours, theirs in zip(
+        sorted(calls["split"], key=by_shape), sorted(calls["full"], key=by_shape), strict=True
+    ):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+
+
+def _packed_lstm(lstm: nn.LSTM, x: torch.Tensor) -> torch.Tensor:
+    packed = nn.utils.rnn.pack_padded_sequence(x, [3, 2], batch_first=True)
+    output, _ = lstm(packed)
+    return nn.utils.rnn.pad_packed_sequence(output, batch_first=True)[0]
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [("packed_lstm", (2, 3, 4)), ("irfft", (5, 3)), ("fft2", (4, 6)), ("rfft_dim0", (8, 3))],
+)
+def test_input_gradients_have_a_full_backwards_strides(name: str, shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    lstm = nn.LSTM(4, 5, batch_first=True).double()
+    stage = {
+        "packed_lstm": lambda x: _packed_lstm(lstm, x),
+        "irfft": lambda x: torch.fft.irfft(x * 2, dim=0),
+        "fft2": lambda x: torch.fft.fft2(x).real,
+        "rfft_dim0": lambda x: torch.fft.rfft(x, dim=0).abs(),
+    }[name]
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    output = stage(x)
+    cotangent = torch.randn_like(output)
+    state = backward_input(output, cotangent, x)
+    backward_weight(state)
+    x_reference = x.detach().clone().requires_grad_()
+    stage(x_reference).backward(cotangent)
+    assert torch.equal(state.input_grads[0], x_reference.grad)
+    assert state.input_grads[0].stride() == x_reference.grad.stride()
+
+
+def test_a_full_backward_hook_on_a_module_wholly_on_the_weight_side_runs_once_in_w() -> None:
+    torch.manual_seed(0)
+    layer, scale = nn.Linear(4, 4).double(), nn.Linear(4, 4).double()
+    bias = nn.Parameter(torch.randn(4, dtype=torch.float64))
+    parameters = [*layer.parameters(), *scale.parameters(), bias]
+    seen: list[torch.Tensor] = []
+    scale.register_full_backward_hook(lambda module, grad_input, grad_output: seen.append(grad_output[0]))
+    results = []
+    for split in (False, True):
+        seen.clear()
+        for parameter in parameters:
+            parameter.grad = None
+        x = torch.randn(
+            2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1)
+        ).requires_grad_()
+        output = layer(x) * scale(bias * 2)  # scale's one input depends on a parameter alone
+        if split:
+            state = backward_input(output, torch.ones_like(output), x)
+            assert seen == []  # not in B
+            backward_weight(state)
+            grad = state.input_grads[0]
+        else:
+            output.backward(torch.ones_like(output))
+            grad = x.grad
+        results.append((grad, [parameter.grad.clone() for parameter in parameters], list(seen)))
+    (full_grad, full_params, full_seen), (split_grad, split_params, split_seen) = results
+    assert torch.equal(split_grad, full_grad)
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(split_params, full_params, strict=True))
+    assert len(split_seen) == len(full_seen) == 1 and torch.equal(split_seen[0], full_seen[0])
