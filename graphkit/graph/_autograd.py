@@ -16,7 +16,9 @@ in PyTorch breaks one small file and nothing else - except the per-op weight-sid
   backward reaches;
 - ``torch.autograd.graph._engine_run_backward``: the engine call behind ``torch.autograd.backward`` and
   ``torch.autograd.grad``;
-- ``torch._C.DisableTorchFunctionSubclass``: to find the AccumulateGrad Node of a Tensor-subclass leaf.
+- ``torch._C.DisableTorchFunctionSubclass``: to find the AccumulateGrad Node of a Tensor-subclass leaf;
+- ``torch._C._will_engine_execute_node``, the query a ``register_multi_grad_hook`` hook makes, and the code
+  name of that hook's closure (``register_multi_grad_hook.<locals>...inner_hook``).
 
 Public API (``get_gradient_edge``, ``GradientEdge``, ``register_prehook``, ``next_functions``) is used
 everywhere else directly.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +43,8 @@ __all__ = [
     "GradientMetadata",
     "SavedTensorInfo",
     "any_custom_function",
+    "asked_by_multi_grad_hook",
+    "engine_execution_query",
     "aten_operator_names",
     "forward_class",
     "forward_op_name",
@@ -54,6 +59,7 @@ __all__ = [
     "saved_tensors",
     "sequence_number",
     "post_hooks_beside",
+    "replace_engine_execution_query",
     "storage_key",
     "uses_saved_tensor_hooks",
 ]
@@ -444,4 +450,22 @@ def run_engine_grad(
         tuple(inputs),
         allow_unreachable=True,
         accumulate_grad=False,
+    )
+
+
+def engine_execution_query() -> Callable[[Node], bool]:
+    """``torch._C._will_engine_execute_node``: whether the running backward task will execute a Node."""
+    return torch._C._will_engine_execute_node
+
+
+def replace_engine_execution_query(function: Callable[[Node], bool]) -> None:
+    """Answer :func:`engine_execution_query` through ``function`` (looked up when a multi-grad hook runs)."""
+    torch._C._will_engine_execute_node = function
+
+
+def asked_by_multi_grad_hook(depth: int) -> bool:
+    """Whether the frame ``depth`` levels above the caller is a ``register_multi_grad_hook`` hook's closure."""
+    caller = sys._getframe(depth + 1)
+    return caller.f_code.co_name == "inner_hook" and "register_multi_grad_hook" in getattr(
+        caller.f_code, "co_qualname", ""
     )

@@ -517,7 +517,9 @@ def _backward_input(
             with (
                 custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
                 _opaque_input_phase(run_once, checkpoints),
-                refusing_multi_grad_hooks(_weight_side_nodes(plan, nodes), _multi_grad_hook_error),
+                refusing_multi_grad_hooks(
+                    partial(_only_in_weight_phase, walk.index, plan.weight_only), _multi_grad_hook_error
+                ),
             ):
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
@@ -568,9 +570,10 @@ def _backward_input(
     return state
 
 
-def _weight_side_nodes(plan: BackwardPlan, nodes: list[Node]) -> list[Node]:
-    """The Nodes only W runs (the weight-only subgraph, parameters' AccumulateGrad Nodes included)."""
-    return [nodes[index] for index, flag in enumerate(plan.weight_only) if flag]
+def _only_in_weight_phase(index: dict[Node, int], weight_only: bytearray, node: Node) -> bool:
+    """Whether only W runs ``node`` (the weight-only subgraph, parameters' AccumulateGrad Nodes included)."""
+    position = index.get(node)
+    return position is not None and bool(weight_only[position])
 
 
 def _multi_grad_hook_error() -> SplitError:

@@ -10,21 +10,20 @@ gradients, where a full backward fires it once with all of them.
 graphkit cannot hand the hook both phases' gradients, so B refuses it: while B's engine call runs, the
 engine query is answered through a wrapper that raises :class:`~graphkit.split.backward.SplitError`
 when a multi-grad hook asks about a Node only W will run - before the hook's function is called. The
-wrapper is installed on ``torch._C`` only while some thread runs such a B (a count under a lock) and
-passes every other query through unchanged. Private details used: the name of
-``torch._C._will_engine_execute_node``, and the code name of the hook's closure
-(``register_multi_grad_hook.<locals>.get_inner_hook.<locals>.inner_hook``).
+wrapper is installed only while some thread runs a B (a count under a lock) and passes every other query
+through unchanged. The private PyTorch details it relies on (the query's name, the code name of the
+hook's closure) are read in :mod:`graphkit.graph._autograd`.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-import torch
 from torch.autograd.graph import Node
+
+from graphkit.graph import _autograd
 
 __all__ = ["MULTI_GRAD_HOOK_REASON", "refusing_multi_grad_hooks"]
 
@@ -37,46 +36,40 @@ MULTI_GRAD_HOOK_REASON = (
 )
 
 _lock = threading.Lock()
-_active: dict[int, tuple[frozenset[int], Callable[[], Exception]]] = {}
+# per open context: (is this Node one only W runs?, the error to raise)
+_active: dict[int, tuple[Callable[[Node], bool], Callable[[], Exception]]] = {}
 _original: list[Callable[[Node], bool]] = []
-
-
-def _asked_by_multi_grad_hook() -> bool:
-    caller = sys._getframe(2)  # the wrapper's caller's frame: the hook that asked
-    return caller.f_code.co_name == "inner_hook" and "register_multi_grad_hook" in getattr(
-        caller.f_code, "co_qualname", ""
-    )
 
 
 def _will_engine_execute_node(node: Node) -> bool:
     result = _original[0](node)
     if not result and _active:
-        for weight_side, error in list(_active.values()):
-            if id(node) in weight_side and _asked_by_multi_grad_hook():
+        for only_in_weight_phase, error in list(_active.values()):
+            if only_in_weight_phase(node) and _autograd.asked_by_multi_grad_hook(depth=1):
                 raise error()
     return result
 
 
 @contextmanager
-def refusing_multi_grad_hooks(weight_side: list[Node], error: Callable[[], Exception]) -> Iterator[None]:
-    """Inside: a multi-grad hook that asks about one of ``weight_side`` (Nodes only W runs) raises ``error()``.
+def refusing_multi_grad_hooks(
+    only_in_weight_phase: Callable[[Node], bool], error: Callable[[], Exception]
+) -> Iterator[None]:
+    """Inside: a multi-grad hook that asks about a Node ``only_in_weight_phase`` accepts raises ``error()``.
 
-    ``weight_side`` is kept by id while the context is open (the caller holds the Nodes).
+    Opening the context costs a lock and a dict entry (the predicate is asked only when a multi-grad hook
+    asks the engine about a Node the running task will not execute), so every B can afford it.
     """
-    if not weight_side:
-        yield
-        return
     token = object()
     with _lock:
         if not _active:
-            _original[:] = [torch._C._will_engine_execute_node]
-            torch._C._will_engine_execute_node = _will_engine_execute_node
-        _active[id(token)] = (frozenset(id(node) for node in weight_side), error)
+            _original[:] = [_autograd.engine_execution_query()]
+            _autograd.replace_engine_execution_query(_will_engine_execute_node)
+        _active[id(token)] = (only_in_weight_phase, error)
     try:
         yield
     finally:
         with _lock:
             del _active[id(token)]
             if not _active:
-                torch._C._will_engine_execute_node = _original[0]
+                _autograd.replace_engine_execution_query(_original[0])
                 _original.clear()
