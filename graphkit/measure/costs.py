@@ -142,7 +142,7 @@ class PipelineCosts:
             passes = (
                 ("F", stage.forward, f"leaves {_bytes(stage.activation_bytes)} for the backward"),
                 (
-                    "B",
+                    "I",  # the input-gradient backward: PyTorch's schedules' I, the ZB paper's B
                     stage.backward_input,
                     f"frees {_bytes(stage.b_frees_bytes)}, keeps {_bytes(stage.b_keeps_bytes)}, "
                     f"sends {_bytes(stage.input_grad_bytes)} of input gradients",

@@ -180,6 +180,14 @@ class PipelineModel:
         (the schedules index one target per microbatch; a loss without a target ignores them)."""
         return self.target if self.target is not None else torch.zeros(self.batch_size)
 
+    def schedule_loss_fn(self) -> Callable[..., Tensor]:
+        """The loss to give a schedule with :meth:`schedule_target`: :attr:`loss_fn`, or, for a target of
+        None, a function that calls ``loss_fn(output, None)`` whatever placeholder target it is given."""
+        if self.target is not None:
+            return self.loss_fn
+        loss_fn = self.loss_fn
+        return lambda output, _placeholder, **kwargs: loss_fn(output, None, **kwargs)
+
 
 def _batched(value: Any) -> bool:
     return isinstance(value, Tensor) and value.dim() > 0

@@ -109,6 +109,8 @@ class ParameterVerification:
         stages: the stages on this rank that hold the parameter (tied weights): above 1, its gradient
             sums their contributions in the schedule's order, so the run passes within ``1e-10``
             relative (not bit for bit), and its hooks fire once per stage and microbatch.
+        steps_compared: the schedule steps whose gradient was compared; 0 when the first step failed
+            (then the errors say nothing, and :meth:`PipelineVerification.table` says "not run").
     """
 
     name: str
@@ -118,6 +120,7 @@ class ParameterVerification:
     hooks: int | None = 0
     expected_hooks: int = 0
     stages: int = 1
+    steps_compared: int = 0
 
 
 @dataclass(slots=True)
@@ -191,14 +194,21 @@ class PipelineVerification:
         """A per-parameter text table: errors, bitwise equality and hook counts (``untraced``: of
         :attr:`untraced`, the untraced model's parameters against their traced copies, summed)."""
         rows = [("parameter", "max abs error", "relative error", "bitwise", "hooks")]
+        steps = self.case.steps
         for check in self.untraced if untraced else self.parameters:
+            if not check.steps_compared:  # a step that did not run is no pass
+                rows.append((check.name, "-", "-", "not compared: the step did not run", "-"))
+                continue
             hooks = "n/a" if check.hooks is None else f"{check.hooks}/{check.expected_hooks}"
+            bitwise = "yes" if check.bitwise else "no"
+            if check.steps_compared < steps:
+                bitwise += f" (steps 1-{check.steps_compared} of {steps}; the next did not run)"
             rows.append(
                 (
                     check.name,
                     f"{check.max_abs_error:.3g}",
                     f"{check.relative_error:.3g}",
-                    "yes" if check.bitwise else "no",
+                    bitwise,
                     hooks,
                 )
             )
@@ -347,7 +357,13 @@ def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
             (rank for check in checks for rank in check.timeline.ranks), key=lambda rank: rank.rank
         )
         merged.timeline = ScheduleTimeline(
-            first.schedule, first.microbatches, first.num_stages, ranks, first.device, first.memory_method
+            first.schedule,
+            first.microbatches,
+            first.num_stages,
+            ranks,
+            first.device,
+            first.memory_method,
+            min(check.timeline.setup_seconds for check in checks),
         )
     merged.parameters.sort(key=lambda parameter: _sort_key(parameter.name))
     merged.untraced.sort(key=lambda parameter: _sort_key(parameter.name))
@@ -514,6 +530,7 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
     indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size, case.stages_per_rank)
     make_run = _tracing_run if case.frontend == "tracing" else _manual_run
     run = make_run(case, mesh, num_stages, indices)
+    schedule_loss, schedule_target = _schedule_loss_and_target(run)
     check = PipelineVerification(case, dist.get_world_size())
     stages, named, untraced = run.stages, run.named, run.untraced
     hooks: Counter[str] = Counter()
@@ -526,7 +543,7 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
                     parameter.register_post_accumulate_grad_hook(lambda _, name=name: hooks.update([name]))
                 )
         schedule = build_schedule(
-            case.schedule, stages, case.microbatches, run.loss_fn, ranks=mesh.pipeline_size
+            case.schedule, stages, case.microbatches, schedule_loss, ranks=mesh.pipeline_size
         )
         holders = Counter(id(parameter) for name, parameter in named.items() if name.startswith("stage"))
         results = {
@@ -541,10 +558,10 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
             try:
                 if case.record_timeline and step == case.steps - 1:
                     check.timeline = _recorded_step(
-                        schedule, stages, run.inputs, run.target, mesh, num_stages, case
+                        schedule, stages, run.inputs, schedule_target, mesh, num_stages, case, step == 0
                     )
                 else:
-                    schedule.step(*run.inputs, target=run.target)
+                    schedule.step(*run.inputs, target=schedule_target)
             except Exception as error:  # a failing PyTorch stage is a result, not a crash of the check
                 check.error = f"{type(error).__name__}: {_root_message(error)}"
                 break
@@ -575,6 +592,19 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
             for kind in ("input", "weight", "full"):
                 check.backward_calls[kind] = check.backward_calls.get(kind, 0) + getattr(calls, kind)
     return check
+
+
+def _schedule_loss_and_target(run: _Run) -> tuple[Any, Any]:
+    """The loss and target to give the schedule: the spec's, or, for a target of None (a loss that ignores
+    it), zeros with one row per batch row - the schedules split a target into one per microbatch - and a
+    loss that is called with None as the spec's full backward calls it."""
+    if run.target is not None:
+        return run.loss_fn, run.target
+    rows = next(
+        (int(value.shape[0]) for value in run.inputs if isinstance(value, torch.Tensor) and value.dim()), 1
+    )
+    loss_fn = run.loss_fn
+    return (lambda output, _placeholder, **kwargs: loss_fn(output, None, **kwargs)), torch.zeros(rows)
 
 
 class _UntracedComparison:
@@ -691,8 +721,12 @@ def _recorded_step(
     mesh: _Mesh,
     num_stages: int,
     case: Any,
+    first_step: bool = False,
 ) -> Any:
-    """Run one step under :class:`~graphkit.pipelining.recording.ScheduleRecorder`; this rank's timeline."""
+    """Run one step under :class:`~graphkit.pipelining.recording.ScheduleRecorder`; this rank's timeline.
+
+    ``first_step``: the schedule's first step, whose set-up before the first action (PyTorch's stage
+    set-up and shape inference) becomes the timeline's ``setup_seconds``."""
 
     probe, method = memory_probe(torch.device("cpu"))
     dist.barrier()  # every rank's time zero at the same moment
@@ -700,7 +734,10 @@ def _recorded_step(
         schedule, stages, lambda: schedule.step(*inputs, target=target), mesh.pipeline_rank, "cpu", probe
     )
     rank.rank = dist.get_rank()
-    return ScheduleTimeline(type(schedule).__name__, case.microbatches, num_stages, [rank], "cpu", method)
+    setup = min((action.start for action in rank.actions), default=0.0) if first_step else 0.0
+    return ScheduleTimeline(
+        type(schedule).__name__, case.microbatches, num_stages, [rank], "cpu", method, setup
+    )
 
 
 def _root_message(error: BaseException) -> str:
@@ -779,6 +816,7 @@ def _compare(
     microbatches: int,
     hooks: Counter[str],
 ) -> None:
+    result.steps_compared += 1
     result.hooks = (result.hooks or 0) + hooks[result.name]
     if reference is not None:
         result.expected_hooks += microbatches * result.stages
