@@ -370,3 +370,43 @@ def test_verify_on_a_model_whose_hook_the_split_refuses_exits_2_with_the_reason(
     status, out, err = run(capsys, "verify", f"{spec}:make_stage", "--dtype", "float64")
     assert status == 2, (out, err)
     assert "graphkit verify: error:" in err and "hook" in err and "Traceback" not in err
+
+
+BROKEN_FORWARD = Path(__file__).parent / "specs" / "broken_forward.py"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["verify", f"{BROKEN_FORWARD}:make"],
+        ["groups", f"{BROKEN_FORWARD}:make"],
+        ["capture", f"{BROKEN_FORWARD}:make"],
+        ["render", f"{BROKEN_FORWARD}:make", "-o", "{tmp}/x.svg"],
+        ["inspect", f"{BROKEN_FORWARD}:make", "-o", "{tmp}/report"],
+        ["bench", f"{BROKEN_FORWARD}:make", "--repeat", "1"],
+        ["costs", f"{BROKEN_FORWARD}:make", "--repeat", "1", "--warmup", "0"],
+        ["verify-pipeline", f"{BROKEN_FORWARD}:pipeline"],
+        ["timeline", f"{BROKEN_FORWARD}:pipeline", "--schedule", "1F1B", "-o", "{tmp}/t.svg"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_an_error_in_the_users_forward_is_one_line_naming_the_spec_with_exit_2(capsys, tmp_path, command):
+    command = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    status, out, err = run(capsys, *command)
+    assert status == 2, (out, err)
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith(f"graphkit {command[0]}: error: the model of {command[1]} raised RuntimeError: ")
+    assert "(broken_forward.py:16 in forward)" in line and "--traceback prints the whole traceback" in line
+    assert "Traceback" not in err and "not compared" not in out
+    status, out, err = run(capsys, *command, "--traceback")
+    assert status == 2 and "Traceback (most recent call last)" in err and "broken_forward.py" in err
+
+
+def test_an_error_graphkit_itself_raises_is_not_blamed_on_the_model(monkeypatch):
+    # a TypeError raised in a graphkit frame, as a bug would: the whole traceback, not "the model raised"
+    import graphkit.analysis.parameter_groups as parameter_groups
+    from graphkit.drawing.timeline import _ticks
+
+    monkeypatch.setattr(parameter_groups, "param_groups", lambda graph: _ticks(None))
+    with pytest.raises(TypeError):
+        main(["groups", "zoo:mlp"])

@@ -19,6 +19,8 @@ from torch import nn
 from graphkit.cli import main
 from graphkit.models.pipeline_specs import mlp_pipeline
 from graphkit.models.specs import SpecError
+from graphkit.pipelining import recording as schedule_recording
+from graphkit.pipelining.launcher import local_process_group
 from graphkit.pipelining.recording import (
     COMPUTE_KINDS,
     ScheduleRecorder,
@@ -27,8 +29,6 @@ from graphkit.pipelining.recording import (
     record_schedules,
     schedule_on_rank,
 )
-from graphkit.pipelining import recording as schedule_recording
-from graphkit.pipelining.launcher import local_process_group
 from graphkit.pipelining.schedules import common_stage_count, stage_count, stage_indices
 
 MULTI_STAGE = ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]

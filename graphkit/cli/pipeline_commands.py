@@ -318,6 +318,18 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
         else:
             print("FAILED: nothing was verified")
         return 1
+    if result.model_error:  # the spec's own model raised in the step: bad input, not a verdict
+        print(
+            f"graphkit verify-pipeline: error: the model of {arguments.spec} raised {result.error} "
+            f"({result.model_error})"
+            + ("" if arguments.traceback else "; --traceback prints the whole traceback"),
+            file=sys.stderr,
+        )
+        if arguments.traceback:
+            print(result.error_traceback, file=sys.stderr, end="")
+        if arguments.json:
+            print(json.dumps(result_payload(result, data_parallel, []), indent=1))
+        return 2
     written = write_checked_timeline(arguments, result) if arguments.timeline else []
     if arguments.json:
         print(json.dumps(result_payload(result, data_parallel, written), indent=1))
@@ -435,6 +447,7 @@ def result_payload(result: Any, data_parallel: str | None, timeline_files: list[
         "passed": result.passed,
         "exact": result.exact,
         "error": result.error,
+        "model_error": result.model_error,
         "backward_calls": result.backward_calls,
         "parameters": [_parameter_payload(check) for check in result.parameters],
         "untraced": [_parameter_payload(check) for check in result.untraced],

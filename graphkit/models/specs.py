@@ -26,6 +26,8 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -34,7 +36,14 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["SpecError", "load_spec", "load_spec_on", "meta_forward_error", "spec_inputs_as_call"]
+__all__ = [
+    "SpecError",
+    "load_spec",
+    "load_spec_on",
+    "meta_forward_error",
+    "model_frame",
+    "spec_inputs_as_call",
+]
 
 _FORMS = "zoo:NAME, path/to/file.py:function, package.module:function or hf:ARCH"
 
@@ -144,6 +153,47 @@ def meta_forward_error(spec: str, error: BaseException) -> SpecError | None:
         "--device meta works for models whose forward depends on shapes alone (hf:ARCH?stage=middle, "
         "the zoo); run this one on cpu, with a smaller config if it is too large"
     )
+
+
+def model_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """Where the user's model raised ``error``: the deepest frame of its traceback outside PyTorch and the
+    standard library (and the ``__torch_function__`` / ``__torch_dispatch__`` handlers that run each op of
+    the model under graphkit's modes), when that frame is not graphkit's own (a spec's file, its module,
+    ``transformers``); None when graphkit raised it (a frame of graphkit is the deepest one left).
+
+    The commands use it to tell a mistake in the user's forward (one line, exit status 2) from a bug in
+    graphkit (a traceback). An error raised from another (``raise ... from error``) is looked up by its
+    cause when its own traceback ends in graphkit.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for frame in reversed(traceback.extract_tb(current.__traceback__)):
+            where = Path(frame.filename).resolve() if not frame.filename.startswith("<") else None
+            if where is not None and (_within(where, _TORCH) or _in_stdlib(where)):
+                continue
+            if frame.name in _PASS_THROUGH:  # a mode's handler that runs the model's op (graphkit's tracing)
+                continue
+            if where is not None and _within(where, _GRAPHKIT):
+                break  # graphkit's deepest: look at the cause, if any
+            return frame
+        current = current.__cause__
+    return None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _in_stdlib(path: Path) -> bool:
+    return _within(path, _STDLIB) and not {"site-packages", "dist-packages"} & set(path.parts)
+
+
+_GRAPHKIT = Path(__file__).resolve().parents[1]
+_PASS_THROUGH = {"__torch_function__", "__torch_dispatch__"}
+_TORCH = Path(nn.__file__).resolve().parents[1]
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
 def spec_inputs_as_call(

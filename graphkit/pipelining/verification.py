@@ -44,8 +44,10 @@ weights that a first step changed, with gradients cleared.
 from __future__ import annotations
 
 import math
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +57,7 @@ from torch.distributed.pipelining import PipelineStage as TorchPipelineStage
 from torch.distributed.pipelining import build_stage as torch_build_stage
 
 from graphkit.models.pipeline_specs import load_pipeline_spec
+from graphkit.models.specs import model_frame
 from graphkit.pipelining.launcher import local_process_group, run_on_processes
 from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
 from graphkit.pipelining.schedules import (
@@ -137,7 +140,9 @@ class PipelineVerification:
     each copy of a replicated parameter on its own) against the traced model's full backward, and
     ``untraced`` compares the untraced model's parameters (hooks not counted) with the sum of their traced
     copies; ``passed`` also needs every one of those within ``1e-10`` relative. ``replicated``: each
-    parameter ``pipeline()`` copied into several stages, with the names of its copies.
+    parameter ``pipeline()`` copied into several stages, with the names of its copies. When the step
+    raised, ``error`` says what, ``error_traceback`` holds the whole traceback, and ``model_error`` where the
+    spec's own model raised it (``file.py:12 in forward``; empty when graphkit or PyTorch did).
     """
 
     case: PipelineCase
@@ -148,6 +153,8 @@ class PipelineVerification:
     timeline: Any = None
     untraced: list[ParameterVerification] = field(default_factory=list)
     replicated: dict[str, list[str]] = field(default_factory=dict)
+    model_error: str = ""
+    error_traceback: str = ""
 
     @property
     def exact(self) -> bool:
@@ -337,6 +344,9 @@ def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
     # a rank whose peer failed reports a closed connection: name the peer's own error first
     errors.sort(key=lambda error: "Connection closed" in error or error.startswith("not run"))
     merged.error = errors[0] if errors else None
+    failed = [check for check in checks if check.error is not None and check.error == merged.error]
+    if failed:
+        merged.model_error, merged.error_traceback = failed[0].model_error, failed[0].error_traceback
     seen: set[str] = set()
     seen_untraced: set[str] = set()
     for check in checks:
@@ -564,6 +574,10 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
                     schedule.step(*run.inputs, target=schedule_target)
             except Exception as error:  # a failing PyTorch stage is a result, not a crash of the check
                 check.error = f"{type(error).__name__}: {_root_message(error)}"
+                frame = model_frame(error)
+                if frame is not None:  # the spec's own model raised: bad input, not a verdict on the split
+                    check.model_error = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+                check.error_traceback = "".join(traceback.format_exception(error))
                 break
             run.reference_backward()
             grads = {name: _full_gradient(parameter) for name, parameter in named.items()}
