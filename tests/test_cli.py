@@ -410,3 +410,24 @@ def test_an_error_graphkit_itself_raises_is_not_blamed_on_the_model(monkeypatch)
     monkeypatch.setattr(parameter_groups, "param_groups", lambda graph: _ticks(None))
     with pytest.raises(TypeError):
         main(["groups", "zoo:mlp"])
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["timeline", "zoo:mlp", "--schedule", "1F1B", "-o", "t.svg"],
+        ["verify-pipeline", "zoo:mlp"],
+        ["compare-schedules", "zoo:mlp", "--ranks", "2"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_a_model_spec_given_to_a_pipeline_command_points_at_the_pipeline_spec_form(capsys, command):
+    status, out, err = run(capsys, *command)
+    assert status == 2, (out, err)
+    assert "'zoo:mlp' is a model spec (one stage)" in err and "zoo-pipeline:mlp" in err
+    assert "(stages, loss_fn, inputs, target)" in err and "importing module" not in err
+
+
+def test_costs_still_takes_a_model_spec(capsys):
+    status, out, _ = run(capsys, "costs", "zoo:mlp", "--repeat", "1", "--warmup", "0")
+    assert status == 0 and "per-microbatch costs of zoo:mlp (1 stage(s))" in out

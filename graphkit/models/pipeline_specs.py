@@ -246,6 +246,15 @@ def _load(spec: Any, num_stages: int | None, batch_size: int | None) -> Pipeline
         return _checked(spec, hf_pipeline(spec, num_stages=stages, batch_size=batch), stages)
     if spec.startswith("zoo-pipeline:"):
         return _checked(spec, _call(spec, _builtin(spec), num_stages, batch_size), num_stages)
+    if spec.startswith("zoo:"):  # a model spec: one stage, no loss or batch to cut into a pipeline
+        name = spec[len("zoo:") :]
+        instead = f"zoo-pipeline:{name}" if name in PIPELINES else f"zoo-pipeline:{next(iter(PIPELINES))}"
+        raise SpecError(
+            f"{spec!r} is a model spec (one stage); a pipeline command takes a pipeline spec: {instead}, "
+            f"zoo-pipeline:NAME ({', '.join(PIPELINES)}), hf:gpt2?..., hf:llama?... or path/to/file.py:function "
+            "returning (stages, loss_fn, inputs, target) - see docs/pipeline_specs.md; graphkit list names "
+            "the built-in ones"
+        )
     function = _function_of(spec)
     return _checked(spec, _call(spec, function, num_stages, batch_size), num_stages)
 
