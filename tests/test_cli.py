@@ -431,3 +431,30 @@ def test_a_model_spec_given_to_a_pipeline_command_points_at_the_pipeline_spec_fo
 def test_costs_still_takes_a_model_spec(capsys):
     status, out, _ = run(capsys, "costs", "zoo:mlp", "--repeat", "1", "--warmup", "0")
     assert status == 0 and "per-microbatch costs of zoo:mlp (1 stage(s))" in out
+
+
+def test_groups_wraps_long_rows_and_says_why_a_model_without_input_gradients_is_all_w(capsys, tmp_path):
+    # token ids need no gradient: B has nothing to compute, every parameter is W's, in one group
+    spec = tmp_path / "token_model.py"
+    spec.write_text(
+        "import torch\n"
+        "from torch import nn\n\n"
+        "def make():\n"
+        "    blocks = [nn.Linear(8, 8) for _ in range(12)]\n"
+        "    model = nn.Sequential(nn.Embedding(10, 8), *blocks)\n"
+        "    return model, (torch.randint(0, 10, (2, 3)),)\n"
+    )
+    status, out, _ = run(capsys, "groups", f"{spec}:make")
+    assert status == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 140, max(lines, key=len)
+    assert "0.weight" in out and "12.bias" in out  # every name still printed, over several lines
+    assert "no input requires grad" in out and "every parameter's gradient is W's work" in out.replace(
+        "\n", " "
+    )
+
+
+def test_groups_shows_tied_weights_as_one_tensor(capsys):
+    status, out, _ = run(capsys, "groups", "zoo:gpt_ends")
+    assert status == 0 and "wte.weight = lm_head.weight" in out
+    assert "no input requires grad" not in out  # its hidden states require grad
