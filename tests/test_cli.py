@@ -458,3 +458,34 @@ def test_groups_shows_tied_weights_as_one_tensor(capsys):
     status, out, _ = run(capsys, "groups", "zoo:gpt_ends")
     assert status == 0 and "wte.weight = lm_head.weight" in out
     assert "no input requires grad" not in out  # its hidden states require grad
+
+
+def test_verify_and_inspect_word_the_verdict_alike_and_count_parameters_and_inputs(capsys, tmp_path):
+    status, out, _ = run(capsys, "verify", "zoo:gpt_ends")
+    assert status == 0
+    verdict = "OK: all 17 gradients match (16 parameters, 1 input)"
+    assert verdict in out
+    status, out, _ = run(capsys, "inspect", "zoo:gpt_ends", "-o", str(tmp_path / "report"))
+    assert status == 0 and verdict in " ".join(out.split())  # the terminal table may wrap it
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "all 17 gradients match (16 parameters, 1 input)" in page
+
+
+@pytest.mark.parametrize("model", ["zoo:lstm", "zoo:custom_function"])
+def test_verify_and_costs_say_partial_when_flops_were_not_all_counted(capsys, model):
+    status, out, _ = run(capsys, "verify", model)
+    assert status == 0 and "FLOPs partial: 1 node(s) not counted" in out
+    status, out, _ = run(capsys, "verify", model, "--json")
+    assert json.loads(out)["flops_partial"] is True
+    status, out, _ = run(capsys, "costs", model, "--repeat", "1", "--warmup", "0")
+    assert status == 0 and "stage 0 FLOPs partial: 1 node(s) not counted" in out
+    status, out, _ = run(capsys, "costs", model, "--repeat", "1", "--warmup", "0", "--json")
+    data = json.loads(out)
+    assert data["flops_partial"] is True and data["stages"][0]["flops_partial"] is True
+
+
+def test_verify_and_costs_do_not_say_partial_when_every_flop_was_counted(capsys):
+    status, out, _ = run(capsys, "verify", "zoo:mlp")
+    assert status == 0 and "partial" not in out
+    status, out, _ = run(capsys, "costs", "zoo:mlp", "--repeat", "1", "--warmup", "0", "--json")
+    assert json.loads(out)["flops_partial"] is False

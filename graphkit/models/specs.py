@@ -170,12 +170,14 @@ def model_frame(error: BaseException) -> traceback.FrameSummary | None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         for frame in reversed(traceback.extract_tb(current.__traceback__)):
-            where = Path(frame.filename).resolve() if not frame.filename.startswith("<") else None
-            if where is not None and (_within(where, _TORCH) or _in_stdlib(where)):
+            if frame.filename.startswith("<"):  # generated code (a dataclass's __setattr__, <frozen ...>)
+                continue
+            where = Path(frame.filename).resolve()
+            if _within(where, _TORCH) or _in_stdlib(where):
                 continue
             if frame.name in _PASS_THROUGH:  # a mode's handler that runs the model's op (graphkit's tracing)
                 continue
-            if where is not None and _within(where, _GRAPHKIT):
+            if _within(where, _GRAPHKIT):
                 break  # graphkit's deepest: look at the cause, if any
             return frame
         current = current.__cause__
