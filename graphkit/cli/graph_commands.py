@@ -31,7 +31,7 @@ def add_capture_command(commands: Any) -> None:
 def run_capture(arguments: argparse.Namespace) -> int:
     _, _, graph = trace_spec(arguments.spec)
     if arguments.json:
-        print(json.dumps(graph.to_json(), indent=1))
+        print(graph.to_json(indent=1))
         return 0
     if arguments.graphml:
         graph.to_graphml(arguments.graphml)

@@ -143,10 +143,15 @@ class AutogradGraph(nx.MultiDiGraph):
         return self.reverse(copy=False)
 
     # --- export ---------------------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """Node-link JSON (``networkx.node_link_data``) with plain, deterministic values."""
+    def to_dict(self) -> dict[str, Any]:
+        """Node-link data (``networkx.node_link_data``) with plain, deterministic values: what
+        :meth:`to_json` writes, as a dict (``networkx.node_link_graph`` reads it back)."""
         data = nx.node_link_data(_plain_copy(self), edges="edges")
         return json.loads(json.dumps(data, default=str))
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The node-link JSON text of :meth:`to_dict` (``indent``: as ``json.dumps``), to write to a file."""
+        return json.dumps(self.to_dict(), indent=indent)
 
     def to_graphml(self, path: str | Path) -> None:
         """Write GraphML (``networkx.write_graphml``); list and tuple attributes become JSON strings."""
