@@ -489,3 +489,16 @@ def test_verify_and_costs_do_not_say_partial_when_every_flop_was_counted(capsys)
     assert status == 0 and "partial" not in out
     status, out, _ = run(capsys, "costs", "zoo:mlp", "--repeat", "1", "--warmup", "0", "--json")
     assert json.loads(out)["flops_partial"] is False
+
+
+def test_a_meta_graph_of_an_lstm_says_why_it_has_more_nodes_than_on_cpu(capsys, tmp_path):
+    # the same model: 11 nodes on cpu (one fused mkldnn_rnn_layer), 86 on meta (a time step at a time)
+    status, out, err = run(capsys, "render", "zoo:lstm", "--device", "meta", "-o", str(tmp_path / "l.dot"))
+    assert status == 0 and "on the meta device PyTorch runs LSTM a time step at a time" in err
+    status, out, err = run(capsys, "render", "zoo:lstm", "-o", str(tmp_path / "c.dot"))
+    assert status == 0 and "time step" not in err  # on cpu: the graph PyTorch runs there, nothing to say
+    status, out, _ = run(capsys, "render", "zoo:mlp", "--device", "meta", "-o", str(tmp_path / "m.dot"))
+    assert status == 0 and "time step" not in out
+    assert main(["inspect", "zoo:lstm", "--device", "meta", "-o", str(tmp_path / "report")]) == 0
+    summary = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
+    assert "a time step at a time" in summary["graph_note"]

@@ -41,6 +41,7 @@ __all__ = [
     "load_spec",
     "load_spec_on",
     "meta_forward_error",
+    "meta_graph_note",
     "model_frame",
     "spec_inputs_as_call",
 ]
@@ -152,6 +153,23 @@ def meta_forward_error(spec: str, error: BaseException) -> SpecError | None:
         f"the forward of {spec!r} reads tensor values ({error}), which the meta device does not have: "
         "--device meta works for models whose forward depends on shapes alone (hf:ARCH?stage=middle, "
         "the zoo); run this one on cpu, with a smaller config if it is too large"
+    )
+
+
+def meta_graph_note(module: nn.Module) -> str:
+    """Why the graph of ``module`` on the ``meta`` device differs from the one on cpu or cuda ("" when it
+    does not): PyTorch has no fused kernel for ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on the meta device and
+    runs them a time step at a time (addmm, sigmoid, tanh ... per step and layer), where the CPU runs one
+    ``mkldnn_rnn_layer`` (cuDNN on CUDA) per layer: more nodes, the same parameters, and groups that can
+    differ (the fused node gives one group per layer; step by step, each weight has its own addmm)."""
+    recurrent = sorted({type(child).__name__ for child in module.modules() if isinstance(child, nn.RNNBase)})
+    if not recurrent:
+        return ""
+    return (
+        f"on the meta device PyTorch runs {', '.join(recurrent)} a time step at a time (it has no fused meta "
+        "kernel), so this graph has more nodes than the one on cpu, where one fused node (mkldnn_rnn_layer; "
+        "cuDNN on cuda) per layer does the work; the parameters are the same, the groups can differ (step by "
+        "step, each weight leaves the input path at its own addmm)"
     )
 
 

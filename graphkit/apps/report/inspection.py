@@ -27,7 +27,13 @@ from graphkit.graph.autograd_graph import AutogradGraph
 from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.graph.tracing import trace
 from graphkit.measure.verification import VerifyReport, verify_split
-from graphkit.models.specs import load_spec, load_spec_on, meta_forward_error, spec_inputs_as_call
+from graphkit.models.specs import (
+    load_spec,
+    load_spec_on,
+    meta_forward_error,
+    meta_graph_note,
+    spec_inputs_as_call,
+)
 from graphkit.models.zoo import DEFAULT_MODEL
 
 __all__ = ["DEFAULT_SPEC", "FILES", "MAX_NODES", "META_VERIFY_NOTE", "STEPS", "Inspection", "collect"]
@@ -79,6 +85,8 @@ class Inspection:
         svg: the laid-out diagram, or None when Graphviz is missing, too slow or failed.
         diagram_note: why ``svg`` is None (install instructions), else None.
         collapse_depth: module depth the diagram is collapsed at (None: every node drawn).
+        graph_note: why this graph differs from the same model's on another device ("" when it does not;
+            :func:`graphkit.models.specs.meta_graph_note`).
         timings: seconds spent in each step, by step name.
     """
 
@@ -97,6 +105,7 @@ class Inspection:
     diagram_note: str | None = None
     collapse_depth: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    graph_note: str = ""
 
     # --- derived facts ------------------------------------------------------------------------------
     @property
@@ -141,6 +150,7 @@ class Inspection:
             "nodes": graph_summary["nodes"],
             "edges": graph_summary["edges"],
             "node_kinds": graph_summary["kinds"],
+            "graph_note": self.graph_note,
             "parameters": len(sizes),
             "parameter_values": sum(sizes.values()),
             "tied_parameters": self.tied_parameters(),
@@ -361,6 +371,7 @@ def collect(
         counted_flops=counted,
         coverage=coverage,
         timings=timings,
+        graph_note=meta_graph_note(module) if on_meta else "",
     )
     with timed(STEPS[4]):
         if fold:

@@ -143,7 +143,11 @@ def terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]]
     rows = [
         ("model", f"{inspection.spec} ({inspection.module_class})"),
         ("inputs", "; ".join(_plain_input(item) for item in inspection.inputs) or "none"),
-        ("graph", f"{summary['nodes']} nodes, {summary['edges']} edges"),
+        (
+            "graph",
+            f"{summary['nodes']} nodes, {summary['edges']} edges"
+            + (f"; {inspection.graph_note}" if inspection.graph_note else ""),
+        ),
         (
             "parameters",
             f"{summary['parameters']} tensors, {summary['parameter_values']:,} values"
