@@ -502,3 +502,27 @@ def test_a_meta_graph_of_an_lstm_says_why_it_has_more_nodes_than_on_cpu(capsys, 
     assert main(["inspect", "zoo:lstm", "--device", "meta", "-o", str(tmp_path / "report")]) == 0
     summary = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
     assert "a time step at a time" in summary["graph_note"]
+
+
+def test_an_output_that_is_no_tensor_is_named_not_dropped_silently(capsys, tmp_path):
+    spec = tmp_path / "dict_output.py"
+    spec.write_text(
+        "import torch\n"
+        "from torch import nn\n\n"
+        "class DictOut(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        return {'logits': self.linear(x), 'count': 3}\n\n"
+        "def make():\n"
+        "    return DictOut(), (torch.randn(2, 4, requires_grad=True),)\n"
+    )
+    note = "outputs left out, as no tensors (no gradient flows through them): count (int)"
+    for command in ("capture", "groups"):
+        status, out, _ = run(capsys, command, f"{spec}:make")
+        assert status == 0 and note in out, out
+    assert main(["inspect", f"{spec}:make", "-o", str(tmp_path / "report")]) == 0
+    summary = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
+    assert summary["skipped_outputs"] == [{"name": "count", "type": "int"}]
+    assert "count</code> (int)" in (tmp_path / "report" / "index.html").read_text()

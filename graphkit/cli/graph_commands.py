@@ -47,6 +47,8 @@ def run_capture(arguments: argparse.Namespace) -> int:
     print("most frequent ops: " + ", ".join(f"{op} {count}" for op, count in top))
     print(f"stage inputs: {', '.join(summary['inputs']) or '(none require grad)'}")
     print(f"stage outputs: {', '.join(summary['outputs'])}")
+    if note := skipped_outputs_note(graph):
+        print(note)
     if summary["saved_bytes_total"] is not None:
         print(f"saved tensors: {summary['saved_bytes_total']:,} bytes")
     parameters = graph.parameter_nodes()
@@ -102,11 +104,22 @@ def run_groups(arguments: argparse.Namespace) -> int:
     print_table(rows, wrap={1: 64, 2: 40})
     if not graph.inputs:
         print(textwrap.fill(no_input_gradient_note(len(groups)), 110))
+    if note := skipped_outputs_note(graph):
+        print(note)
     if groups.unused_params:
         print(f"unused parameters: {', '.join(groups.unused_params)}")
     for line in groups.opaque_lines():
         print(line)
     return 0
+
+
+def skipped_outputs_note(graph: Any) -> str:
+    """One line naming the outputs that are no tensors (an int in a dict), which the graph leaves out."""
+    skipped = graph.graph.get("skipped_outputs") or []
+    if not skipped:
+        return ""
+    names = ", ".join(f"{entry['name']} ({entry['type']})" for entry in skipped)
+    return f"outputs left out, as no tensors (no gradient flows through them): {names}"
 
 
 def no_input_gradient_note(group_count: int) -> str:

@@ -47,7 +47,7 @@ import torch
 from torch.autograd.graph import GradientEdge, Node
 
 from graphkit.graph import _autograd
-from graphkit.graph.tensors import GraphkitInputError, flatten_tensors
+from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, non_tensor_leaves
 
 __all__ = [
     "AutogradGraph",
@@ -198,6 +198,7 @@ class AutogradGraph(nx.MultiDiGraph):
             "outputs": [endpoint.name for endpoint in self.outputs],
             "unused_params": list(self.graph.get("unused_params", [])),
             "saved_bytes_total": self.graph.get("saved_bytes_total"),
+            "skipped_outputs": [entry["name"] for entry in self.graph.get("skipped_outputs", [])],
         }
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -326,7 +327,8 @@ def capture(
 
     Args:
         outputs: a tensor, a sequence, a mapping (Hugging Face ``ModelOutput`` included) or a nested mix;
-            tensors that do not require grad are skipped.
+            tensors that do not require grad are skipped, and so are values that are no tensors (an int in
+            a dict): ``graph.graph["skipped_outputs"]`` names them.
         inputs: the stage inputs, in the same forms; those that require grad become ``stage_input``
             nodes and the walk stops at them (what produced a non-leaf input belongs to an earlier stage).
         module: the module whose ``named_parameters()`` name the parameter leaves; parameters that require
@@ -353,7 +355,13 @@ def capture(
     collector_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _capture(output_edges, input_edges, module, details)
+        graph = _capture(output_edges, input_edges, module, details)
+        # outputs that are no tensors (an int in a dict): no gradient flows through them, so the graph
+        # leaves them out; it records their names so that the commands say so instead of staying silent
+        graph.graph["skipped_outputs"] = [
+            {"name": name, "type": kind} for name, kind in non_tensor_leaves(outputs)
+        ]
+        return graph
     finally:
         if collector_was_enabled:
             gc.enable()

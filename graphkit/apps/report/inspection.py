@@ -151,6 +151,7 @@ class Inspection:
             "edges": graph_summary["edges"],
             "node_kinds": graph_summary["kinds"],
             "graph_note": self.graph_note,
+            "skipped_outputs": list(self.graph.graph.get("skipped_outputs", [])),
             "parameters": len(sizes),
             "parameter_values": sum(sizes.values()),
             "tied_parameters": self.tied_parameters(),

@@ -143,6 +143,17 @@ def terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]]
     rows = [
         ("model", f"{inspection.spec} ({inspection.module_class})"),
         ("inputs", "; ".join(_plain_input(item) for item in inspection.inputs) or "none"),
+        *(
+            [
+                (
+                    "outputs",
+                    "left out, as no tensors (no gradient flows through them): "
+                    + ", ".join(f"{item['name']} ({item['type']})" for item in summary["skipped_outputs"]),
+                )
+            ]
+            if summary["skipped_outputs"]
+            else []
+        ),
         (
             "graph",
             f"{summary['nodes']} nodes, {summary['edges']} edges"
