@@ -573,6 +573,7 @@ def test_summary_counts_nodes_edges_parameters_and_kinds() -> None:
         "outputs": ["hidden", "temperature"],
         "unused_params": [],
         "saved_bytes_total": graph.graph["saved_bytes_total"],
+        "skipped_outputs": [],
     }
     # addmm saves x (3 x 4) and weight.t() (4 x 4); exp saves its result (a scalar): 48 + 64 + 4 bytes.
     assert graph.graph["saved_bytes_total"] == 48 + 64 + 4
