@@ -43,6 +43,7 @@ def spec(cell: str) -> str:
 pytestmark = pytest.mark.usefixtures("world_of_one")
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("microbatches", "steps"), RUNS)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("cell", pipeline_models.CELLS)
@@ -58,6 +59,7 @@ def test_graphkit_stage_is_bitwise_exact_with_hooks_once_per_microbatch(
     assert result.passed
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("microbatches", "steps"), RUNS)
 @pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "CSV"])
 @pytest.mark.parametrize("cell", pipeline_models.CELLS)
@@ -86,6 +88,7 @@ def _stock_four_stage_cells() -> list:
     ]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("cell", "schedule"), _stock_four_stage_cells())
 def test_stock_stage_fails_on_four_stages_on_one_rank(cell: str, schedule: str) -> None:
     result = verify_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
@@ -202,6 +205,7 @@ def _stock_cells() -> list:
     return params
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("microbatches", "steps"), [(4, 1), (8, 2)])
 @pytest.mark.parametrize(("cell", "schedule"), _stock_cells())
 def test_stock_pipeline_stage_fails_where_graphkit_is_exact(
