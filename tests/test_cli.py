@@ -417,7 +417,7 @@ def test_an_error_graphkit_itself_raises_is_not_blamed_on_the_model(monkeypatch)
     [
         ["timeline", "zoo:mlp", "--schedule", "1F1B", "-o", "t.svg"],
         ["verify-pipeline", "zoo:mlp"],
-        ["compare-schedules", "zoo:mlp", "--ranks", "2"],
+        ["compare-schedules", "zoo:mlp"],
     ],
     ids=lambda command: command[0],
 )
