@@ -211,7 +211,8 @@ def _layout(timelines: list[ScheduleTimeline]) -> _Layout:
                 _Text(
                     8,
                     top + 12,
-                    f"rank {rank.rank}  stages {', '.join(map(str, rank.stages))}",
+                    f"rank {rank.rank}  stage{'s' if len(rank.stages) != 1 else ''} "
+                    f"{', '.join(map(str, rank.stages))}",
                     12,
                     css="rank",
                 )
