@@ -1,7 +1,7 @@
 """Capture the autograd graph of a small transformer stage, print what it holds, and draw it.
 
-    python examples/capture_and_draw.py                 # writes gpt_stage.svg and gpt_stage.dot here
-    python examples/capture_and_draw.py -o out/ --collapse 2
+    .venv/bin/python examples/capture_and_draw.py                 # writes gpt_stage.svg and gpt_stage.dot here
+    .venv/bin/python examples/capture_and_draw.py -o out/ --collapse 2
 
 Needs Graphviz's ``dot`` for the SVG (``apt-get install graphviz``); the ``.dot`` file is written without it.
 """

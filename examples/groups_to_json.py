@@ -1,8 +1,8 @@
 """Write the parameter groups of a model as JSON: parameters, intermediates, flags, unused parameters.
 
-    python examples/groups_to_json.py                          # zoo:gpt_stage, to standard output
-    python examples/groups_to_json.py 'hf:llama?stage=middle' -o llama_groups.json
-    python examples/groups_to_json.py my_model.py:make_stage
+    .venv/bin/python examples/groups_to_json.py                          # zoo:gpt_stage, to standard output
+    .venv/bin/python examples/groups_to_json.py 'hf:llama?stage=middle' -o llama_groups.json
+    .venv/bin/python examples/groups_to_json.py my_model.py:make_stage
 
 The argument is a model spec (``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function``,
 ``hf:ARCH?key=value``). Each intermediate is listed with its op and module, so a schedule or a custom

@@ -1,8 +1,8 @@
 """Two pipeline stages, four microbatches, B and W in a zero-bubble order - checked against a full backward.
 
-    python examples/two_stage_zero_bubble.py
-    python examples/two_stage_zero_bubble.py --microbatches 8
-    python examples/two_stage_zero_bubble.py --skip-weight 1 0    # drop stage 1's W of microbatch 0:
+    .venv/bin/python examples/two_stage_zero_bubble.py
+    .venv/bin/python examples/two_stage_zero_bubble.py --microbatches 8
+    .venv/bin/python examples/two_stage_zero_bubble.py --skip-weight 1 0    # drop stage 1's W of microbatch 0:
                                                                   # the check fails, exit status 1
 
 A small model is cut in two stages, each driven by a :class:`graphkit.split.stage_compute.StageCompute`. One process

@@ -1,7 +1,7 @@
 """Check graphkit's split backward on your own model: B then W must give a full backward's gradients.
 
-    python examples/verify_custom_model.py
-    graphkit verify examples/verify_custom_model.py:make_stage     # the same model, from the command line
+    .venv/bin/python examples/verify_custom_model.py
+    .venv/bin/graphkit verify examples/verify_custom_model.py:make_stage     # the same model, from the command line
 
 The model below has the parts that make a split backward hard: one weight used by two layers (its gradient
 sums two contributions), a custom ``torch.autograd.Function`` whose backward computes only what

@@ -1,8 +1,8 @@
 """A zero-bubble pipeline trained with ``torch.distributed.pipelining`` and graphkit's exact split backward.
 
-    torchrun --nproc-per-node 2 examples/zero_bubble_torchrun.py
-    torchrun --nproc-per-node 2 examples/zero_bubble_torchrun.py --steps 20 --microbatches 8
-    torchrun --nproc-per-node 2 examples/zero_bubble_torchrun.py --stock   # PyTorch's own stage, to compare
+    .venv/bin/torchrun --nproc-per-node 2 examples/zero_bubble_torchrun.py
+    .venv/bin/torchrun --nproc-per-node 2 examples/zero_bubble_torchrun.py --steps 20 --microbatches 8
+    .venv/bin/torchrun --nproc-per-node 2 examples/zero_bubble_torchrun.py --stock   # PyTorch's own stage, to compare
 
 Each of the two ranks holds two of four stages in a V (``ScheduleZBVZeroBubble``: rank 0 holds stages 0
 and 3, rank 1 stages 1 and 2). Every stage is a small residual MLP whose output is scaled by a learned
@@ -14,8 +14,9 @@ listed in docs/pipelining.md (``graphkit verify-pipeline ... --stage torch`` sho
 
 On CPU the ranks talk over gloo; with CUDA, each rank takes one GPU and nccl. The last stage's rank prints
 the mean loss of each step, and every rank reports how often its parameters' post-accumulate-grad hooks
-fired (once per parameter and microbatch is what DDP needs) and, with graphkit's stage, how many B, W and
-full backwards its stages ran.
+fired (once per parameter and microbatch is what DDP needs) and, with graphkit's stage, how many backwards
+its stages ran, in the schedules' letters: I (input-gradient backward, the ZB paper's B), W (weight-gradient
+backward) and B (full backward).
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ def main() -> None:
     if not arguments.stock:
         calls = [stage.backward_calls for stage in stages]
         print(
-            f"rank {rank}: stages {mine} ran {sum(c.input for c in calls)} B, {sum(c.weight for c in calls)} W "
-            f"(graphkit) and {sum(c.full for c in calls)} full backwards",
+            f"rank {rank}: stages {mine} ran {sum(c.input for c in calls)} I, {sum(c.weight for c in calls)} W "
+            f"(graphkit's split: I = input-gradient backward, the ZB paper's B; W = weight-gradient backward) "
+            f"and {sum(c.full for c in calls)} B (full backward)",
             flush=True,
         )
     dist.destroy_process_group()

@@ -384,3 +384,159 @@ def test_verify_on_a_model_whose_hook_the_split_refuses_exits_2_with_the_reason(
     status, out, err = run(capsys, "verify", f"{spec}:make_stage", "--dtype", "float64")
     assert status == 2, (out, err)
     assert "graphkit verify: error:" in err and "hook" in err and "Traceback" not in err
+
+
+BROKEN_FORWARD = Path(__file__).parent / "specs" / "broken_forward.py"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["verify", f"{BROKEN_FORWARD}:make"],
+        ["groups", f"{BROKEN_FORWARD}:make"],
+        ["capture", f"{BROKEN_FORWARD}:make"],
+        ["render", f"{BROKEN_FORWARD}:make", "-o", "{tmp}/x.svg"],
+        ["inspect", f"{BROKEN_FORWARD}:make", "-o", "{tmp}/report"],
+        ["bench", f"{BROKEN_FORWARD}:make", "--repeat", "1"],
+        ["costs", f"{BROKEN_FORWARD}:make", "--repeat", "1", "--warmup", "0"],
+        ["verify-pipeline", f"{BROKEN_FORWARD}:pipeline"],
+        ["timeline", f"{BROKEN_FORWARD}:pipeline", "--schedule", "1F1B", "-o", "{tmp}/t.svg"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_an_error_in_the_users_forward_is_one_line_naming_the_spec_with_exit_2(capsys, tmp_path, command):
+    command = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    status, out, err = run(capsys, *command)
+    assert status == 2, (out, err)
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith(f"graphkit {command[0]}: error: the model of {command[1]} raised RuntimeError: ")
+    assert "(broken_forward.py:16 in forward)" in line and "--traceback prints the whole traceback" in line
+    assert "Traceback" not in err and "not compared" not in out
+    status, out, err = run(capsys, *command, "--traceback")
+    assert status == 2 and "Traceback (most recent call last)" in err and "broken_forward.py" in err
+
+
+def test_an_error_graphkit_itself_raises_is_not_blamed_on_the_model(monkeypatch):
+    # a TypeError raised in a graphkit frame, as a bug would: the whole traceback, not "the model raised"
+    import graphkit.analysis.parameter_groups as parameter_groups
+    from graphkit.drawing.timeline import _ticks
+
+    monkeypatch.setattr(parameter_groups, "param_groups", lambda graph: _ticks(None))
+    with pytest.raises(TypeError):
+        main(["groups", "zoo:mlp"])
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["timeline", "zoo:mlp", "--schedule", "1F1B", "-o", "t.svg"],
+        ["verify-pipeline", "zoo:mlp"],
+        ["compare-schedules", "zoo:mlp"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_a_model_spec_given_to_a_pipeline_command_points_at_the_pipeline_spec_form(capsys, command):
+    status, out, err = run(capsys, *command)
+    assert status == 2, (out, err)
+    assert "'zoo:mlp' is a model spec (one stage)" in err and "zoo-pipeline:mlp" in err
+    assert "(stages, loss_fn, inputs, target)" in err and "importing module" not in err
+
+
+def test_costs_still_takes_a_model_spec(capsys):
+    status, out, _ = run(capsys, "costs", "zoo:mlp", "--repeat", "1", "--warmup", "0")
+    assert status == 0 and "per-microbatch costs of zoo:mlp (1 stage(s))" in out
+
+
+def test_groups_wraps_long_rows_and_says_why_a_model_without_input_gradients_is_all_w(capsys, tmp_path):
+    # token ids need no gradient: B has nothing to compute, every parameter is W's, in one group
+    spec = tmp_path / "token_model.py"
+    spec.write_text(
+        "import torch\n"
+        "from torch import nn\n\n"
+        "def make():\n"
+        "    blocks = [nn.Linear(8, 8) for _ in range(12)]\n"
+        "    model = nn.Sequential(nn.Embedding(10, 8), *blocks)\n"
+        "    return model, (torch.randint(0, 10, (2, 3)),)\n"
+    )
+    status, out, _ = run(capsys, "groups", f"{spec}:make")
+    assert status == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 140, max(lines, key=len)
+    assert "0.weight" in out and "12.bias" in out  # every name still printed, over several lines
+    assert "no input requires grad" in out and "every parameter's gradient is W's work" in out.replace(
+        "\n", " "
+    )
+
+
+def test_groups_shows_tied_weights_as_one_tensor(capsys):
+    status, out, _ = run(capsys, "groups", "zoo:gpt_ends")
+    assert status == 0 and "wte.weight = lm_head.weight" in out
+    assert "no input requires grad" not in out  # its hidden states require grad
+
+
+def test_verify_and_inspect_word_the_verdict_alike_and_count_parameters_and_inputs(capsys, tmp_path):
+    status, out, _ = run(capsys, "verify", "zoo:gpt_ends")
+    assert status == 0
+    verdict = "OK: all 17 gradients match (16 parameters, 1 input)"
+    assert verdict in out
+    status, out, _ = run(capsys, "inspect", "zoo:gpt_ends", "-o", str(tmp_path / "report"))
+    assert status == 0 and verdict in " ".join(out.split())  # the terminal table may wrap it
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "all 17 gradients match (16 parameters, 1 input)" in page
+
+
+@pytest.mark.parametrize("model", ["zoo:lstm", "zoo:custom_function"])
+def test_verify_and_costs_say_partial_when_flops_were_not_all_counted(capsys, model):
+    status, out, _ = run(capsys, "verify", model)
+    assert status == 0 and "FLOPs partial: 1 node(s) not counted" in out
+    status, out, _ = run(capsys, "verify", model, "--json")
+    assert json.loads(out)["flops_partial"] is True
+    status, out, _ = run(capsys, "costs", model, "--repeat", "1", "--warmup", "0")
+    assert status == 0 and "stage 0 FLOPs partial: 1 node(s) not counted" in out
+    status, out, _ = run(capsys, "costs", model, "--repeat", "1", "--warmup", "0", "--json")
+    data = json.loads(out)
+    assert data["flops_partial"] is True and data["stages"][0]["flops_partial"] is True
+
+
+def test_verify_and_costs_do_not_say_partial_when_every_flop_was_counted(capsys):
+    status, out, _ = run(capsys, "verify", "zoo:mlp")
+    assert status == 0 and "partial" not in out
+    status, out, _ = run(capsys, "costs", "zoo:mlp", "--repeat", "1", "--warmup", "0", "--json")
+    assert json.loads(out)["flops_partial"] is False
+
+
+def test_a_meta_graph_of_an_lstm_says_why_it_has_more_nodes_than_on_cpu(capsys, tmp_path):
+    # the same model: 11 nodes on cpu (one fused mkldnn_rnn_layer), 86 on meta (a time step at a time)
+    status, out, err = run(capsys, "render", "zoo:lstm", "--device", "meta", "-o", str(tmp_path / "l.dot"))
+    assert status == 0 and "on the meta device PyTorch runs LSTM a time step at a time" in err
+    status, out, err = run(capsys, "render", "zoo:lstm", "-o", str(tmp_path / "c.dot"))
+    assert status == 0 and "time step" not in err  # on cpu: the graph PyTorch runs there, nothing to say
+    status, out, _ = run(capsys, "render", "zoo:mlp", "--device", "meta", "-o", str(tmp_path / "m.dot"))
+    assert status == 0 and "time step" not in out
+    assert main(["inspect", "zoo:lstm", "--device", "meta", "-o", str(tmp_path / "report")]) == 0
+    summary = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
+    assert "a time step at a time" in summary["graph_note"]
+
+
+def test_an_output_that_is_no_tensor_is_named_not_dropped_silently(capsys, tmp_path):
+    spec = tmp_path / "dict_output.py"
+    spec.write_text(
+        "import torch\n"
+        "from torch import nn\n\n"
+        "class DictOut(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.linear = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        return {'logits': self.linear(x), 'count': 3}\n\n"
+        "def make():\n"
+        "    return DictOut(), (torch.randn(2, 4, requires_grad=True),)\n"
+    )
+    note = "outputs left out, as no tensors (no gradient flows through them): count (int)"
+    for command in ("capture", "groups"):
+        status, out, _ = run(capsys, command, f"{spec}:make")
+        assert status == 0 and note in out, out
+    assert main(["inspect", f"{spec}:make", "-o", str(tmp_path / "report")]) == 0
+    summary = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
+    assert summary["skipped_outputs"] == [{"name": "count", "type": "int"}]
+    assert "count</code> (int)" in (tmp_path / "report" / "index.html").read_text()

@@ -144,7 +144,7 @@ def test_pipeline_spec_from_a_file(tmp_path):
 def test_table_lists_every_pass():
     module, features = linear_stack()
     table = PipelineCosts([stage_costs(module, (features,), repeat=1, warmup=0)], "m").table()
-    assert [line.split()[1] for line in table.splitlines()[2:5]] == ["F", "B", "W"]
+    assert [line.split()[1] for line in table.splitlines()[2:5]] == ["F", "I", "W"]
 
 
 @settings(max_examples=15, deadline=None)

@@ -221,6 +221,23 @@ def test_group_styles_stay_distinct_past_the_palette() -> None:
     assert styles[len(PALETTE)].pattern == "dashed"
 
 
+def test_the_first_eighteen_groups_differ_by_colour_not_only_by_border() -> None:
+    from graphkit.drawing.palette import luminance
+
+    styles = [group_style(index) for index in range(18)]
+    assert len({style.colour for style in styles}) == 18 and {style.pattern for style in styles} == {"solid"}
+
+    def distance(first: str, second: str) -> float:
+        a = [int(first[i : i + 2], 16) for i in (1, 3, 5)]
+        b = [int(second[i : i + 2], 16) for i in (1, 3, 5)]
+        return sum((x - y) ** 2 for x, y in zip(a, b, strict=True)) ** 0.5
+
+    fills = [style.fill for style in styles]
+    closest = min(distance(a, b) for i, a in enumerate(fills) for b in fills[i + 1 :])
+    assert closest > 20, closest  # no two fills a reader would take for one
+    assert all(0 < luminance(style.colour) < 0.65 for style in styles)  # borders stay visible on white
+
+
 # --- collapse ------------------------------------------------------------------------------------------------
 @needs_dot
 def test_collapsed_module_lists_the_groups_inside_it() -> None:

@@ -245,7 +245,7 @@ def test_small_model_graph_equals_an_independent_walk_of_next_functions(name: st
 # --- determinism ----------------------------------------------------------------------------------------
 def exports(graph: AutogradGraph, path: Path) -> tuple[str, str, bytes]:
     graph.to_graphml(path)
-    return graph.to_dot(), json.dumps(graph.to_json(), sort_keys=True), path.read_bytes()
+    return graph.to_dot(), json.dumps(graph.to_dict(), sort_keys=True), path.read_bytes()
 
 
 @pytest.mark.parametrize("name", ZOO_NAMES)
@@ -280,11 +280,11 @@ def test_ids_and_exports_do_not_depend_on_the_process_or_its_hash_seed(tmp_path:
         "from graphkit.models import zoo\n"
         "module, inputs = zoo.build('gpt')\n"
         "graph = capture(module(*inputs), inputs=inputs, module=module)\n"
-        "sys.stdout.write(graph.to_dot() + json.dumps(graph.to_json(), sort_keys=True))\n"
+        "sys.stdout.write(graph.to_dot() + json.dumps(graph.to_dict(), sort_keys=True))\n"
     )
     module, inputs = zoo.build("gpt")
     graph = capture(module(*inputs), inputs=inputs, module=module)
-    expected = graph.to_dot() + json.dumps(graph.to_json(), sort_keys=True)
+    expected = graph.to_dot() + json.dumps(graph.to_dict(), sort_keys=True)
     for seed in ("1", "2"):
         environment = dict(
             os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(Path(graphkit.__file__).parents[1])
@@ -519,8 +519,11 @@ def test_graphml_reads_back_with_networkx(tmp_path: Path) -> None:
 def test_json_is_node_link_data_with_nodes_and_edges() -> None:
     module, inputs = models.linear()
     graph = capture(module(**inputs), inputs=inputs, module=module)
-    data = graph.to_json()
+    data = graph.to_dict()
     assert json.loads(json.dumps(data)) == data  # plain JSON values only
+    text = graph.to_json()  # an export: JSON text, as networkx users expect of to_json
+    assert isinstance(text, str) and json.loads(text) == data
+    assert json.loads(graph.to_json(indent=1)) == data and "\n" in graph.to_json(indent=1)
 
     assert [node["id"] for node in data["nodes"]] == ["n0", "n1", "n2", "n3", "n4"]
     assert data["nodes"][1]["kind"] == "parameter"
@@ -570,6 +573,7 @@ def test_summary_counts_nodes_edges_parameters_and_kinds() -> None:
         "outputs": ["hidden", "temperature"],
         "unused_params": [],
         "saved_bytes_total": graph.graph["saved_bytes_total"],
+        "skipped_outputs": [],
     }
     # addmm saves x (3 x 4) and weight.t() (4 x 4); exp saves its result (a scalar): 48 + 64 + 4 bytes.
     assert graph.graph["saved_bytes_total"] == 48 + 64 + 4

@@ -43,6 +43,7 @@ def spec(cell: str) -> str:
 pytestmark = pytest.mark.usefixtures("world_of_one")
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("microbatches", "steps"), RUNS)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("cell", pipeline_models.CELLS)
@@ -58,6 +59,7 @@ def test_graphkit_stage_is_bitwise_exact_with_hooks_once_per_microbatch(
     assert result.passed
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("microbatches", "steps"), RUNS)
 @pytest.mark.parametrize("schedule", ["InterleavedZeroBubble", "CSV"])
 @pytest.mark.parametrize("cell", pipeline_models.CELLS)
@@ -86,6 +88,7 @@ def _stock_four_stage_cells() -> list:
     ]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("cell", "schedule"), _stock_four_stage_cells())
 def test_stock_stage_fails_on_four_stages_on_one_rank(cell: str, schedule: str) -> None:
     result = verify_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
@@ -202,6 +205,7 @@ def _stock_cells() -> list:
     return params
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("microbatches", "steps"), [(4, 1), (8, 2)])
 @pytest.mark.parametrize(("cell", "schedule"), _stock_cells())
 def test_stock_pipeline_stage_fails_where_graphkit_is_exact(
@@ -373,7 +377,13 @@ def test_verify_pipeline_command_exits_0_when_exact_and_1_on_pytorchs_stage(
     assert "stage1.shared.scale" in out and "bit for bit" in out and "4/4" in out
     status = main(["verify-pipeline", spec("shared_late"), "--schedule", "zbvzerobubble", "--stage", "torch"])
     assert status == 1
-    assert "backward through the graph a second time" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "backward through the graph a second time" in out
+    # a step that did not run passes no parameter: every row says it was not compared
+    rows = [line for line in out.splitlines() if line.startswith("stage")]
+    assert rows and all("not compared: the step did not run" in row for row in rows)
+    assert not any(" yes " in row for row in rows)
+    assert out.strip().splitlines()[-1].startswith("FAILED: the schedule step did not run to the end")
     assert main(["verify-pipeline", spec("mlp"), "--schedule", "GPipe"]) == 2
     assert "unknown schedule 'GPipe'" in capsys.readouterr().err
     # right gradients but silent hooks: the verdict says that the hooks are what failed
@@ -519,3 +529,46 @@ def test_a_loss_that_does_not_require_grad_is_a_clear_error_in_the_last_stages_b
     loss = (stage(x).detach() ** 2).sum()
     with pytest.raises(GraphkitInputError, match="does not require grad"):
         stage_backward_input([loss], None, [x], stage.parameters())
+
+
+def test_the_documented_pipeline_spec_whose_target_is_none_verifies_exactly(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # docs/pipeline_costs.md's mlp_pipeline.py returns target=None: its loss ignores the target
+    import re
+
+    from graphkit.cli import main
+
+    page = (Path(__file__).parents[1] / "docs" / "pipeline_costs.md").read_text()
+    (block,) = [b for b in re.findall(r"^```python\n(.*?)^```", page, re.M | re.S) if "def pipeline(" in b]
+    assert "None\n" in block.splitlines()[-1] + "\n"  # its target is None
+    (tmp_path / "mlp_pipeline.py").write_text(block)
+    assert main(["verify-pipeline", f"{tmp_path / 'mlp_pipeline.py'}:pipeline"]) == 0
+    out = capsys.readouterr().out
+    assert "bit for bit" in out and "not compared" not in out
+    # one vocabulary: I = input-gradient backward (the ZB paper's B), W, and B = the full backward
+    (calls,) = [line for line in out.splitlines() if line.startswith("backwards run:")]
+    assert re.match(
+        r"backwards run: 4 I, 4 W \(graphkit's split: I = input-gradient backward, the ZB "
+        r"paper's B; W = weight-gradient backward\), \d+ B \(full backward\)",
+        calls,
+    ), calls
+
+
+def test_a_loss_given_none_for_its_target_sees_none_in_the_schedule_and_the_reference() -> None:
+    from graphkit.models.pipeline_specs import PipelineModel
+
+    seen: list[object] = []
+
+    def build(num_stages: int, batch_size: int) -> PipelineModel:
+        stages = [nn.Linear(4, 4) for _ in range(num_stages)]
+
+        def loss(output: torch.Tensor, target: object) -> torch.Tensor:
+            seen.append(target)
+            return (output**2).mean()
+
+        return PipelineModel(stages, loss, (torch.randn(batch_size, 4),), None)
+
+    result = verify_pipeline(build, schedule="ZBVZeroBubble", microbatches=2)
+    assert result.passed, result.error or result.table()
+    assert seen and all(target is None for target in seen)

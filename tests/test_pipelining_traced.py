@@ -206,6 +206,7 @@ def _cells(schedules: Any, fast_schedules: tuple[str, ...], *marks: Any) -> list
 FAST = ("ZBVZeroBubble", "InterleavedZeroBubble")
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("cell", "schedule"), _cells(SCHEDULES, FAST))
 def test_build_stage_is_bitwise_exact_with_hooks_once_per_microbatch(cell: str, schedule: str) -> None:
     result = run_traced(cell, schedule)
@@ -213,6 +214,7 @@ def test_build_stage_is_bitwise_exact_with_hooks_once_per_microbatch(cell: str, 
     assert dict(result.backward_calls) == expected_calls(schedule, 4, 1)
 
 
+@pytest.mark.matrix
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["ZBVZeroBubble", "InterleavedZeroBubble", "CSV"])
 @pytest.mark.parametrize("cell", CELLS)
@@ -244,6 +246,7 @@ def _stock_cells() -> list:
     ]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize(("cell", "schedule"), _stock_cells())
 def test_stock_traced_stage_fails_where_graphkit_is_exact(cell: str, schedule: str) -> None:
     result = run_traced(cell, schedule, stage="stock")

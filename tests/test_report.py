@@ -408,7 +408,7 @@ def test_readme_python_example_runs_and_its_images_exist(repo_root, capsys):
     model = namespace["model"]
     assert all(parameter.grad is not None for parameter in model.parameters())
     assert namespace["grad_hidden"].shape == namespace["hidden"].shape
-    assert "OK: 0 of 25 gradients differ" in capsys.readouterr().out
+    assert "OK: all 25 gradients match (24 parameters, 1 input)" in capsys.readouterr().out
     for image in ("docs/images/llama-stage.png", "docs/images/inspect-report.png"):
         assert f'src="{image}"' in readme
         assert (repo_root / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
@@ -437,3 +437,23 @@ def test_inputs_are_described_in_the_dtype_they_were_checked_in(tmp_path):
     assert inputs and all(item["dtype"] == "float64" for item in inputs if item["requires_grad"])
     assert run.report["verify"]["dtype"] == "float64"
     assert "float64" in run.out and "float32" not in run.out  # the terminal's inputs row too
+
+
+def test_the_diagram_box_leaves_room_for_verification_and_files_below_it():
+    # a tall diagram scrolls inside its box: at most 70% of the window, so the sections after it stay in reach
+    import re
+
+    from graphkit.drawing.templating import environment
+
+    css = environment().loader.get_source(environment(), "report.css")[0]
+    (rule,) = re.findall(r"^\.diagram \{[^}]*\}", css, re.M)
+    assert "max-height:70vh" in rule and "overflow:auto" in rule
+
+
+def test_the_group_table_shows_tied_weights_as_one_tensor(tmp_path):
+    from graphkit.cli import main
+
+    assert main(["inspect", "zoo:gpt_ends", "-o", str(tmp_path)]) == 0
+    page = (tmp_path / "index.html").read_text()
+    groups = page.split('<section id="groups">', 1)[1].split("</section>", 1)[0]
+    assert "wte.weight</code> = <code>lm_head.weight" in groups or "wte.weight = lm_head.weight" in groups

@@ -142,7 +142,7 @@ def test_pyproject_declares_package_dependencies_extras_and_tools(repo_root: Pat
     assert set(data["tool"]["ruff"]["lint"]["select"]) >= {"E", "F", "I", "UP", "B", "SIM"}
     pytest_options = data["tool"]["pytest"]["ini_options"]
     assert pytest_options["testpaths"] == ["tests"]
-    assert {marker.split(":")[0] for marker in pytest_options["markers"]} == {"slow", "browser"}
+    assert {marker.split(":")[0] for marker in pytest_options["markers"]} == {"slow", "browser", "matrix"}
     assert "py.typed" in data["tool"]["setuptools"]["package-data"]["graphkit"]
     assert (repo_root / "graphkit" / "py.typed").is_file()
 

@@ -19,7 +19,14 @@ import pytest
 from graphkit.cli import build_parser, main
 
 SHELL_BLOCK = re.compile(r"^```(?:bash|sh|shell|console|zsh)\n(.*?)^```", re.MULTILINE | re.DOTALL)
-COMMAND_WORDS = ("graphkit ", ".venv/bin/graphkit ", "python ", ".venv/bin/python ", "torchrun ")
+COMMAND_WORDS = (
+    "graphkit ",
+    ".venv/bin/graphkit ",
+    "python ",
+    ".venv/bin/python ",
+    "torchrun ",
+    ".venv/bin/torchrun ",
+)
 INLINE_COMMAND = re.compile("`((?:" + "|".join(map(re.escape, COMMAND_WORDS)) + ")[^`]*)`")
 SPEC_LIKE = re.compile(r"[A-Za-z][\w.-]*:")  # hf:..., zoo-pipeline:..., file.py:function
 
@@ -172,3 +179,38 @@ def test_every_output_folder_the_docs_tell_users_to_write_is_git_ignored(repo_ro
     assert {"graphkit-report", "llama-report", "compared", "out"} <= folders  # the scan sees them
     ignored = {line.strip().strip("/") for line in (repo_root / ".gitignore").read_text().splitlines()}
     assert sorted(folders - ignored) == [], "add these output folders to .gitignore"
+
+
+BARE_COMMAND = re.compile(r"(?:^|&&|;|\|\|)\s*(graphkit|torchrun|python|pip|pytest)\s")
+
+
+def bare_commands(line: str) -> list[str]:
+    """The commands of one shell line that a fresh shell after ``bash scripts/setup.sh`` does not find:
+    ``graphkit``, ``torchrun``, ``python``, ``pip`` and ``pytest`` without ``.venv/bin/`` (the set-up puts
+    them there, not on PATH)."""
+    return BARE_COMMAND.findall(line.split(" #", 1)[0])
+
+
+def test_the_bare_command_finder():
+    assert bare_commands("graphkit verify zoo:mlp") == ["graphkit"]
+    assert bare_commands("torchrun --nproc-per-node 2 examples/zero_bubble_torchrun.py") == ["torchrun"]
+    assert bare_commands("bash scripts/setup.sh && python -m pytest -q") == ["python"]
+    assert bare_commands("bash scripts/setup.sh && .venv/bin/graphkit inspect") == []
+    assert bare_commands(".venv/bin/torchrun --nproc-per-node 2 x.py   # python x.py is not run") == []
+    assert bare_commands("    .venv/bin/python examples/capture_and_draw.py") == []
+
+
+def test_every_documented_shell_line_runs_in_a_fresh_shell_after_the_set_up(repo_root: Path):
+    # the shell code blocks of README.md and docs/*.md, and the usage lines of examples/*.py: a bare
+    # `graphkit ...` or `torchrun ...` is "command not found" after bash scripts/setup.sh
+    failures = []
+    for path in [repo_root / "README.md", *sorted((repo_root / "docs").glob("*.md"))]:
+        for block in SHELL_BLOCK.findall(path.read_text()):
+            for line in block.replace("\\\n", " ").splitlines():
+                if bare_commands(line):
+                    failures.append(f"{path.relative_to(repo_root)}: {line.strip()}")
+    for path in sorted((repo_root / "examples").glob("*.py")):
+        for line in example_usage_lines(path):
+            if bare_commands(line):
+                failures.append(f"{path.relative_to(repo_root)}: {line}")
+    assert not failures, "spell .venv/bin/... (the set-up puts the commands there):\n" + "\n".join(failures)

@@ -136,3 +136,73 @@ def test_write_timeline_by_suffix(tmp_path: Path):
         write_timeline(timeline, tmp_path / "t.gif")
     with pytest.raises(ValueError, match="ScheduleTimeline"):
         timeline_svg([])
+
+
+def legend_items(svg: str) -> list[tuple[float, float, str]]:
+    """The legend's swatches and labels as ``(swatch x, label x, label)``, in order."""
+    root = ElementTree.fromstring(svg)
+    swatches = [float(rect.get("x")) for rect in root.iter(f"{SVG}rect") if rect.get("class") == "legend"]
+    labels = [
+        (float(text.get("x")), text.text or "")
+        for text in root.iter(f"{SVG}text")
+        if text.get("class") == "legend-label"
+    ]
+    return [(swatch, x, label) for swatch, (x, label) in zip(swatches, labels, strict=True)]
+
+
+def test_the_legend_names_f_i_w_b_in_pytorchs_letters_and_each_swatch_sits_by_its_own_label():
+    svg = timeline_svg(hand_made_timeline())
+    items = legend_items(svg)
+    names = [label for _, _, label in items]
+    assert names[:4] == [
+        "F: forward",
+        "I: input-gradient backward (the ZB paper's B)",
+        "W: weight-gradient backward",
+        "B: full backward (I and W in one)",
+    ]
+    for (swatch, label_x, label), following in zip(items, items[1:], strict=False):
+        assert label_x - swatch == pytest.approx(16)  # 4 px after its own 12 px swatch
+        next_swatch = following[0]
+        if next_swatch > swatch:  # the same legend line: the next swatch is well past this label's end
+            assert next_swatch - (label_x + 0.6 * 11 * len(label)) >= 20
+
+
+def test_the_picture_explains_block_labels_and_idle_time_in_svg_png_and_html(tmp_path: Path):
+    timeline = hand_made_timeline()
+    svg = timeline_svg(timeline)
+    notes = " ".join(text.text or "" for text in ElementTree.fromstring(svg).iter(f"{SVG}text"))
+    assert "3W0 is stage 3's W (weight-gradient backward) of microbatch 0" in notes
+    assert "Grey left visible is idle" in notes
+    assert "One rank:" not in notes  # two ranks: no one-rank note
+    # the PNG is drawn from the same layout: its Graphviz source carries the same words
+    from graphkit.drawing.timeline import timeline_graph
+
+    source = timeline_graph(timeline).source
+    assert "3W0 is stage 3" in source and "Grey left visible is idle" in source
+    page = timeline_html(timeline)
+    assert "3W0 is stage 3" in page and "the ZB paper" in page
+
+
+def test_a_one_rank_timeline_says_why_it_idles_without_communication():
+    timeline = hand_made_timeline()
+    timeline.ranks = timeline.ranks[:1]
+    svg = timeline_svg(timeline)
+    assert "One rank: its stages run one at a time in one process" in svg.replace("\n", " ")
+
+
+def test_a_first_step_set_up_is_drawn_labelled_and_left_out_of_the_bubble(tmp_path: Path):
+    timeline = hand_made_timeline()
+    plain = timeline.bubble_fraction
+    timeline.setup_seconds = 2e-3  # no action before 2 ms on rank 0 ... (hand-made: set it by hand)
+    # rank 0 computes 5 ms, rank 1 4.5 ms, of 2 x (10 - 2) ms
+    assert timeline.bubble_fraction == pytest.approx(1 - 9.5 / 16) and timeline.bubble_fraction < plain
+    root = ElementTree.fromstring(timeline_svg(timeline))
+    setups = [rect for rect in root.iter(f"{SVG}rect") if rect.get("class") == "setup"]
+    assert len(setups) == 2 and "set-up" in setups[0].find(f"{SVG}title").text
+    texts = " ".join(text.text or "" for text in root.iter(f"{SVG}text"))
+    assert "first step's set-up" in texts and "left out of the bubble" in texts
+    again = ScheduleTimeline.from_dict(json.loads(write_timeline(timeline, tmp_path / "t.json").read_text()))
+    assert again.setup_seconds == timeline.setup_seconds
+    page = timeline_html(timeline)
+    assert "Every schedule first runs one unrecorded step" not in page
+    assert "Every schedule first runs one unrecorded step" in timeline_html(hand_made_timeline())

@@ -34,6 +34,7 @@ import dataclasses
 import enum
 import html
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ __all__ = [
     "forward_ranks",
     "natural_key",
     "param_groups",
+    "tensor_names",
 ]
 
 
@@ -386,6 +388,25 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
 
 
 _NUMBER = re.compile(r"(\d+)")
+
+
+def tensor_names(graph: AutogradGraph, names: Iterable[str]) -> list[str]:
+    """``names`` with the names of one tensor joined: tied weights read ``lm_head.weight = wte.weight``.
+
+    Each parameter tensor appears once, at the place of the first of its names in ``names``; names of no
+    tied tensor stay as they are.
+    """
+    tied: dict[str, str] = {}
+    for _, aliases in graph.nodes(data="param_names"):
+        if aliases and len(aliases) > 1:
+            for alias in aliases:
+                tied[alias] = " = ".join(aliases)
+    shown: list[str] = []
+    for name in names:
+        text = tied.get(name, name)
+        if text not in shown:
+            shown.append(text)
+    return shown
 
 
 def natural_key(name: str) -> tuple[Any, ...]:

@@ -28,7 +28,8 @@ SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` 
 :mod:`graphkit.models.pipeline_specs`); ``graphkit list`` lists the built-in ones. Quote a spec with ``?``
 or ``&`` in a shell (``'hf:gpt2?n_layer=4'``). The pipeline commands' ``--timeout`` is the wall-clock limit
 in seconds after which graphkit ends the processes ``--ranks R`` started. Exit status: 0 on success, 1 when a
-verification fails, 2 on bad input.
+verification fails, 2 on bad input - also an exception raised inside the spec's own model, said in one line
+(``--traceback``, on every command that runs a model, prints the whole traceback).
 
 One module per command family: :mod:`~graphkit.cli.graph_commands` (capture, groups, list),
 :mod:`~graphkit.cli.split_commands` (verify, bench), :mod:`~graphkit.cli.drawing_commands` (render,
@@ -42,7 +43,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from graphkit.cli import (
     drawing_commands,
@@ -50,6 +53,7 @@ from graphkit.cli import (
     pipeline_commands,
     split_commands,
 )
+from graphkit.models.specs import model_frame
 
 __all__ = ["build_parser", "main"]
 
@@ -82,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add_command in COMMANDS:
         add_command(commands)
+    for name, command in commands.choices.items():
+        if name != "list":  # every command that runs a spec's model
+            command.add_argument(
+                "--traceback",
+                action="store_true",
+                help="when the model raises, print the whole traceback after the one-line error",
+            )
     return parser
 
 
@@ -91,14 +102,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     try:
         return arguments.run(arguments)
-    except (ValueError, ImportError, OSError) as error:  # SpecError, GraphkitInputError, files
+    except Exception as error:
+        frame = model_frame(error)
+        if frame is not None:  # the spec's own model raised (a wrong shape in its forward, ...): bad input
+            return _model_error(arguments, error, frame)
+        if not _refused(error):
+            raise  # a bug in graphkit: the whole traceback
         print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
         return 2
-    except RuntimeError as error:
-        # what graphkit refuses or cannot draw, said in one line (SplitError includes GraphFreedError, ...)
-        if {"GraphvizNotFoundError", "RenderTimeoutError", "SplitError"} & {
-            kind.__name__ for kind in type(error).__mro__
-        }:
-            print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
-            return 2
-        raise
+
+
+def _refused(error: Exception) -> bool:
+    """Whether graphkit raised ``error`` to refuse something, said in one line with exit status 2: a bad
+    spec or input (SpecError, GraphkitInputError are ValueErrors), a file, a split it cannot do
+    (SplitError, GraphFreedError, ...), a drawing it cannot make."""
+    if isinstance(error, (ValueError, ImportError, OSError)):
+        return True
+    names = {kind.__name__ for kind in type(error).__mro__}
+    return isinstance(error, RuntimeError) and bool(
+        {"GraphvizNotFoundError", "RenderTimeoutError", "SplitError"} & names
+    )
+
+
+def _model_error(arguments: argparse.Namespace, error: Exception, frame: traceback.FrameSummary) -> int:
+    """One line naming the spec, the exception and where the model raised it (exit status 2); the whole
+    traceback after it with ``--traceback``."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    spec = getattr(arguments, "spec", None) or "the default spec"
+    print(
+        f"graphkit {arguments.command}: error: the model of {spec} raised {type(error).__name__}"
+        f"{': ' + message if message else ''} ({Path(frame.filename).name}:{frame.lineno} in {frame.name})"
+        + ("" if arguments.traceback else "; --traceback prints the whole traceback"),
+        file=sys.stderr,
+    )
+    if arguments.traceback:
+        traceback.print_exception(error)
+    return 2

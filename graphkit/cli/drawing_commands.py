@@ -4,8 +4,11 @@ alone or in the HTML report."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from graphkit.cli.options import (
     MODEL_DEVICE_HELP,
@@ -61,8 +64,13 @@ def run_render(arguments: argparse.Namespace) -> int:
 
     say = progress("render")
     say(f"loading {arguments.spec}" + (f" on {arguments.device}" if arguments.device else ""))
-    _, _, graph = trace_spec(arguments.spec, arguments.device)
+    module, _, graph = trace_spec(arguments.spec, arguments.device)
     say(f"captured {graph.number_of_nodes()} nodes; drawing")
+    if arguments.device is not None and torch.device(arguments.device).type == "meta":
+        from graphkit.models.specs import meta_graph_note
+
+        if note := meta_graph_note(module):
+            print(f"note: {note}", file=sys.stderr)
     groups = False if arguments.plain else None
     if arguments.plain and arguments.highlight is not None:
         raise ValueError("--highlight needs the groups: leave out --plain")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def add_capture_command(commands: Any) -> None:
 def run_capture(arguments: argparse.Namespace) -> int:
     _, _, graph = trace_spec(arguments.spec)
     if arguments.json:
-        print(json.dumps(graph.to_json(), indent=1))
+        print(graph.to_json(indent=1))
         return 0
     if arguments.graphml:
         graph.to_graphml(arguments.graphml)
@@ -46,6 +47,8 @@ def run_capture(arguments: argparse.Namespace) -> int:
     print("most frequent ops: " + ", ".join(f"{op} {count}" for op, count in top))
     print(f"stage inputs: {', '.join(summary['inputs']) or '(none require grad)'}")
     print(f"stage outputs: {', '.join(summary['outputs'])}")
+    if note := skipped_outputs_note(graph):
+        print(note)
     if summary["saved_bytes_total"] is not None:
         print(f"saved tensors: {summary['saved_bytes_total']:,} bytes")
     parameters = graph.parameter_nodes()
@@ -71,7 +74,7 @@ def add_groups_command(commands: Any) -> None:
 
 
 def run_groups(arguments: argparse.Namespace) -> int:
-    from graphkit.analysis.parameter_groups import param_groups
+    from graphkit.analysis.parameter_groups import param_groups, tensor_names
 
     _, _, graph = trace_spec(arguments.spec)
     groups = param_groups(graph)
@@ -93,17 +96,40 @@ def run_groups(arguments: argparse.Namespace) -> int:
         rows.append(
             (
                 str(group.index),
-                ", ".join(group.params),
+                ", ".join(tensor_names(graph, group.params)),
                 intermediates or "-",
                 ", ".join(map(str, group.flags)) or "-",
             )
         )
-    print_table(rows)
+    print_table(rows, wrap={1: 64, 2: 40})
+    if not graph.inputs:
+        print(textwrap.fill(no_input_gradient_note(len(groups)), 110))
+    if note := skipped_outputs_note(graph):
+        print(note)
     if groups.unused_params:
         print(f"unused parameters: {', '.join(groups.unused_params)}")
     for line in groups.opaque_lines():
         print(line)
     return 0
+
+
+def skipped_outputs_note(graph: Any) -> str:
+    """One line naming the outputs that are no tensors (an int in a dict), which the graph leaves out."""
+    skipped = graph.graph.get("skipped_outputs") or []
+    if not skipped:
+        return ""
+    names = ", ".join(f"{entry['name']} ({entry['type']})" for entry in skipped)
+    return f"outputs left out, as no tensors (no gradient flows through them): {names}"
+
+
+def no_input_gradient_note(group_count: int) -> str:
+    """Why a model whose inputs need no gradient (token ids, a first stage) is all W: one line."""
+    return (
+        "no input requires grad (token ids, or a first stage's data): there is no input gradient for B to "
+        "compute, so every parameter's gradient is W's work"
+        + (", in one group" if group_count == 1 else "")
+        + "; give an input requires_grad=True (a middle stage's hidden states, hf:...?stage=middle) to see B and W share it"
+    )
 
 
 # --- list --------------------------------------------------------------------------------------------------

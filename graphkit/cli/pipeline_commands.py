@@ -38,7 +38,10 @@ __all__ = [
 # --- costs -------------------------------------------------------------------------------------------------
 def add_costs_command(commands: Any) -> None:
     costs = commands.add_parser(
-        "costs", help="time, FLOPs and memory of F, B and W per microbatch, for each stage (scheduler input)"
+        "costs",
+        help="time, FLOPs and memory of F, I and W per microbatch, for each stage (scheduler input)",
+        description="Time, FLOPs and memory per microbatch of each stage's F (forward), I (input-gradient "
+        "backward: the ZB paper's B, graphkit's B phase) and W (weight-gradient backward).",
     )
     add_model_spec(costs, help="a model spec (one stage) or a pipeline spec")
     costs.add_argument(
@@ -69,7 +72,7 @@ def add_costs_command(commands: Any) -> None:
         costs,
         help="intra-op CPU threads (default 1, as timeline and compare-schedules: steadier times; 0: PyTorch's)",
     )
-    add_json_option(costs, help="print JSON (with the schedulers' F/B/W fields)")
+    add_json_option(costs, help="print JSON (with the ZB schedulers' cost_f/cost_b/cost_w fields: b is I)")
     costs.set_defaults(run=run_costs)
 
 
@@ -315,6 +318,18 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
         else:
             print("FAILED: nothing was verified")
         return 1
+    if result.model_error:  # the spec's own model raised in the step: bad input, not a verdict
+        print(
+            f"graphkit verify-pipeline: error: the model of {arguments.spec} raised {result.error} "
+            f"({result.model_error})"
+            + ("" if arguments.traceback else "; --traceback prints the whole traceback"),
+            file=sys.stderr,
+        )
+        if arguments.traceback:
+            print(result.error_traceback, file=sys.stderr, end="")
+        if arguments.json:
+            print(json.dumps(result_payload(result, data_parallel, []), indent=1))
+        return 2
     written = write_checked_timeline(arguments, result) if arguments.timeline else []
     if arguments.json:
         print(json.dumps(result_payload(result, data_parallel, written), indent=1))
@@ -343,10 +358,7 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
     if tracing and result.untraced:
         print_untraced(result)
     if result.backward_calls:
-        calls = result.backward_calls
-        print(
-            f"backwards run: {calls['input']} B (graphkit), {calls['weight']} W (graphkit), {calls['full']} full"
-        )
+        print(backwards_line(result.backward_calls))
     for path in written:
         print(f"wrote {path}")
     if result.timeline is not None:
@@ -376,10 +388,28 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
             )
         print(f"{verdict}; hooks once per microbatch")
     elif result.error is not None:
-        print("FAILED")
+        compared = max((check.steps_compared for check in result.parameters), default=0)
+        print(
+            "FAILED: the schedule step did not run to the end, so no gradient was compared"
+            if not compared
+            else f"FAILED: step {compared + 1} of {result.case.steps} did not run to the end (the gradients "
+            f"of steps 1-{compared} are in the table)"
+        )
     else:
         print(f"NOT exact: {pipeline_failures(result)}")
     return 0 if result.passed else 1
+
+
+def backwards_line(calls: dict[str, int]) -> str:
+    """The backward calls a checked step ran, in the schedules' letters: I (input gradients), W (weight
+    gradients) and B (the full backward); I is the ZB paper's B (graphkit's B phase)."""
+    if not any(calls.values()):
+        return "backwards run: none (the step failed before any backward ran)"
+    return (
+        f"backwards run: {calls.get('input', 0)} I, {calls.get('weight', 0)} W (graphkit's split: "
+        f"I = input-gradient backward, the ZB paper's B; W = weight-gradient backward), "
+        f"{calls.get('full', 0)} B (full backward)"
+    )
 
 
 def print_untraced(result: Any) -> None:
@@ -417,6 +447,7 @@ def result_payload(result: Any, data_parallel: str | None, timeline_files: list[
         "passed": result.passed,
         "exact": result.exact,
         "error": result.error,
+        "model_error": result.model_error,
         "backward_calls": result.backward_calls,
         "parameters": [_parameter_payload(check) for check in result.parameters],
         "untraced": [_parameter_payload(check) for check in result.untraced],
@@ -436,6 +467,7 @@ def _parameter_payload(check: Any) -> dict[str, Any]:
         "hooks": check.hooks,
         "expected_hooks": check.expected_hooks,
         "stages": check.stages,
+        "steps_compared": check.steps_compared,
     }
 
 

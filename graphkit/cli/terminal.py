@@ -12,7 +12,12 @@ from typing import Any
 __all__ = ["print_table", "progress"]
 
 
-def print_table(rows: Sequence[Sequence[str]], out: Any = None, wrap_last: bool = False) -> None:
+def print_table(
+    rows: Sequence[Sequence[str]],
+    out: Any = None,
+    wrap_last: bool = False,
+    wrap: dict[int, int] | None = None,
+) -> None:
     """Print ``rows`` as left-aligned columns, the first row as the header underlined with dashes.
 
     Args:
@@ -21,19 +26,26 @@ def print_table(rows: Sequence[Sequence[str]], out: Any = None, wrap_last: bool 
         wrap_last: on a terminal, wrap the last column's text to the terminal's width
             (``shutil.get_terminal_size``; at least 30 characters), continuation lines under the column. Output
             to a file or a pipe keeps one line per row, for grep.
+        wrap: ``{column: width}``: wrap those columns' text at that many characters, on a terminal or not
+            (lists of names that would otherwise make rows hundreds of characters long).
     """
     out = out or sys.stdout
     rows = [[str(cell) for cell in row] for row in rows]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    for column, width in (wrap or {}).items():
+        widths[column] = min(widths[column], max(width, len(rows[0][column])))
     if wrap_last and getattr(out, "isatty", lambda: False)():
         before = sum(widths[:-1]) + 2 * (len(widths) - 1)
         widths[-1] = min(widths[-1], max(30, shutil.get_terminal_size().columns - 1 - before))
     for position, row in enumerate(rows):
-        last = textwrap.wrap(row[-1], widths[-1]) if len(row[-1]) > widths[-1] else [row[-1]]
-        for line, text in enumerate(last):
-            cells = [*(row[:-1] if line == 0 else [""] * (len(row) - 1)), text]
+        cells = [
+            textwrap.wrap(cell, width) if len(cell) > width else [cell]
+            for cell, width in zip(row, widths, strict=True)
+        ]
+        for line in range(max(len(parts) for parts in cells)):
+            texts = [parts[line] if line < len(parts) else "" for parts in cells]
             print(
-                "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip(),
+                "  ".join(text.ljust(width) for text, width in zip(texts, widths, strict=True)).rstrip(),
                 file=out,
             )
         if position == 0:

@@ -1,6 +1,6 @@
 """Colours of the diagrams: Paul Tol's *muted* palette, border patterns, and the style of each parameter group.
 
-Group ``i`` takes ``PALETTE[i % 9]`` and, once the palette cycles, a border pattern from :data:`PATTERNS`;
+Group ``i`` takes ``PALETTE[i % 18]`` and, once the palette cycles, a border pattern from :data:`PATTERNS`;
 ``group_style(i, faded=True)`` gives the grey shades of groups that are not highlighted. The neutral
 colours of the input path, endpoints and collapsed modules live here too, so every picture (diagram,
 explorer, report) paints a group the same way.
@@ -42,8 +42,20 @@ PALETTE: tuple[str, ...] = (
     "#44AA99",  # teal
     "#999933",  # olive
     "#AA4499",  # purple
+    # past nine groups: hues of Paul Tol's *vibrant* and *light* schemes that differ from the nine above,
+    # so that up to 18 groups differ by colour before any differs only by its border pattern
+    "#EE7733",  # orange
+    "#0077BB",  # blue
+    "#EE3377",  # magenta
+    "#BBCC33",  # pear
+    "#667788",  # slate
+    "#CC3311",  # red
+    "#995522",  # brown
+    "#FFAABB",  # pink
+    "#225555",  # dark teal
 )
-"""Paul Tol's *muted* qualitative colour scheme: distinct for the common forms of colour blindness."""
+"""Paul Tol's *muted* qualitative colour scheme (its nine colours first: distinct for the common forms of
+colour blindness), then nine more hues from his *vibrant* and *light* schemes for larger models."""
 
 
 PATTERNS: tuple[str, ...] = ("solid", "dashed", "bold", "dotted", "bold,dashed", "bold,dotted")

@@ -37,6 +37,7 @@ __all__ = [
     "comparison_table",
     "timeline_graph",
     "timeline_html",
+    "timeline_notes",
     "timeline_svg",
     "write_timeline",
 ]
@@ -54,16 +55,36 @@ KIND_COLOURS: dict[str, str] = {
 """Fill colour of each kind of action (Paul Tol's *bright* scheme)."""
 
 KIND_NAMES: dict[str, str] = {
-    "F": "forward (F)",
-    "I": "input-gradient backward (I, the ZB paper's B)",
-    "W": "weight-gradient backward (W)",
-    "B": "full backward (B)",
+    "F": "F: forward",
+    "I": "I: input-gradient backward (the ZB paper's B)",
+    "W": "W: weight-gradient backward",
+    "B": "B: full backward (I and W in one)",
     "SEND_F": "send",
     "RECV_F": "receive",
 }
-"""Legend entries (sends and receives of activations and of gradients share one entry each)."""
+"""Legend entries, in PyTorch's schedule letters (sends and receives of activations and of gradients share
+one entry each)."""
 
 IDLE = "#E6E6E6"
+SETUP = "#BBBBBB"  # the first step's set-up before any action (verify-pipeline --timeline, one step)
+
+LABELS_NOTE = "Block labels read stage, action, microbatch: 3W0 is stage 3's W (weight-gradient backward) of microbatch 0."
+IDLE_NOTE = (
+    "Grey left visible is idle: the rank computes nothing - it waits for another rank's activations or "
+    "gradients (a pipeline bubble), or runs the schedule's own code between actions."
+)
+ONE_RANK_NOTE = (
+    "One rank: its stages run one at a time in one process, with no communication and no waiting for "
+    "other ranks; the grey between actions is the schedule's own Python (choosing, starting and "
+    "bookkeeping each action), which weighs most when actions are short (small microbatches), and time "
+    "the operating system gave other processes on a busy machine."
+)
+SETUP_NOTE = (
+    "Set-up (dark grey, at the start): this is the schedule's first step, which sets up the stages and "
+    "infers the shapes they exchange before it runs any action; left out of the bubble. The timeline "
+    "command runs an unrecorded step first, and verify-pipeline --steps 2 records a later step."
+)
+UNRECORDED_NOTE = "Every schedule first runs one unrecorded step (set-up and shape inference)."
 _TEXT_ON = {"F": "#FFFFFF", "I": "#FFFFFF"}  # dark fills take white text
 
 WIDTH = 960.0  # px of the time axis
@@ -150,6 +171,26 @@ def _ticks(span: float) -> list[float]:
     return [index * step for index in range(count + 1)]
 
 
+def timeline_notes(timelines: Sequence[ScheduleTimeline]) -> list[str]:
+    """The sentences that explain a picture: its block labels, what idle time is, a one-rank step and
+    the first step's set-up, as the picture (SVG, PNG, PDF) and the HTML page both print them."""
+    listed = _as_list(timelines)
+    notes = [LABELS_NOTE, IDLE_NOTE]
+    if any(len(timeline.ranks) == 1 for timeline in listed):
+        notes.append(ONE_RANK_NOTE)
+    if any(timeline.setup_seconds > 0 for timeline in listed):
+        notes.append(SETUP_NOTE)
+    return notes
+
+
+def _wrapped(text: str, size: float, width: float) -> list[str]:
+    """``text`` cut into lines that fit ``width`` px at font ``size`` (0.6 em a character, as Graphviz's
+    fallback font DejaVu Sans runs)."""
+    import textwrap
+
+    return textwrap.wrap(text, max(20, int(width / (0.6 * size))))
+
+
 def _layout(timelines: list[ScheduleTimeline]) -> _Layout:
     span = max(timeline.step_seconds for timeline in timelines) or 1e-9
     scale = WIDTH / span
@@ -171,7 +212,8 @@ def _layout(timelines: list[ScheduleTimeline]) -> _Layout:
                 _Text(
                     8,
                     top + 12,
-                    f"rank {rank.rank}  stages {', '.join(map(str, rank.stages))}",
+                    f"rank {rank.rank}  stage{'s' if len(rank.stages) != 1 else ''} "
+                    f"{', '.join(map(str, rank.stages))}",
                     12,
                     css="rank",
                 )
@@ -197,6 +239,22 @@ def _layout(timelines: list[ScheduleTimeline]) -> _Layout:
                     f"rank {rank.rank}: idle where grey",
                 )
             )
+            if timeline.setup_seconds > 0:
+                width = timeline.setup_seconds * scale
+                text = "set-up"
+                boxes.append(
+                    _Box(
+                        LEFT,
+                        top,
+                        width,
+                        ROW,
+                        SETUP,
+                        "setup",
+                        f"rank {rank.rank}: the first step's set-up (stages, shape inference), "
+                        f"0-{timeline.setup_seconds * 1e3:.3f} ms: no action ran",
+                        text if width >= 7.5 * len(text) else "",
+                    )
+                )
             for action in rank.actions:
                 x = LEFT + action.start * scale
                 width = max((action.end - action.start) * scale, 0.6)
@@ -245,13 +303,27 @@ def _layout(timelines: list[ScheduleTimeline]) -> _Layout:
         texts.append(_Text(x, y + 17, f"{tick * 1e3:.4g}", 10, "middle", SECONDARY_TEXT, "tick-label"))
     texts.append(_Text(LEFT - 8, y + 17, "ms", 10, "end", SECONDARY_TEXT, "tick-label"))
     y += AXIS
-    # the legend
+    # the legend: each swatch 4 px before its own label, 28 px after the previous one; wrapped to the width
+    entries = [(KIND_COLOURS[kind], name) for kind, name in KIND_NAMES.items()]
+    entries.append((IDLE, "idle"))
+    if any(timeline.setup_seconds > 0 for timeline in timelines):
+        entries.append((SETUP, "first step's set-up"))
+    right = LEFT + WIDTH
     x = 8.0
-    for kind, name in [*KIND_NAMES.items(), ("idle", "idle")]:
-        boxes.append(_Box(x, y, 12, 12, KIND_COLOURS.get(kind, IDLE), "legend"))
+    for colour, name in entries:
+        width = 16 + 0.62 * 11 * len(name)  # swatch, gap, label at 11 px (wide enough for DejaVu Sans)
+        if x > 8.0 and x + width > right:
+            x, y = 8.0, y + LEGEND
+        boxes.append(_Box(x, y, 12, 12, colour, "legend"))
         texts.append(_Text(x + 16, y + 10, name, 11, css="legend-label"))
-        x += 24 + 6.6 * len(name)
+        x += width + 28
     y += LEGEND
+    # what the picture shows, in words: the PNG and PDF carry it as the SVG and the HTML page do
+    for note in timeline_notes(timelines):
+        for line in _wrapped(note, 10, right - 8):
+            texts.append(_Text(8, y + 10, line, 10, fill=SECONDARY_TEXT, css="note"))
+            y += 14
+    y += 6
     title = "; ".join(
         f"{timeline.schedule} bubble {_percent(timeline.bubble_fraction)}" for timeline in timelines
     )
@@ -338,9 +410,11 @@ def timeline_graph(timelines: ScheduleTimeline | Sequence[ScheduleTimeline]) -> 
     for index, text in enumerate(layout.texts):
         width = 0.6 * text.size * len(text.text)  # about DejaVu Sans, Graphviz's usual fallback
         offset = {"start": width / 2, "middle": 0.0, "end": -width / 2}[text.anchor]
+        # a left-anchored text ends in \l, so that Graphviz left-justifies it in its box: the box's width is
+        # only an estimate of the text's, and a centred label would drift away from its swatch or margin
         graph.node(
             f"text{index}",
-            label=text.text,
+            label=text.text.replace("\\", "\\\\") + ("\\l" if text.anchor == "start" else ""),
             shape="plaintext",
             style="",
             pos=f"{text.x + offset:.2f},{flip(text.y - text.size / 3):.2f}!",
@@ -421,6 +495,10 @@ def timeline_html(
             {"kind": kind, "name": name, "colour": KIND_COLOURS[kind]} for kind, name in KIND_NAMES.items()
         ],
         idle=IDLE,
+        notes=timeline_notes(listed),
+        setup=any(timeline.setup_seconds > 0 for timeline in listed),
+        setup_colour=SETUP,
+        unrecorded_note=UNRECORDED_NOTE,
     )
 
 

@@ -47,7 +47,7 @@ import torch
 from torch.autograd.graph import GradientEdge, Node
 
 from graphkit.graph import _autograd
-from graphkit.graph.tensors import GraphkitInputError, flatten_tensors
+from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, non_tensor_leaves
 from graphkit.graph.walk import NodeWalk, walk_nodes
 
 __all__ = [
@@ -144,10 +144,15 @@ class AutogradGraph(nx.MultiDiGraph):
         return self.reverse(copy=False)
 
     # --- export ---------------------------------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
-        """Node-link JSON (``networkx.node_link_data``) with plain, deterministic values."""
+    def to_dict(self) -> dict[str, Any]:
+        """Node-link data (``networkx.node_link_data``) with plain, deterministic values: what
+        :meth:`to_json` writes, as a dict (``networkx.node_link_graph`` reads it back)."""
         data = nx.node_link_data(_plain_copy(self), edges="edges")
         return json.loads(json.dumps(data, default=str))
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The node-link JSON text of :meth:`to_dict` (``indent``: as ``json.dumps``), to write to a file."""
+        return json.dumps(self.to_dict(), indent=indent)
 
     def to_graphml(self, path: str | Path) -> None:
         """Write GraphML (``networkx.write_graphml``); list and tuple attributes become JSON strings."""
@@ -194,6 +199,7 @@ class AutogradGraph(nx.MultiDiGraph):
             "outputs": [endpoint.name for endpoint in self.outputs],
             "unused_params": list(self.graph.get("unused_params", [])),
             "saved_bytes_total": self.graph.get("saved_bytes_total"),
+            "skipped_outputs": [entry["name"] for entry in self.graph.get("skipped_outputs", [])],
         }
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
@@ -274,7 +280,8 @@ def capture(
 
     Args:
         outputs: a tensor, a sequence, a mapping (Hugging Face ``ModelOutput`` included) or a nested mix;
-            tensors that do not require grad are skipped.
+            tensors that do not require grad are skipped, and so are values that are no tensors (an int in
+            a dict): ``graph.graph["skipped_outputs"]`` names them.
         inputs: the stage inputs, in the same forms; those that require grad become ``stage_input``
             nodes and the walk stops at them (what produced a non-leaf input belongs to an earlier stage).
         module: the module whose ``named_parameters()`` name the parameter leaves; parameters that require
@@ -301,7 +308,13 @@ def capture(
     collector_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _capture(output_edges, input_edges, module, details)
+        graph = _capture(output_edges, input_edges, module, details)
+        # outputs that are no tensors (an int in a dict): no gradient flows through them, so the graph
+        # leaves them out; it records their names so that the commands say so instead of staying silent
+        graph.graph["skipped_outputs"] = [
+            {"name": name, "type": kind} for name, kind in non_tensor_leaves(outputs)
+        ]
+        return graph
     finally:
         if collector_was_enabled:
             gc.enable()

@@ -57,6 +57,25 @@ def _is_edge(item: Any) -> bool:
     return isinstance(item, GradientEdge)
 
 
+def non_tensor_leaves(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """The leaves of ``value`` that are neither tensors nor None, with their paths and type names
+    (``[("count", "int")]`` for ``{"logits": tensor, "count": 3}``): outputs no gradient flows through,
+    which capture skips and the commands name. Same walk and paths as :func:`flatten_tensors`."""
+    found: list[tuple[str, str]] = []
+    stack: list[tuple[str, Any]] = [(prefix, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, torch.Tensor) or item is None:
+            continue
+        if isinstance(item, Mapping):
+            stack.extend(reversed([(_join(path, str(key)), child) for key, child in item.items()]))
+        elif isinstance(item, Sequence) and not isinstance(item, (str, bytes)):
+            stack.extend(reversed([(_join(path, str(index)), child) for index, child in enumerate(item)]))
+        else:
+            found.append((path or "output", type(item).__name__))
+    return found
+
+
 def distinct_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes held by ``tensors``, each stretch of storage counted once (views of one tensor are not added up).
 

@@ -29,6 +29,7 @@ Tolerances (relative to the largest magnitude of the reference gradient):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import html
 import warnings
 from collections import deque
@@ -40,6 +41,7 @@ import torch
 
 from graphkit.analysis.opaque import opaque_nodes
 from graphkit.analysis.parameter_groups import param_groups
+from graphkit.analysis.uncounted_flops import FlopCoverage, flop_coverage
 from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, unflatten_like
@@ -157,6 +159,20 @@ class VerifyReport:
         """The checks that are not ``ok``."""
         return [check for check in [*self.inputs, *self.params] if check.status != "ok"]
 
+    def verdict(self) -> str:
+        """One sentence, the same in ``graphkit verify`` and ``graphkit inspect``: ``OK: all 17 gradients
+        match (16 parameters, 1 input)`` or ``FAILED: 2 of 17 gradients differ (...)``."""
+        total = len(self.inputs) + len(self.params)
+        counts = f"{_count(len(self.params), 'parameter')}, {_count(len(self.inputs), 'input')}"
+        if self.ok:
+            return f"OK: all {total} gradients match ({counts})"
+        return f"FAILED: {len(self.failures)} of {total} gradients differ ({counts})"
+
+    @property
+    def flops_partial(self) -> bool:
+        """Whether the FLOP totals leave out nodes FlopCounterMode cannot count (``flops_coverage``)."""
+        return bool(self.extra.get("flops_coverage", {}).get("partial"))
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``ok``, ``inputs``, ``params``, ``flops``, ``groups``, ``dtype``, ``device``, ``tolerance``."""
         return {
@@ -196,10 +212,12 @@ class VerifyReport:
                 f"FLOPs full={flops['full']:,} B={flops['b']:,} W={flops['w']:,} "
                 f"(B+W)/full={_ratio(flops['b'] + flops['w'], flops['full'])}"
             )
+        note = self.extra.get("flops_coverage", {}).get("note")
+        if note:  # as graphkit inspect says it: "partial: 1 node(s) not counted (MatmulTanh)"
+            lines.append(f"FLOPs {note}" if note.startswith("partial") else f"FLOPs: {note}")
         lines.extend(self._opaque_lines())
         lines.append(
-            f"{'OK' if self.ok else 'FAILED'}: {len(self.failures)} of {len(self.inputs) + len(self.params)} "
-            f"gradients differ ({self.dtype}, {self.device}, rel tol {self.tolerance:g}, {self.groups} groups)"
+            f"{self.verdict()} ({self.dtype}, {self.device}, rel tol {self.tolerance:g}, {self.groups} groups)"
         )
         return "\n".join(lines)
 
@@ -256,6 +274,10 @@ class VerifyReport:
 
 def _number(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 def _ratio(numerator: int, denominator: int) -> str:
@@ -556,6 +578,9 @@ def _verify_in_place(
             leaf.grad = None
         full_graph = capture(outputs, inputs=prepared, details=False)
         opaque = opaque_nodes(full_graph)  # node ids are the same in every run of the stage
+        # what FlopCounterMode's totals leave out, as graphkit inspect says it (these totals add no estimates)
+        coverage = flop_coverage(full_graph)
+        coverage = FlopCoverage([dataclasses.replace(item, estimated=None) for item in coverage.not_counted])
         full_watched = {node: full_graph.autograd_nodes[node] for node in opaque}
         flops = PhaseFlops()
         with flops.counting("full", full_watched), seeded_backward():
@@ -600,7 +625,7 @@ def _verify_in_place(
                 extra["recompute"] = str(Recompute(recompute))
             return prepared, state, groups
 
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {"flops_coverage": coverage.to_dict(), "flops_partial": coverage.partial}
         try:
             prepared, state, groups = split_run(count_flops=True)
         except RuntimeError as error:

@@ -178,6 +178,14 @@ class PipelineModel:
         (the schedules index one target per microbatch; a loss without a target ignores them)."""
         return self.target if self.target is not None else torch.zeros(self.batch_size)
 
+    def schedule_loss_fn(self) -> Callable[..., Tensor]:
+        """The loss to give a schedule with :meth:`schedule_target`: :attr:`loss_fn`, or, for a target of
+        None, a function that calls ``loss_fn(output, None)`` whatever placeholder target it is given."""
+        if self.target is not None:
+            return self.loss_fn
+        loss_fn = self.loss_fn
+        return lambda output, _placeholder, **kwargs: loss_fn(output, None, **kwargs)
+
 
 def _batched(value: Any) -> bool:
     return isinstance(value, Tensor) and value.dim() > 0
@@ -236,6 +244,15 @@ def _load(spec: Any, num_stages: int | None, batch_size: int | None) -> Pipeline
         return _checked(spec, hf_pipeline(spec, num_stages=stages, batch_size=batch), stages)
     if spec.startswith("zoo-pipeline:"):
         return _checked(spec, _call(spec, _builtin(spec), num_stages, batch_size), num_stages)
+    if spec.startswith("zoo:"):  # a model spec: one stage, no loss or batch to cut into a pipeline
+        name = spec[len("zoo:") :]
+        instead = f"zoo-pipeline:{name}" if name in PIPELINES else f"zoo-pipeline:{next(iter(PIPELINES))}"
+        raise SpecError(
+            f"{spec!r} is a model spec (one stage); a pipeline command takes a pipeline spec: {instead}, "
+            f"zoo-pipeline:NAME ({', '.join(PIPELINES)}), hf:gpt2?..., hf:llama?... or path/to/file.py:function "
+            "returning (stages, loss_fn, inputs, target) - see docs/pipeline_specs.md; graphkit list names "
+            "the built-in ones"
+        )
     function = _function_of(spec)
     return _checked(spec, _call(spec, function, num_stages, batch_size), num_stages)
 

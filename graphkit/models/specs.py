@@ -26,6 +26,8 @@ import importlib
 import importlib.util
 import inspect
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -46,6 +48,8 @@ __all__ = [
     "looks_like_path",
     "meta_forward_error",
     "on_sys_path",
+    "meta_graph_note",
+    "model_frame",
     "spec_inputs_as_call",
 ]
 
@@ -157,6 +161,66 @@ def meta_forward_error(spec: str, error: BaseException) -> SpecError | None:
         "--device meta works for models whose forward depends on shapes alone (hf:ARCH?stage=middle, "
         "the zoo); run this one on cpu, with a smaller config if it is too large"
     )
+
+
+def meta_graph_note(module: nn.Module) -> str:
+    """Why the graph of ``module`` on the ``meta`` device differs from the one on cpu or cuda ("" when it
+    does not): PyTorch has no fused kernel for ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on the meta device and
+    runs them a time step at a time (addmm, sigmoid, tanh ... per step and layer), where the CPU runs one
+    ``mkldnn_rnn_layer`` (cuDNN on CUDA) per layer: more nodes, the same parameters, and groups that can
+    differ (the fused node gives one group per layer; step by step, each weight has its own addmm)."""
+    recurrent = sorted({type(child).__name__ for child in module.modules() if isinstance(child, nn.RNNBase)})
+    if not recurrent:
+        return ""
+    return (
+        f"on the meta device PyTorch runs {', '.join(recurrent)} a time step at a time (it has no fused meta "
+        "kernel), so this graph has more nodes than the one on cpu, where one fused node (mkldnn_rnn_layer; "
+        "cuDNN on cuda) per layer does the work; the parameters are the same, the groups can differ (step by "
+        "step, each weight leaves the input path at its own addmm)"
+    )
+
+
+def model_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """Where the user's model raised ``error``: the deepest frame of its traceback outside PyTorch and the
+    standard library (and the ``__torch_function__`` / ``__torch_dispatch__`` handlers that run each op of
+    the model under graphkit's modes), when that frame is not graphkit's own (a spec's file, its module,
+    ``transformers``); None when graphkit raised it (a frame of graphkit is the deepest one left).
+
+    The commands use it to tell a mistake in the user's forward (one line, exit status 2) from a bug in
+    graphkit (a traceback). An error raised from another (``raise ... from error``) is looked up by its
+    cause when its own traceback ends in graphkit.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for frame in reversed(traceback.extract_tb(current.__traceback__)):
+            if frame.filename.startswith("<"):  # generated code (a dataclass's __setattr__, <frozen ...>)
+                continue
+            where = Path(frame.filename).resolve()
+            if _within(where, _TORCH) or _in_stdlib(where):
+                continue
+            if frame.name in _PASS_THROUGH:  # a mode's handler that runs the model's op (graphkit's tracing)
+                continue
+            if _within(where, _GRAPHKIT):
+                break  # graphkit's deepest: look at the cause, if any
+            return frame
+        current = current.__cause__
+    return None
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _in_stdlib(path: Path) -> bool:
+    return _within(path, _STDLIB) and not {"site-packages", "dist-packages"} & set(path.parts)
+
+
+_GRAPHKIT = Path(__file__).resolve().parents[1]
+_PASS_THROUGH = {"__torch_function__", "__torch_dispatch__"}
+_TORCH = Path(nn.__file__).resolve().parents[1]
+_STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 
 def spec_inputs_as_call(

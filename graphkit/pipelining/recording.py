@@ -158,6 +158,11 @@ class ScheduleTimeline:
         microbatches: microbatches per step; num_stages: pipeline stages.
         ranks: one :class:`RankTimeline` per rank, by rank.
         device: where the stages ran; memory_method: how memory was sampled.
+        setup_seconds: when the recorded step is a schedule's first (``verify-pipeline --timeline`` with
+            one step), the time before any rank's first action: PyTorch's first ``step`` sets the stages
+            up and infers the shapes they send and receive before it runs an action. 0 otherwise (the
+            ``timeline`` command runs an unrecorded step first). It is drawn and labelled, and left out of
+            the bubble fractions.
     """
 
     schedule: str
@@ -166,6 +171,7 @@ class ScheduleTimeline:
     ranks: list[RankTimeline]
     device: str = "cpu"
     memory_method: str = ""
+    setup_seconds: float = 0.0
 
     @property
     def step_seconds(self) -> float:
@@ -174,13 +180,14 @@ class ScheduleTimeline:
 
     @property
     def bubble_fraction(self) -> float:
-        """Share of rank-time not spent computing: ``1 - sum(compute seconds) / (ranks * step seconds)``."""
-        total = self.step_seconds * len(self.ranks)
+        """Share of rank-time not spent computing: ``1 - sum(compute seconds) / (ranks * step seconds)``
+        (the step's seconds without :attr:`setup_seconds`)."""
+        total = (self.step_seconds - self.setup_seconds) * len(self.ranks)
         return 1.0 - sum(rank.compute_seconds() for rank in self.ranks) / total if total > 0 else 0.0
 
     def rank_bubble_fraction(self, rank: int) -> float:
-        """One rank's share of the step spent not computing."""
-        step = self.step_seconds
+        """One rank's share of the step spent not computing (without :attr:`setup_seconds`)."""
+        step = self.step_seconds - self.setup_seconds
         return 1.0 - self.ranks[rank].compute_seconds() / step if step > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -190,6 +197,7 @@ class ScheduleTimeline:
             "microbatches": self.microbatches,
             "ranks": len(self.ranks),
             "step_seconds": self.step_seconds,
+            "setup_seconds": self.setup_seconds,
             "bubble_fraction": self.bubble_fraction,
             "peak_memory_bytes": [rank.peak_memory_bytes for rank in self.ranks],
             "rank_bubble_fraction": [self.rank_bubble_fraction(rank.rank) for rank in self.ranks],
@@ -225,6 +233,7 @@ class ScheduleTimeline:
             ranks,
             data.get("device", "cpu"),
             data.get("memory_method", ""),
+            data.get("setup_seconds", 0.0),
         )
 
     def _repr_svg_(self) -> str:
@@ -624,7 +633,15 @@ def _prepare_schedule(
 
     modules = [copy.deepcopy(module) for module in pipeline.stages]  # every schedule starts alike
     built, stages = schedule_on_rank(
-        modules, name, microbatches, rank, ranks, device, pipeline.loss_fn, stage_class, stages_per_rank
+        modules,
+        name,
+        microbatches,
+        rank,
+        ranks,
+        device,
+        pipeline.schedule_loss_fn(),
+        stage_class,
+        stages_per_rank,
     )
     args, target = batch
     built.step(*args, target=target)  # shape inference and first allocations

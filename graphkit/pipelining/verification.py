@@ -44,8 +44,10 @@ weights that a first step changed, with gradients cleared.
 from __future__ import annotations
 
 import math
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,6 +57,7 @@ from torch.distributed.pipelining import PipelineStage as TorchPipelineStage
 from torch.distributed.pipelining import build_stage as torch_build_stage
 
 from graphkit.models.pipeline_specs import load_pipeline_spec
+from graphkit.models.specs import model_frame
 from graphkit.pipelining.launcher import local_process_group, run_on_processes
 from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
 from graphkit.pipelining.schedules import (
@@ -109,6 +112,8 @@ class ParameterVerification:
         stages: the stages on this rank that hold the parameter (tied weights): above 1, its gradient
             sums their contributions in the schedule's order, so the run passes within ``1e-10``
             relative (not bit for bit), and its hooks fire once per stage and microbatch.
+        steps_compared: the schedule steps whose gradient was compared; 0 when the first step failed
+            (then the errors say nothing, and :meth:`PipelineVerification.table` says "not run").
     """
 
     name: str
@@ -118,6 +123,7 @@ class ParameterVerification:
     hooks: int | None = 0
     expected_hooks: int = 0
     stages: int = 1
+    steps_compared: int = 0
 
 
 @dataclass(slots=True)
@@ -134,7 +140,9 @@ class PipelineVerification:
     each copy of a replicated parameter on its own) against the traced model's full backward, and
     ``untraced`` compares the untraced model's parameters (hooks not counted) with the sum of their traced
     copies; ``passed`` also needs every one of those within ``1e-10`` relative. ``replicated``: each
-    parameter ``pipeline()`` copied into several stages, with the names of its copies.
+    parameter ``pipeline()`` copied into several stages, with the names of its copies. When the step
+    raised, ``error`` says what, ``error_traceback`` holds the whole traceback, and ``model_error`` where the
+    spec's own model raised it (``file.py:12 in forward``; empty when graphkit or PyTorch did).
     """
 
     case: PipelineCase
@@ -145,6 +153,8 @@ class PipelineVerification:
     timeline: Any = None
     untraced: list[ParameterVerification] = field(default_factory=list)
     replicated: dict[str, list[str]] = field(default_factory=dict)
+    model_error: str = ""
+    error_traceback: str = ""
 
     @property
     def exact(self) -> bool:
@@ -191,14 +201,21 @@ class PipelineVerification:
         """A per-parameter text table: errors, bitwise equality and hook counts (``untraced``: of
         :attr:`untraced`, the untraced model's parameters against their traced copies, summed)."""
         rows = [("parameter", "max abs error", "relative error", "bitwise", "hooks")]
+        steps = self.case.steps
         for check in self.untraced if untraced else self.parameters:
+            if not check.steps_compared:  # a step that did not run is no pass
+                rows.append((check.name, "-", "-", "not compared: the step did not run", "-"))
+                continue
             hooks = "n/a" if check.hooks is None else f"{check.hooks}/{check.expected_hooks}"
+            bitwise = "yes" if check.bitwise else "no"
+            if check.steps_compared < steps:
+                bitwise += f" (steps 1-{check.steps_compared} of {steps}; the next did not run)"
             rows.append(
                 (
                     check.name,
                     f"{check.max_abs_error:.3g}",
                     f"{check.relative_error:.3g}",
-                    "yes" if check.bitwise else "no",
+                    bitwise,
                     hooks,
                 )
             )
@@ -327,6 +344,9 @@ def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
     # a rank whose peer failed reports a closed connection: name the peer's own error first
     errors.sort(key=lambda error: "Connection closed" in error or error.startswith("not run"))
     merged.error = errors[0] if errors else None
+    failed = [check for check in checks if check.error is not None and check.error == merged.error]
+    if failed:
+        merged.model_error, merged.error_traceback = failed[0].model_error, failed[0].error_traceback
     seen: set[str] = set()
     seen_untraced: set[str] = set()
     for check in checks:
@@ -347,7 +367,13 @@ def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
             (rank for check in checks for rank in check.timeline.ranks), key=lambda rank: rank.rank
         )
         merged.timeline = ScheduleTimeline(
-            first.schedule, first.microbatches, first.num_stages, ranks, first.device, first.memory_method
+            first.schedule,
+            first.microbatches,
+            first.num_stages,
+            ranks,
+            first.device,
+            first.memory_method,
+            min(check.timeline.setup_seconds for check in checks),
         )
     merged.parameters.sort(key=lambda parameter: _sort_key(parameter.name))
     merged.untraced.sort(key=lambda parameter: _sort_key(parameter.name))
@@ -514,6 +540,7 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
     indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size, case.stages_per_rank)
     make_run = _tracing_run if case.frontend == "tracing" else _manual_run
     run = make_run(case, mesh, num_stages, indices)
+    schedule_loss, schedule_target = _schedule_loss_and_target(run)
     check = PipelineVerification(case, dist.get_world_size())
     stages, named, untraced = run.stages, run.named, run.untraced
     hooks: Counter[str] = Counter()
@@ -526,7 +553,7 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
                     parameter.register_post_accumulate_grad_hook(lambda _, name=name: hooks.update([name]))
                 )
         schedule = build_schedule(
-            case.schedule, stages, case.microbatches, run.loss_fn, ranks=mesh.pipeline_size
+            case.schedule, stages, case.microbatches, schedule_loss, ranks=mesh.pipeline_size
         )
         holders = Counter(id(parameter) for name, parameter in named.items() if name.startswith("stage"))
         results = {
@@ -541,12 +568,16 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
             try:
                 if case.record_timeline and step == case.steps - 1:
                     check.timeline = _recorded_step(
-                        schedule, stages, run.inputs, run.target, mesh, num_stages, case
+                        schedule, stages, run.inputs, schedule_target, mesh, num_stages, case, step == 0
                     )
                 else:
-                    schedule.step(*run.inputs, target=run.target)
+                    schedule.step(*run.inputs, target=schedule_target)
             except Exception as error:  # a failing PyTorch stage is a result, not a crash of the check
                 check.error = f"{type(error).__name__}: {_root_message(error)}"
+                frame = model_frame(error)
+                if frame is not None:  # the spec's own model raised: bad input, not a verdict on the split
+                    check.model_error = f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+                check.error_traceback = "".join(traceback.format_exception(error))
                 break
             run.reference_backward()
             grads = {name: _full_gradient(parameter) for name, parameter in named.items()}
@@ -575,6 +606,19 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
             for kind in ("input", "weight", "full"):
                 check.backward_calls[kind] = check.backward_calls.get(kind, 0) + getattr(calls, kind)
     return check
+
+
+def _schedule_loss_and_target(run: _Run) -> tuple[Any, Any]:
+    """The loss and target to give the schedule: the spec's, or, for a target of None (a loss that ignores
+    it), zeros with one row per batch row - the schedules split a target into one per microbatch - and a
+    loss that is called with None as the spec's full backward calls it."""
+    if run.target is not None:
+        return run.loss_fn, run.target
+    rows = next(
+        (int(value.shape[0]) for value in run.inputs if isinstance(value, torch.Tensor) and value.dim()), 1
+    )
+    loss_fn = run.loss_fn
+    return (lambda output, _placeholder, **kwargs: loss_fn(output, None, **kwargs)), torch.zeros(rows)
 
 
 class _UntracedComparison:
@@ -691,8 +735,12 @@ def _recorded_step(
     mesh: _Mesh,
     num_stages: int,
     case: Any,
+    first_step: bool = False,
 ) -> Any:
-    """Run one step under :class:`~graphkit.pipelining.recording.ScheduleRecorder`; this rank's timeline."""
+    """Run one step under :class:`~graphkit.pipelining.recording.ScheduleRecorder`; this rank's timeline.
+
+    ``first_step``: the schedule's first step, whose set-up before the first action (PyTorch's stage
+    set-up and shape inference) becomes the timeline's ``setup_seconds``."""
 
     probe, method = memory_probe(torch.device("cpu"))
     dist.barrier()  # every rank's time zero at the same moment
@@ -700,7 +748,10 @@ def _recorded_step(
         schedule, stages, lambda: schedule.step(*inputs, target=target), mesh.pipeline_rank, "cpu", probe
     )
     rank.rank = dist.get_rank()
-    return ScheduleTimeline(type(schedule).__name__, case.microbatches, num_stages, [rank], "cpu", method)
+    setup = min((action.start for action in rank.actions), default=0.0) if first_step else 0.0
+    return ScheduleTimeline(
+        type(schedule).__name__, case.microbatches, num_stages, [rank], "cpu", method, setup
+    )
 
 
 def _root_message(error: BaseException) -> str:
@@ -779,6 +830,7 @@ def _compare(
     microbatches: int,
     hooks: Counter[str],
 ) -> None:
+    result.steps_compared += 1
     result.hooks = (result.hooks or 0) + hooks[result.name]
     if reference is not None:
         result.expected_hooks += microbatches * result.stages

@@ -31,7 +31,13 @@ from graphkit.graph.tensors import flatten_tensors, unflatten_like
 from graphkit.graph.tracing import trace
 from graphkit.measure.flops import PhaseFlops
 from graphkit.measure.verification import VerifyReport, verify_split
-from graphkit.models.specs import load_spec, load_spec_on, meta_forward_error, spec_inputs_as_call
+from graphkit.models.specs import (
+    load_spec,
+    load_spec_on,
+    meta_forward_error,
+    meta_graph_note,
+    spec_inputs_as_call,
+)
 from graphkit.models.zoo import DEFAULT_MODEL
 from graphkit.split.backward import backward_input, backward_weight
 
@@ -84,6 +90,8 @@ class Inspection:
         svg: the laid-out diagram, or None when Graphviz is missing, too slow or failed.
         diagram_note: why ``svg`` is None (install instructions), else None.
         collapse_depth: module depth the diagram is collapsed at (None: every node drawn).
+        graph_note: why this graph differs from the same model's on another device ("" when it does not;
+            :func:`graphkit.models.specs.meta_graph_note`).
         timings: seconds spent in each step, by step name.
     """
 
@@ -102,6 +110,7 @@ class Inspection:
     diagram_note: str | None = None
     collapse_depth: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    graph_note: str = ""
 
     # --- derived facts ------------------------------------------------------------------------------
     @property
@@ -146,6 +155,8 @@ class Inspection:
             "nodes": graph_summary["nodes"],
             "edges": graph_summary["edges"],
             "node_kinds": graph_summary["kinds"],
+            "graph_note": self.graph_note,
+            "skipped_outputs": list(self.graph.graph.get("skipped_outputs", [])),
             "parameters": len(sizes),
             "parameter_values": sum(sizes.values()),
             "tied_parameters": self.tied_parameters(),
@@ -358,6 +369,7 @@ def collect(
         counted_flops=counted,
         coverage=coverage,
         timings=timings,
+        graph_note=meta_graph_note(module) if on_meta else "",
     )
     with timed(STEPS[4]):
         if fold:

@@ -14,7 +14,7 @@ from typing import Any
 
 import jinja2
 
-from graphkit.analysis.parameter_groups import FLAG_MEANINGS, GroupFlag
+from graphkit.analysis.parameter_groups import FLAG_MEANINGS, GroupFlag, tensor_names
 from graphkit.apps.report import formatting
 from graphkit.apps.report.inspection import FILES, META_VERIFY_NOTE, Inspection
 from graphkit.drawing.palette import group_style
@@ -135,7 +135,7 @@ def _group_rows(inspection: Inspection) -> list[dict[str, Any]]:
                 else "dotted"
                 if "dotted" in style.pattern
                 else "solid",
-                "params": list(group.params),
+                "params": tensor_names(graph, group.params),  # tied weights as one tensor: a = b
                 "value_count": values,
                 "share": _share(values, total),
                 "intermediates": [

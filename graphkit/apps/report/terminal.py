@@ -136,16 +136,29 @@ def terminal_rows(inspection: Inspection, output: Path) -> list[tuple[str, str]]
     if verify is None:
         verdict = f"NOT RUN ({inspection.device}): needs real values; run without --device meta to verify"
     else:
-        checked = len(verify.inputs) + len(verify.params)
-        verdict = (
-            f"{'OK' if verify.ok else 'FAILED'}: {checked - len(verify.failures)} of {checked} gradients match "
-            f"({verify.dtype}, {verify.device}, rel tol {tolerance_text(verify.tolerance)})"
+        verdict = (  # worded as graphkit verify words it
+            f"{verify.verdict()} ({verify.dtype}, {verify.device}, rel tol {tolerance_text(verify.tolerance)})"
         )
     saved = summary["saved_bytes_total"]
     rows = [
         ("model", f"{inspection.spec} ({inspection.module_class})"),
         ("inputs", "; ".join(_plain_input(item) for item in inspection.inputs) or "none"),
-        ("graph", f"{summary['nodes']} nodes, {summary['edges']} edges"),
+        *(
+            [
+                (
+                    "outputs",
+                    "left out, as no tensors (no gradient flows through them): "
+                    + ", ".join(f"{item['name']} ({item['type']})" for item in summary["skipped_outputs"]),
+                )
+            ]
+            if summary["skipped_outputs"]
+            else []
+        ),
+        (
+            "graph",
+            f"{summary['nodes']} nodes, {summary['edges']} edges"
+            + (f"; {inspection.graph_note}" if inspection.graph_note else ""),
+        ),
         (
             "parameters",
             f"{summary['parameters']} tensors, {summary['parameter_values']:,} values"

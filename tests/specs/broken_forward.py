@@ -1,0 +1,25 @@
+"""A model whose own forward raises (a wrong shape), as a model spec and as a pipeline spec: the graphkit
+commands say so in one line naming the spec, with exit status 2 (tests/test_cli.py)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class WrongShape(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) @ torch.ones(5, 5)  # 4 columns times 5 rows: raises
+
+
+def make() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    return WrongShape(), (torch.randn(2, 4, requires_grad=True),)
+
+
+def pipeline(num_stages: int, batch_size: int):
+    stages = [WrongShape() for _ in range(num_stages)]
+    return stages, lambda output, target: output.sum(), (torch.randn(batch_size, 4),), None
