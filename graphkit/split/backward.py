@@ -87,6 +87,7 @@ from graphkit.split.checkpointing import (
 )
 from graphkit.split.custom_functions import call_custom_function, custom_functions_in_input_phase
 from graphkit.split.graph_anchor import graph_anchor
+from graphkit.split.laps import current_laps
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
@@ -384,6 +385,9 @@ def _backward_input(
     recompute: Recompute | str,
     stacklevel: int,
 ) -> SplitState:
+    lap = current_laps()  # None unless timing_laps() is on: each mark below is then one test
+    if lap is not None:
+        lap.start()
     recompute = recompute_policy(recompute)
     params = parameter_list(params)
     pairs = pair_outputs(outputs, grad_outputs)
@@ -401,7 +405,11 @@ def _backward_input(
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [get_gradient_edge(tensor) for tensor, _ in pairs]
+    if lap is not None:
+        lap("b.arguments")
     walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
+    if lap is not None:
+        lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
     excluded = (
@@ -427,6 +435,8 @@ def _backward_input(
         plan = cached_plan(walk, input_nodes, excluded, input_positions)
         weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
 
+    if lap is not None:
+        lap("b.plan")
     closure_outputs = []
     output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
     for edge, (tensor, grad) in zip(output_edges, pairs, strict=True):
@@ -447,6 +457,8 @@ def _backward_input(
     run_once_positions, hook_candidates = opaque_positions_of(plan, nodes)
     run_once = _run_once_nodes(plan, nodes, run_once_positions)
     checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
+    if lap is not None:
+        lap("b.opaque")
     try:
         for index, _ in plan.intermediates:
             capture = partial(_capture_received, captured, index)
@@ -454,16 +466,24 @@ def _backward_input(
             others = _autograd.post_hooks_beside(handles[-1], capture)
             if others and index not in run_once_positions:
                 raise _post_hook_error(nodes[index], others)
+        if lap is not None:
+            lap("b.hooks")
         if stage_inputs and closure_outputs:
             with (
                 custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
                 _opaque_input_phase(run_once, checkpoints),
             ):
+                if lap is not None:
+                    lap("b.custom_functions")
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
                     [grad for _, grad in closure_outputs],
                     stage_inputs,
                 )
+                if lap is not None:
+                    lap("b.engine")
+            if lap is not None:
+                lap("b.custom_functions")
             input_grads_by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
     except RuntimeError as error:
         freed = _freed_error(error)
@@ -474,8 +494,12 @@ def _backward_input(
         for handle in handles:
             handle.remove()
     captured.update(materialized)
+    if lap is not None:
+        lap("b.hooks")
 
     work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
+    if lap is not None:
+        lap("b.formulas")
     if run_once is not None:
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
@@ -503,7 +527,11 @@ def _backward_input(
         _run_once=run_once if run_once is not None and not run_once.all_ran() else None,
     )
     _mark_materialized(plan, work, materialized)
+    if lap is not None:
+        lap("b.state")
     _watch_for_other_backwards(state, output_edges)
+    if lap is not None:
+        lap("b.watch")
     return state
 
 
@@ -712,6 +740,9 @@ def backward_weight(state: SplitState) -> None:
             version-counter check).
         Any error a hook raises during W, after which the state counts as used.
     """
+    lap = current_laps()
+    if lap is not None:
+        lap.start()
     if not isinstance(state, SplitState):
         raise SplitError(
             f"backward_weight needs the SplitState returned by backward_input, got {type(state).__name__}; "
@@ -741,17 +772,21 @@ def backward_weight(state: SplitState) -> None:
             "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
         )
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
+    if lap is not None:
+        lap("w.checks")
     try:
         with _outside_inference_mode(), _opaque_weight_phase(state):
-            _run_weight_phase(state)
+            _run_weight_phase(state, lap)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
         raise
     finally:
         state._release()
+        if lap is not None:
+            lap("w.release")
 
 
-def _run_weight_phase(state: SplitState) -> None:
+def _run_weight_phase(state: SplitState, lap: Any = None) -> None:
     if not state._weight_tensors or (not state._targets and not state._output_roots):
         return
     work = state._work
@@ -759,6 +794,8 @@ def _run_weight_phase(state: SplitState) -> None:
     # intermediates without a formula (B kept their Node): called first, inside a graph task of their own
     node_calls = [position for position, item in enumerate(work) if item is not None and item.rule is None]
     called = _call_nodes(state, node_calls) if node_calls else {}
+    if lap is not None:
+        lap("w.node_calls")
     # Every weight-side gradient becomes the root gradient of its target, in the order a full backward
     # produces them: the engine sums several roots on one edge and reduces each to the edge's shape and
     # dtype (validate_outputs), and tensor hooks on a target (a parameter's hook, a hook on ``W.t()``)
@@ -779,7 +816,11 @@ def _run_weight_phase(state: SplitState) -> None:
             grads = called.get(position)
             if grads is None:
                 item.check_unchanged()
+                if lap is not None:
+                    lap("w.roots")
                 grads = item.rule(item.grads)
+                if lap is not None:
+                    lap("w.formulas")
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is None:
                     continue
@@ -800,10 +841,14 @@ def _run_weight_phase(state: SplitState) -> None:
         root_grads.append(host.detach())
     if not roots:
         return
+    if lap is not None:
+        lap("w.roots")
     try:
         _autograd.run_engine_backward(roots, root_grads, state._weight_tensors)
     except RuntimeError as error:
         raise _freed_error(error) from error
+    if lap is not None:
+        lap("w.engine")
 
 
 def _mixed_parameters(state: SplitState) -> dict[int, torch.Tensor]:
