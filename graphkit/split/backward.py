@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -246,7 +246,10 @@ def _inside(tensor: torch.Tensor, ranges: list[tuple[int, int] | None]) -> bool:
         address = tensor.data_ptr()
     except RuntimeError:
         return True
-    return any(bounds is None or bounds[0] <= address < bounds[1] for bounds in ranges)
+    for bounds in ranges:  # noqa: SIM110 - a loop, not any(generator): called for every captured gradient
+        if bounds is None or bounds[0] <= address < bounds[1]:
+            return True
+    return False
 
 
 def _unaliased(grad: torch.Tensor | None, captured: list[torch.Tensor]) -> torch.Tensor | None:
@@ -456,7 +459,9 @@ def _backward_input(
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
     run_once_positions, hook_candidates = opaque_positions_of(plan, nodes)
     run_once = _run_once_nodes(plan, nodes, run_once_positions)
-    checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
+    # read once here: the regions need them before the engine call, the formulas after it
+    hooked = [index for index in hook_candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
+    checkpoints = _checkpointed_regions(nodes, hooked, recompute)
     if lap is not None:
         lap("b.opaque")
     try:
@@ -497,7 +502,8 @@ def _backward_input(
     if lap is not None:
         lap("b.hooks")
 
-    work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
+    unhooked = set(hook_candidates).difference(hooked) if hooked else hook_candidates
+    work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs], unhooked)
     if lap is not None:
         lap("b.formulas")
     if run_once is not None:
@@ -592,15 +598,15 @@ def _run_once_nodes(plan: BackwardPlan, nodes: list[Node], positions: tuple[int,
 
 
 def _checkpointed_regions(
-    nodes: list[Node], candidates: tuple[int, ...], recompute: Recompute
+    nodes: list[Node], hooked: list[int], recompute: Recompute
 ) -> CheckpointedRegions | None:
     """The non-reentrant checkpointed regions behind the Nodes W will unpack, or None.
 
-    ``candidates`` (:func:`opaque_positions_of`): the intermediates W may call and the weight-only Nodes
-    W's engine call runs, of classes that save tensors; a run-once Node is never called in W.
+    ``hooked``: those of the candidates (:func:`opaque_positions_of`: the intermediates W may call and
+    the weight-only Nodes W's engine call runs, of classes that save tensors; a run-once Node is never
+    called in W) whose saved tensors were packed by saved-tensor hooks.
     """
-    hooked = [nodes[index] for index in candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
-    return regions_of(hooked, recompute) if hooked else None
+    return regions_of([nodes[index] for index in hooked], recompute) if hooked else None
 
 
 @contextmanager
@@ -643,12 +649,14 @@ def _weight_work(
     nodes: list[Node],
     captured: dict[int, tuple[torch.Tensor | None, ...]],
     cotangents: list[torch.Tensor],
+    unhooked: Container[int] = (),
 ) -> tuple[list[_WeightWork | None], dict[int, Node], list[torch.Tensor]]:
     """What W will do for each intermediate of ``plan``, from the gradients B ``captured``.
 
     Returns the work per intermediate (None where no gradient arrived), the targets it feeds by node
     index, and every captured gradient kept. Gradients that share storage with a caller's cotangent are
     copied (the caller may reuse that buffer before W); formulas read their saved tensors now.
+    ``unhooked``: node indices already found free of hooked saved tensors (not checked again).
     """
     work: list[_WeightWork | None] = []
     kept_grads: list[torch.Tensor] = []
@@ -685,7 +693,7 @@ def _weight_work(
         rule = (
             None
             if sparse_leaves and any(target in sparse_leaves for _, target, _ in edges)
-            else prepare(node, weight_input_nrs)
+            else prepare(node, weight_input_nrs, unhooked=index in unhooked)
         )
         versions = tuple([grad._version for grad in kept])
         sequence_nr = (
@@ -809,11 +817,13 @@ def _run_weight_phase(state: SplitState, lap: Any = None) -> None:
     # the order of a full backward, so the sum keeps that order (bit for bit in bfloat16).
     mixed = _mixed_parameters(state)
     ordered: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    add_root = roots.append
+    add_root_grad = root_grads.append
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
             if item is None:
                 continue
-            grads = called.get(position)
+            grads = called.get(position) if called else None
             if grads is None:
                 item.check_unchanged()
                 if lap is not None:
@@ -824,11 +834,11 @@ def _run_weight_phase(state: SplitState, lap: Any = None) -> None:
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is None:
                     continue
-                if target in mixed:
+                if mixed and target in mixed:
                     ordered.append((item.sequence_nr, mixed[target], grad))
                     continue
-                roots.append(GradientEdge(targets[target], output_nr))
-                root_grads.append(grad)
+                add_root(GradientEdge(targets[target], output_nr))
+                add_root_grad(grad)
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
     for edge, grad in state._output_roots:
         roots.append(edge)
