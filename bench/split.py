@@ -66,9 +66,12 @@ MODELS = {
     **{f"zoo:{name}": (lambda name=name: zoo.build(name)) for name in zoo.MODELS},
 }
 
-# Compute-bound on a GPU (GPT-2 small's width, 4 of its blocks, 8 x 512 tokens); too slow for a 2-core CPU.
+# GPT-2 small's width, 4 of its blocks, microbatches of 1 x 1024 and 8 x 1024 tokens (on a GPU: the
+# first is launch-bound, where graphkit's Python shows, the second compute-bound); too slow for a 2-core CPU.
 GPU_MODELS = {
     "gpt2-small-stage": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=768&n_head=12&seq=512&batch=8"),
+    "gpt2-small-1x1024": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=768&n_head=12&seq=1024&batch=1"),
+    "gpt2-small-8x1024": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=768&n_head=12&seq=1024&batch=8"),
 }
 
 
