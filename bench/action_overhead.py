@@ -4,7 +4,7 @@
         --microbatches 8 --batch-size 512
 
 Records one step of ``--schedule`` with graphkit's stage (``graphkit timeline``, gloo ranks, one thread
-each) and measures every stage alone (``graphkit costs``, same microbatch size, one thread). Prints, per
+each) and measures every stage alone (``graphkit costs``, same microbatch size, as many threads). Prints, per
 stage and kind of action (F: forward, I: B, the input gradients, W: the weight gradients, B: a full
 backward), the median recorded duration against the stage's own cost, and their difference: the
 overhead per action that the schedule adds (communication bookkeeping, the stage's Python around B and W,
@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import torch
 
 from graphkit.measure.costs import spec_costs
 
@@ -38,14 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="recorded steps (the median one is used)")
     parser.add_argument("--repeat", type=int, default=10, help="timed microbatches for the costs")
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op CPU threads, per rank and for the costs"
+    )
     arguments = parser.parse_args(argv)
+    torch.set_num_threads(arguments.threads)  # as each rank of the recorded step
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "timeline.json"
         command = [
             sys.executable, "-m", "graphkit", "timeline", arguments.spec, "--schedule", arguments.schedule,
             "--ranks", str(arguments.ranks), "--microbatches", str(arguments.microbatches),
             "--batch-size", str(arguments.batch_size), "--steps", str(arguments.steps),
-            "--timeout", str(arguments.timeout), "-o", str(path),
+            "--timeout", str(arguments.timeout), "--threads", str(arguments.threads), "-o", str(path),
         ]  # fmt: skip
         # the graphkit this process imports (PYTHONPATH): compare two checkouts with the same script
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
