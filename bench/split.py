@@ -1,6 +1,7 @@
 """Benchmark graphkit's split backward (B + W) against a full backward and PyTorch's own split.
 
-    python bench/split.py [--repeat N] [--json] [--device cpu|cuda] [--threads N] [--only NAME ...]
+    python bench/split.py [--repeat N] [--json] [--device cpu|cuda] [--threads N] [--clock wall|cpu]
+                          [--only NAME ...]
 
 For every model: median wall time of the full backward, B, W and B+W over repeated microbatches after
 warm-up, FLOPs per phase, autograd-engine calls in W, the bytes kept alive between B and W (and that
@@ -19,6 +20,7 @@ import argparse
 import json
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +57,7 @@ def hf(spec: str):
 MODELS = {
     "encoder-12x64": lambda: encoder(12, 64),
     "encoder-48x16": lambda: encoder(48, 16),
+    "encoder-4x512": lambda: encoder(4, 512, batch=4, sequence=128),
     "mlp-48-linear-gelu": linear_gelu_mlp,
     "gpt2-stage": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=64&seq=32&batch=4"),
     "llama-stage": lambda: hf(
@@ -63,10 +66,35 @@ MODELS = {
     **{f"zoo:{name}": (lambda name=name: zoo.build(name)) for name in zoo.MODELS},
 }
 
-# Compute-bound on a GPU (GPT-2 small's width, 4 of its blocks, 8 x 512 tokens); too slow for a 2-core CPU.
+# GPT-2 small's width, 4 of its blocks, microbatches of 1 x 1024 and 8 x 1024 tokens (on a GPU: the
+# first is launch-bound, where graphkit's Python shows, the second compute-bound); too slow for a 2-core CPU.
 GPU_MODELS = {
     "gpt2-small-stage": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=768&n_head=12&seq=512&batch=8"),
+    "gpt2-small-1x1024": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=768&n_head=12&seq=1024&batch=1"),
+    "gpt2-small-8x1024": lambda: hf("hf:gpt2?stage=middle&n_layer=4&n_embd=768&n_head=12&seq=1024&batch=8"),
 }
+
+
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+"""``--clock``: wall time, or the calling thread's CPU time (steadier on a loaded machine; CPU and
+``--threads 1`` only, where the autograd engine runs on the calling thread)."""
+
+
+def add_clock_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time (default), or this thread's CPU time: leaves out time other processes hold the "
+        "core (a loaded machine); only with --threads 1 on the CPU",
+    )
+
+
+def clock_of(parser: argparse.ArgumentParser, arguments: argparse.Namespace) -> Any:
+    """The timer ``--clock`` names; the CPU clock refused where it would miss work (other threads, CUDA)."""
+    if arguments.clock == "cpu" and (arguments.threads != 1 or getattr(arguments, "device", "cpu") != "cpu"):
+        parser.error("--clock cpu needs --threads 1 on the CPU (the work must run on the calling thread)")
+    return CLOCKS[arguments.clock]
 
 
 def set_threads(parser: argparse.ArgumentParser, threads: int | None) -> None:
@@ -101,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", nargs="*", help="model names to run (default: all)")
     parser.add_argument("--threads", type=int, help="intra-op CPU threads (default: PyTorch's choice)")
+    add_clock_option(parser)
     arguments = parser.parse_args(argv)
     set_threads(parser, arguments.threads)
+    clock = clock_of(parser, arguments)
     results = {}
     if not arguments.json:
         print(HEADER)
@@ -111,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         models.update(GPU_MODELS)
     for name, module, inputs in built_models(models, arguments.only):
         result = benchmark_split(
-            module, inputs, repeat=arguments.repeat, warmup=arguments.warmup, device=arguments.device
+            module,
+            inputs,
+            repeat=arguments.repeat,
+            warmup=arguments.warmup,
+            device=arguments.device,
+            clock=clock,
         )
         results[name] = result.to_dict()
         if not arguments.json:

@@ -6,7 +6,8 @@
 # 1. `graphkit verify` on every zoo model and on transformers models built from configs, on DEVICE, in
 #    float32 and with bfloat16 autocast: prints one line per run and fails if any gradient differs.
 # 2. The split unit tests and the random-model property test, with their models moved to DEVICE.
-# 3. The split benchmark on DEVICE (a GPT-2-small-sized stage among others): (B+W)/full per model.
+# 3. The split benchmark on DEVICE: (B+W)/full per model, among them GPT-2-small-sized stages (4 blocks,
+#    d=768) with microbatches of 1x1024 and 8x1024 tokens; Bpy: B's host time outside its engine call.
 # Uses .venv/bin/python when present (set PYTHON to override). Exit status: non-zero if any check failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -55,6 +56,7 @@ GRAPHKIT_TEST_DEVICE="$device" "$python_bin" -m pytest -q -p no:cacheprovider te
 
 echo "== split benchmark on $device"
 "$python_bin" bench/split.py --device "$device" --repeat 20 --warmup 5 \
-    --only encoder-12x64 encoder-48x16 mlp-48-linear-gelu gpt2-stage llama-stage gpt2-small-stage || failed=1
+    --only encoder-12x64 mlp-48-linear-gelu encoder-4x512 gpt2-stage llama-stage gpt2-small-1x1024 gpt2-small-8x1024 \
+    || failed=1
 
 exit "$failed"

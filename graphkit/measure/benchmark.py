@@ -35,6 +35,7 @@ import contextlib
 import json
 import statistics
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -50,13 +51,16 @@ from graphkit.measure.verification import call_stage, fresh_inputs
 from graphkit.models.specs import load_spec
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.checkpointing import checkpoint_tensors
+from graphkit.split.laps import timing_laps
 
 __all__ = [
     "SplitBenchmark",
+    "SplitBreakdown",
     "SplitTimeAccount",
     "account_split_time",
     "bench_spec",
     "benchmark_split",
+    "breakdown_split",
     "count_engine_calls",
     "memory_kept",
     "saved_tensors_below",
@@ -187,6 +191,7 @@ def benchmark_split(
     warmup: int = 3,
     device: str | torch.device | None = None,
     compare_pytorch: bool = True,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SplitBenchmark:
     """Time and measure full backward, B, W and B+W over repeated microbatches of one stage.
 
@@ -196,6 +201,8 @@ def benchmark_split(
         repeat: measured microbatches; warmup: unmeasured ones first.
         device: move module and inputs there first (``"cuda"`` synchronizes around each timing).
         compare_pytorch: also run ``torch.distributed.pipelining._backward``'s split.
+        clock: :func:`time.perf_counter`, or :func:`time.thread_time` on a loaded machine (CPU, one
+            thread: see :func:`graphkit.measure.timing.timed`).
 
     Returns:
         A :class:`SplitBenchmark` (times in seconds, memory in bytes).
@@ -221,11 +228,11 @@ def benchmark_split(
         flat = [("input", prepared)] if isinstance(prepared, torch.Tensor) else flatten_tensors(prepared)
         return [tensor for _, tensor in flat if tensor.requires_grad]
 
-    full, b, w, b_engine = [], [], [], []
+    full, b, w, b_engine, b_python = [], [], [], [], []
     for _ in range(warmup + repeat):
         reset()
         _, (outputs, grads) = _split_pairs(forward())
-        full.append(timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device)[0])
+        full.append(timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device, clock)[0])
         prepared, (outputs, grads) = _split_pairs(forward())
         wanted = stage_inputs(prepared)
         if wanted:  # the engine's own input-gradient call, no graphkit: the floor for B
@@ -233,15 +240,22 @@ def benchmark_split(
                 timed(
                     lambda o=outputs, g=grads, i=wanted: torch.autograd.grad(o, i, g, allow_unused=True),
                     device,
+                    clock,
                 )[0]
             )
         reset()
         prepared, (outputs, grads) = _split_pairs(forward())
-        b_seconds, state = timed(lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device)
+        with timing_laps(clock) as laps:  # B's engine call, to tell B's Python from it
+            b_seconds, state = timed(
+                lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device, clock
+            )
         del outputs, grads  # a pipeline drops the stage outputs after B
-        w_seconds, _ = timed(lambda s=state: backward_weight(s), device)
+        w_seconds, _ = timed(lambda s=state: backward_weight(s), device, clock)
         b.append(b_seconds)
         w.append(w_seconds)
+        engine = laps.totals.get("b.engine", 0.0)
+        # B's own pieces but its engine call (on CUDA host time: the kernels' tail is in neither)
+        b_python.append((sum(laps.totals.values()) - engine, engine))
 
     # one more microbatch for FLOPs, engine calls and memory
     reset()
@@ -276,11 +290,14 @@ def benchmark_split(
             "device": str(device),
             "intermediates": state.num_intermediates,
             "b_engine_s": statistics.median(b_engine[warmup:]) if len(b_engine) > warmup else 0.0,
+            # B's time outside its engine call, and that engine call (medians, measured inside B)
+            "b_python_s": statistics.median(python for python, _ in b_python[warmup:]),
+            "b_own_engine_s": statistics.median(engine for _, engine in b_python[warmup:]),
         },
     )
     if compare_pytorch:
         result.extra.update(
-            _benchmark_pytorch(forward, stage_inputs, parameters, reset, device, warmup, repeat)
+            _benchmark_pytorch(forward, stage_inputs, parameters, reset, device, warmup, repeat, clock)
         )
     reset()
     return result
@@ -294,6 +311,7 @@ def _benchmark_pytorch(
     device: torch.device,
     warmup: int,
     repeat: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
     """The same microbatches through ``torch.distributed.pipelining._backward`` (B then W)."""
     try:
@@ -312,6 +330,7 @@ def _benchmark_pytorch(
                     [t for t, _ in pairs], [g for _, g in pairs], inputs, iter(parameters)
                 ),
                 device,
+                clock,
             )
             with flops.counting("w"), count_engine_calls() as calls:
                 w_seconds, _ = timed(
@@ -349,21 +368,23 @@ def format_row(name: str, result: SplitBenchmark) -> str:
     flops_column = f"{(flops['b'] + flops['w']) / flops['full']:6.3f}" if flops["full"] else f"{'n/a':>6s}"
     kept = result.retained_bytes / result.w_needs_bytes if result.w_needs_bytes else float("nan")
     floor = extra.get("b_engine_s", 0.0) / result.full_s if result.full_s else float("nan")
+    engine = extra.get("b_own_engine_s", 0.0)
+    python = extra.get("b_python_s", 0.0) / engine if engine else float("nan")
     return (
         f"{name:24s} {result.full_s * 1e3:8.2f} {result.b_s * 1e3:8.2f} {result.w_s * 1e3:8.2f} "
-        f"{result.ratio:6.2f}x {floor:5.2f} {flops_column} {result.w_engine_calls:3d} "
+        f"{result.ratio:6.2f}x {floor:5.2f} {python:5.2f} {flops_column} {result.w_engine_calls:3d} "
         f"{result.retained_bytes / 2**20:8.2f} {kept:5.2f} {result.graph_saved_bytes / 2**20:8.2f}  {pytorch}"
     )
 
 
 HEADER = (
-    f"{'model':24s} {'full ms':>8s} {'B ms':>8s} {'W ms':>8s} {'B+W':>7s} {'Beng':>5s} {'FLOPs':>6s} {'Wc':>3s} "
+    f"{'model':24s} {'full ms':>8s} {'B ms':>8s} {'W ms':>8s} {'B+W':>7s} {'Beng':>5s} {'Bpy':>5s} {'FLOPs':>6s} {'Wc':>3s} "
     f"{'kept MiB':>8s} {'/need':>5s} {'graph MiB':>8s}  pytorch (B+W)/full"
 )
 
 LEGEND = (
     "times: medians per microbatch; B+W: (B + W) time / full backward time; Beng: torch.autograd.grad to "
-    "the stage inputs alone (what B cannot go below) / full; FLOPs: (B + W) FLOPs / full; Wc: autograd-engine calls in W; kept MiB: bytes kept alive "
+    "the stage inputs alone (what B cannot go below) / full; Bpy: B's time outside its own engine call / that engine call's time (on CUDA: host time); FLOPs: (B + W) FLOPs / full; Wc: autograd-engine calls in W; kept MiB: bytes kept alive "
     "from B to W, /need: that over what W cannot do without; graph MiB: saved tensors of the whole stage "
     "graph; pytorch: torch.distributed.pipelining's own split (I + W) / full, with its W's engine calls"
 )
@@ -537,3 +558,84 @@ def bench_spec(
         print(format_row(spec, result))
         print(textwrap.fill(LEGEND, width=110))
     return 0
+
+
+@dataclass(slots=True)
+class SplitBreakdown:
+    """Where B's and W's time goes per microbatch: :func:`breakdown_split`'s result (seconds, medians).
+
+    ``full_s``, ``b_s``, ``w_s``: wall time of a full backward, B and W (alternating microbatches).
+    ``pieces``: per piece of B (``"b.walk"``, ``"b.engine"``, ...) and W (``"w.formulas"``, ``"w.engine"``,
+    ...) the median time (:mod:`graphkit.split.laps`); ``"b.other"`` / ``"w.other"``: the call's time the
+    pieces do not cover (argument passing, the context managers around the phase).
+    """
+
+    full_s: float
+    b_s: float
+    w_s: float
+    pieces: dict[str, float]
+    intermediates: int
+
+    def python_s(self, phase: str) -> float:
+        """Time of ``phase`` (``"b"`` or ``"w"``) outside its engine call and, for W, its formulas."""
+        own = {f"{phase}.engine", f"{phase}.formulas"} if phase == "w" else {f"{phase}.engine"}
+        total = self.b_s if phase == "b" else self.w_s
+        return total - sum(self.pieces.get(name, 0.0) for name in own)
+
+
+def breakdown_split(
+    module: torch.nn.Module,
+    inputs: Any,
+    *,
+    repeat: int = 20,
+    warmup: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> SplitBreakdown:
+    """Time every piece of B and W (:func:`graphkit.split.laps.timing_laps`) against a full backward.
+
+    Microbatches alternate between a full backward and B then W, in one process; each piece's figure is
+    its median over ``repeat`` microbatches after ``warmup``. Runs where the stage's parameters are.
+    """
+    if repeat < 1:
+        raise GraphkitInputError(f"repeat must be at least 1, got {repeat}")
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    device = parameters[0].device if parameters else torch.device("cpu")
+
+    def forward() -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
+        for parameter in parameters:
+            parameter.grad = None
+        prepared = fresh_inputs(inputs, device=device)
+        pairs = _cotangents(call_stage(module, prepared), 0)
+        return prepared, [t for t, _ in pairs], [g for _, g in pairs]
+
+    full, b, w, pieces = [], [], [], []
+    intermediates = 0
+    for _ in range(warmup + repeat):
+        _, outputs, grads = forward()
+        full.append(timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device, clock)[0])
+        prepared, outputs, grads = forward()
+        with timing_laps(clock) as laps:
+            b_seconds, state = timed(
+                lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device, clock
+            )
+            del outputs, grads
+            intermediates = state.num_intermediates
+            w_seconds, _ = timed(lambda s=state: backward_weight(s), device, clock)
+        totals = dict(laps.totals)
+        totals["b.other"] = b_seconds - sum(v for k, v in totals.items() if k.startswith("b."))
+        totals["w.other"] = w_seconds - sum(v for k, v in totals.items() if k.startswith("w."))
+        b.append(b_seconds)
+        w.append(w_seconds)
+        pieces.append(totals)
+    for parameter in parameters:
+        parameter.grad = None
+    names = sorted({name for totals in pieces for name in totals})
+    return SplitBreakdown(
+        full_s=statistics.median(full[warmup:]),
+        b_s=statistics.median(b[warmup:]),
+        w_s=statistics.median(w[warmup:]),
+        pieces={
+            name: statistics.median(totals.get(name, 0.0) for totals in pieces[warmup:]) for name in names
+        },
+        intermediates=intermediates,
+    )

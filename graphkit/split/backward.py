@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -87,6 +87,7 @@ from graphkit.split.checkpointing import (
 )
 from graphkit.split.custom_functions import call_custom_function, custom_functions_in_input_phase
 from graphkit.split.graph_anchor import graph_anchor
+from graphkit.split.laps import current_laps
 from graphkit.split.multi_grad_hooks import MULTI_GRAD_HOOK_REASON, refusing_multi_grad_hooks
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
@@ -267,7 +268,10 @@ def _inside(tensor: torch.Tensor, ranges: list[tuple[int, int] | None]) -> bool:
         address = tensor.data_ptr()
     except RuntimeError:
         return True
-    return any(bounds is None or bounds[0] <= address < bounds[1] for bounds in ranges)
+    for bounds in ranges:  # noqa: SIM110 - a loop, not any(generator): called for every captured gradient
+        if bounds is None or bounds[0] <= address < bounds[1]:
+            return True
+    return False
 
 
 def _in_leaf_layout(grad: torch.Tensor | None, leaf: torch.Tensor) -> torch.Tensor | None:
@@ -443,6 +447,9 @@ def _backward_input(
     recompute: Recompute | str,
     stacklevel: int,
 ) -> SplitState:
+    lap = current_laps()  # None unless timing_laps() is on: each mark below is then one test
+    if lap is not None:
+        lap.start()
     recompute = recompute_policy(recompute)
     params = parameter_list(params)
     pairs = pair_outputs(outputs, grad_outputs)
@@ -460,7 +467,11 @@ def _backward_input(
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [_root_edge(output) for output, _ in pairs]
+    if lap is not None:
+        lap("b.arguments")
     walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
+    if lap is not None:
+        lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
     excluded = (
@@ -486,6 +497,8 @@ def _backward_input(
         plan = cached_plan(walk, input_nodes, excluded, input_positions)
         weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
 
+    if lap is not None:
+        lap("b.plan")
     closure_outputs = []
     output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
     for edge, (tensor, grad) in zip(output_edges, pairs, strict=True):
@@ -505,7 +518,11 @@ def _backward_input(
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
     run_once_positions, hook_candidates = opaque_positions_of(plan, nodes)
     run_once = _run_once_nodes(plan, nodes, run_once_positions)
-    checkpoints = _checkpointed_regions(nodes, hook_candidates, recompute)
+    # read once here: the regions need them before the engine call, the formulas after it
+    hooked = [index for index in hook_candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
+    checkpoints = _checkpointed_regions(nodes, hooked, recompute)
+    if lap is not None:
+        lap("b.opaque")
     try:
         for index, _ in plan.intermediates:
             capture = partial(_capture_received, captured, index)
@@ -513,6 +530,8 @@ def _backward_input(
             others = _autograd.post_hooks_beside(handles[-1], capture)
             if others and index not in run_once_positions:
                 raise _post_hook_error(nodes[index], others)
+        if lap is not None:
+            lap("b.hooks")
         if stage_inputs and closure_outputs:
             with (
                 custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
@@ -521,11 +540,17 @@ def _backward_input(
                     partial(_only_in_weight_phase, walk.index, plan.weight_only), _multi_grad_hook_error
                 ),
             ):
+                if lap is not None:
+                    lap("b.custom_functions")
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
                     [grad for _, grad in closure_outputs],
                     stage_inputs,
                 )
+                if lap is not None:
+                    lap("b.engine")
+            if lap is not None:
+                lap("b.custom_functions")
             input_grads_by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
     except RuntimeError as error:
         freed = _freed_error(error)
@@ -536,8 +561,13 @@ def _backward_input(
         for handle in handles:
             handle.remove()
     captured.update(materialized)
+    if lap is not None:
+        lap("b.hooks")
 
-    work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs])
+    unhooked = set(hook_candidates).difference(hooked) if hooked else hook_candidates
+    work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs], unhooked)
+    if lap is not None:
+        lap("b.formulas")
     if run_once is not None:
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
@@ -566,7 +596,11 @@ def _backward_input(
         _run_once=run_once if run_once is not None and not run_once.all_ran() else None,
     )
     _mark_materialized(plan, work, materialized)
+    if lap is not None:
+        lap("b.state")
     _watch_for_other_backwards(state, output_edges)
+    if lap is not None:
+        lap("b.watch")
     return state
 
 
@@ -645,15 +679,15 @@ def _run_once_nodes(plan: BackwardPlan, nodes: list[Node], positions: tuple[int,
 
 
 def _checkpointed_regions(
-    nodes: list[Node], candidates: tuple[int, ...], recompute: Recompute
+    nodes: list[Node], hooked: list[int], recompute: Recompute
 ) -> CheckpointedRegions | None:
     """The non-reentrant checkpointed regions behind the Nodes W will unpack, or None.
 
-    ``candidates`` (:func:`opaque_positions_of`): the intermediates W may call and the weight-only Nodes
-    W's engine call runs, of classes that save tensors; a run-once Node is never called in W.
+    ``hooked``: those of the candidates (:func:`opaque_positions_of`: the intermediates W may call and
+    the weight-only Nodes W's engine call runs, of classes that save tensors; a run-once Node is never
+    called in W) whose saved tensors were packed by saved-tensor hooks.
     """
-    hooked = [nodes[index] for index in candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
-    return regions_of(hooked, recompute) if hooked else None
+    return regions_of([nodes[index] for index in hooked], recompute) if hooked else None
 
 
 @contextmanager
@@ -696,12 +730,14 @@ def _weight_work(
     nodes: list[Node],
     captured: dict[int, tuple[torch.Tensor | None, ...]],
     cotangents: list[torch.Tensor],
+    unhooked: Container[int] = (),
 ) -> tuple[list[_WeightWork | None], dict[int, Node], list[torch.Tensor]]:
     """What W will do for each intermediate of ``plan``, from the gradients B ``captured``.
 
     Returns the work per intermediate (None where no gradient arrived), the targets it feeds by node
     index, and every captured gradient kept. Gradients that share storage with a caller's cotangent are
     copied (the caller may reuse that buffer before W); formulas read their saved tensors now.
+    ``unhooked``: node indices already found free of hooked saved tensors (not checked again).
     """
     work: list[_WeightWork | None] = []
     kept_grads: list[torch.Tensor] = []
@@ -738,7 +774,7 @@ def _weight_work(
         rule = (
             None
             if sparse_leaves and any(target in sparse_leaves for _, target, _ in edges)
-            else prepare(node, weight_input_nrs)
+            else prepare(node, weight_input_nrs, unhooked=index in unhooked)
         )
         versions = tuple([grad._version for grad in kept])
         sequence_nr = (
@@ -796,6 +832,9 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
             version-counter check).
         Any error a hook raises during W, after which the state counts as used.
     """
+    lap = current_laps()
+    if lap is not None:
+        lap.start()
     if not isinstance(state, SplitState):
         raise SplitError(
             f"backward_weight needs the SplitState returned by backward_input, got {type(state).__name__}; "
@@ -825,17 +864,21 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
             "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
         )
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
+    if lap is not None:
+        lap("w.checks")
     try:
         with _outside_inference_mode(), _opaque_weight_phase(state):
-            _run_weight_phase(state, retain_graph)
+            _run_weight_phase(state, retain_graph, lap)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
         raise
     finally:
         state._release()
+        if lap is not None:
+            lap("w.release")
 
 
-def _run_weight_phase(state: SplitState, retain_graph: bool = False) -> None:
+def _run_weight_phase(state: SplitState, retain_graph: bool = False, lap: Any = None) -> None:
     if not state._weight_tensors or (not state._targets and not state._output_roots):
         return
     work = state._work
@@ -843,6 +886,8 @@ def _run_weight_phase(state: SplitState, retain_graph: bool = False) -> None:
     # intermediates without a formula (B kept their Node): called first, inside a graph task of their own
     node_calls = [position for position, item in enumerate(work) if item is not None and item.rule is None]
     called = _call_nodes(state, node_calls) if node_calls else {}
+    if lap is not None:
+        lap("w.node_calls")
     # Every weight-side gradient becomes the root gradient of its target, in the order a full backward
     # produces them: the engine sums several roots on one edge and reduces each to the edge's shape and
     # dtype (validate_outputs), and tensor hooks on a target (a parameter's hook, a hook on ``W.t()``)
@@ -856,22 +901,28 @@ def _run_weight_phase(state: SplitState, retain_graph: bool = False) -> None:
     # the order of a full backward, so the sum keeps that order (bit for bit in bfloat16).
     mixed = _mixed_parameters(state)
     ordered: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+    add_root = roots.append
+    add_root_grad = root_grads.append
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
             if item is None:
                 continue
-            grads = called.get(position)
+            grads = called.get(position) if called else None
             if grads is None:
                 item.check_unchanged()
+                if lap is not None:
+                    lap("w.roots")
                 grads = item.rule(item.grads)
+                if lap is not None:
+                    lap("w.formulas")
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is None:
                     continue
-                if target in mixed:
+                if mixed and target in mixed:
                     ordered.append((item.sequence_nr, mixed[target], grad))
                     continue
-                roots.append(GradientEdge(targets[target], output_nr))
-                root_grads.append(grad)
+                add_root(GradientEdge(targets[target], output_nr))
+                add_root_grad(grad)
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
     for edge, grad in state._output_roots:
         roots.append(edge)
@@ -884,10 +935,14 @@ def _run_weight_phase(state: SplitState, retain_graph: bool = False) -> None:
         root_grads.append(host.detach())
     if not roots:
         return
+    if lap is not None:
+        lap("w.roots")
     try:
         _autograd.run_engine_backward(roots, root_grads, state._weight_tensors, retain_graph)
     except RuntimeError as error:
         raise _freed_error(error) from error
+    if lap is not None:
+        lap("w.engine")
 
 
 def _mixed_parameters(state: SplitState) -> dict[int, torch.Tensor]:

@@ -55,6 +55,9 @@ class BackwardPlan:
     # filled on first use by opaque_positions_of: (run-once Node indices, Nodes W may unpack hooked saved
     # tensors of); both depend on Node classes alone, like the rest of the plan
     opaque_positions: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # filled on first use by custom_functions_in_input_phase: whether any Node is a custom Function's
+    # (Node classes are part of the structure)
+    has_custom_functions: bool | None = None
 
 
 _CACHE: dict[Any, BackwardPlan] = {}

@@ -70,7 +70,9 @@ def custom_functions_in_input_phase(
     ``ctx.set_materialize_grads(False)``), so that W passes the very same ones. The engine calls a custom
     Function through its ``apply`` attribute, so an instance attribute stands in for the class's one.
     """
-    if not _autograd.any_custom_function(walk.nodes):
+    if plan.has_custom_functions is None:  # once per structure: the plan's key holds the Node classes
+        plan.has_custom_functions = _autograd.any_custom_function(walk.nodes)
+    if not plan.has_custom_functions:
         yield
         return
     custom = [index for index, node in enumerate(walk.nodes) if _autograd.is_custom_function(node)]

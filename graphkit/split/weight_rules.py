@@ -60,11 +60,11 @@ _STRIDED = torch.strided
 
 
 def _saved(node: Node, name: str) -> torch.Tensor:
-    """The saved tensor ``name`` of ``node``, refusing tensors a formula cannot read safely."""
-    raw_name, saved_name = _ATTRIBUTE_NAMES[name]
-    if getattr(getattr(node, raw_name, None), "unpack_hook", None) is not None:
-        raise _Unsupported(name)  # reading it would run a saved-tensor unpack hook outside the engine
-    tensor = getattr(node, saved_name)
+    """The saved tensor ``name`` of ``node``, refusing tensors a formula cannot read safely.
+
+    Only called through :func:`prepare`, which has made sure no saved tensor of ``node`` was packed by
+    saved-tensor hooks (reading one would run its unpack hook outside the engine)."""
+    tensor = getattr(node, _ATTRIBUTE_NAMES[name])
     if tensor is None or tensor.layout is not _STRIDED or tensor.is_complex():
         raise _Unsupported(name)
     # an activation's grad_fn would keep the whole input path's graph alive until W; the detached
@@ -80,9 +80,9 @@ def _real_output(node: Node) -> None:
             raise _Unsupported("complex output")
 
 
-# per saved name: (raw SavedTensor attribute, unpacked attribute); _LAYOUT_NAMES: (sizes, strides)
-_ATTRIBUTE_NAMES: dict[str, tuple[str, str]] = {
-    name: (f"_raw_saved_{name}", f"_saved_{name}")
+# per saved name: its unpacked attribute; _LAYOUT_NAMES: (sizes, strides)
+_ATTRIBUTE_NAMES: dict[str, str] = {
+    name: f"_saved_{name}"
     for name in ("mat1", "mat2", "self", "other", "input", "weight", "result1", "result2")
 }
 _LAYOUT_NAMES: dict[str, tuple[str, str]] = {
@@ -348,13 +348,18 @@ def _rule_for(node_class: type) -> Callable[..., tuple[WeightGradient, tuple[tor
         return factory
 
 
-def prepare(node: Node, weight_input_nrs: Sequence[int]) -> PreparedWeightGradient | None:
+def prepare(
+    node: Node, weight_input_nrs: Sequence[int], *, unhooked: bool = False
+) -> PreparedWeightGradient | None:
     """A callable computing ``node``'s weight-side gradients without the Node, or None if unsupported.
 
     Args:
         node: an intermediate whose saved tensors are still alive (call this in the B phase).
         weight_input_nrs: positions in ``node.next_functions`` of its weight-side edges, in the order the
             results should come back.
+        unhooked: the caller has already found that no saved tensor of ``node`` was packed by
+            saved-tensor hooks (:func:`graphkit.graph._autograd.uses_saved_tensor_hooks` is False), so
+            ``prepare`` does not look again.
 
     Returns:
         ``rule(grads) -> [gradient, ...]``, one per entry of ``weight_input_nrs`` (None where no
@@ -365,7 +370,7 @@ def prepare(node: Node, weight_input_nrs: Sequence[int]) -> PreparedWeightGradie
     factory = _rule_for(type(node))
     if factory is None:
         return None
-    if _autograd.uses_saved_tensor_hooks(node):
+    if not unhooked and _autograd.uses_saved_tensor_hooks(node):
         # every read of a hooked tensor runs its unpack hook (for checkpointing: a recomputation, and
         # outside an engine call one per read): the Node, called in W, unpacks them itself
         return None
