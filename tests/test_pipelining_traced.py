@@ -612,7 +612,10 @@ def test_verify_pipeline_frontend_tracing_exits_0_exact_1_not_exact_2_bad_input(
     capsys.readouterr()
     assert main(["verify-pipeline", "zoo-pipeline:mlp", "--frontend", "tracing", "--stage", "torch"]) == 1
     out = capsys.readouterr().out
-    assert "Pair is not connected" in out and "graphkit's build_stage leaves those sends out" in out
+    if torch_at_least(TRACED_WARMUP_ON_ONE_RANK):  # PyTorch's stage runs; its W leaves the hooks silent
+        assert "NOT exact: post-accumulate-grad hooks did not fire once per microbatch" in out
+    else:
+        assert "Pair is not connected" in out and "graphkit's build_stage leaves those sends out" in out
     assert main(["verify-pipeline", spec("shared_submodule"), "--frontend", "tracing"]) == 2
     assert "pipeline() cannot trace" in capsys.readouterr().err
     assert main(["verify-pipeline", spec("mlp"), "--frontend", "tracing", "--ranks", "2", "--ddp"]) == 2
