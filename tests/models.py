@@ -331,10 +331,7 @@ def chain() -> ModelAndInputs:
 
 
 class ViewOutputs(nn.Module):
-    """``y = linear(x)`` on 3-D ``x`` and ``y.transpose(1, 2)``, both returned.
-
-    ``y`` is a view of addmm's output up to torch 2.14 (ViewBackward0); since 2.15 it is an _unsafe_view,
-    no view (UnsafeViewBackward0). ``y.transpose(1, 2)`` is a view on both.
+    """``y = linear(x)`` on 3-D ``x`` (a view of addmm's output) and ``y.transpose(1, 2)``, both returned.
 
     Input ``x`` float32 ``(2, 3, 4)``; outputs ``(2, 3, 5)`` and ``(2, 5, 3)``.
     """
@@ -349,7 +346,7 @@ class ViewOutputs(nn.Module):
 
 
 def view_outputs() -> ModelAndInputs:
-    """Stage outputs that are views (TransposeBackward0; the Linear's output up to torch 2.14, ViewBackward0)."""
+    """Stage outputs that are views (ViewBackward0, TransposeBackward0)."""
     return _seeded(lambda: (ViewOutputs(), {"x": torch.randn(2, 3, 4).requires_grad_()}))
 
 
