@@ -149,7 +149,7 @@ def test_pyproject_declares_package_dependencies_extras_and_tools(repo_root: Pat
 
 def test_declared_torch_range_starts_at_the_oldest_torch_ci_tests(repo_root: Path) -> None:
     """pyproject's lower bound, setup.sh's default torch and TESTED_TORCH name the same oldest release."""
-    from graphkit.split.pipelining.contract import TESTED_TORCH
+    from graphkit.pipelining import TESTED_TORCH
 
     data = tomllib.loads((repo_root / "pyproject.toml").read_text())
     (torch_requirement,) = [r for r in data["project"]["dependencies"] if r.startswith("torch")]
@@ -164,7 +164,7 @@ def test_the_installed_torch_is_one_ci_tests() -> None:
     """CI runs the suite on each release of TESTED_TORCH: a new release joins the list once it passes."""
     import torch
 
-    from graphkit.split.pipelining.contract import TESTED_TORCH
+    from graphkit.pipelining import TESTED_TORCH
 
     release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     assert release in TESTED_TORCH, (

@@ -1,7 +1,7 @@
 """What the tests expect from the installed torch, where PyTorch changed it between the releases CI tests.
 
-CI runs the suite on torch 2.13 (the set-up's default) and on the newest release (``TESTED_TORCH`` in
-``graphkit/split/pipelining/contract.py``). A test that pins PyTorch's own behaviour reads it from here,
+CI runs the suite on torch 2.13 (the set-up's default) and on the newest release (``TESTED_TORCH``, from
+``graphkit.pipelining``). A test that pins PyTorch's own behaviour reads it from here,
 keyed on the first release that behaves the new way, so each torch is held to what it does:
 
 - :func:`torch_at_least` compares the installed torch with a release ("2.15", "2.14.1").
