@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Set up graphkit in ./.venv. Safe to run again: each step runs only when its result is missing or stale.
 #
-#   bash scripts/setup.sh          graphkit with the command-line and Hugging Face extras
-#   bash scripts/setup.sh --dev    also the test, lint and notebook extras
+#   bash scripts/setup.sh                 graphkit with the command-line and Hugging Face extras
+#   bash scripts/setup.sh --dev           also the test, lint and notebook extras
+#   bash scripts/setup.sh --venv DIR      set up the environment DIR instead of .venv (or GRAPHKIT_VENV=DIR)
+#
+#   GRAPHKIT_TORCH_SPEC=newest bash scripts/setup.sh --dev --venv .venv-newest
+#                                         the newest torch release on the package index (what CI tests too)
 #
 # Steps:
 #   1. Debian's `graphviz` (the `dot` binary) with apt-get, when `dot` is not on PATH; also `python3-venv`
@@ -10,23 +14,40 @@
 #   2. A virtual environment in .venv (from $GRAPHKIT_PYTHON, default python3; Python 3.11 or newer).
 #   3. A CPU build of torch, when the environment cannot import torch: `pip install torch==2.13.0`
 #      (pip's configured wheel folder on these machines has that CPU build); set GRAPHKIT_TORCH_SPEC to
-#      another requirement (e.g. "torch==2.5.1+cpu") to override.
-#   4. `pip install -e ".[EXTRAS]"`, skipped when .setup-stamp records the same pyproject.toml, extras, torch
-#      requirement and folder.
+#      another requirement (e.g. "torch==2.5.1+cpu") to override. When GRAPHKIT_TORCH_SPEC is set, torch
+#      is also reinstalled when the installed one does not satisfy it.
+#      GRAPHKIT_TORCH_SPEC=newest asks the package index for its newest torch release and installs exactly
+#      that (the registry's build: on Linux a CUDA build of several GB, which runs on CPU too). pip runs
+#      without its configuration files (PIP_CONFIG_FILE=/dev/null) for that environment's installs, as a
+#      machine's pip configuration may cap torch's version; /etc/xdg/pip and the other environments keep it.
+#   4. `pip install -e ".[EXTRAS]"`, skipped when the stamp (.setup-stamp for .venv, DIR/.setup-stamp for
+#      --venv DIR) records the same pyproject.toml, extras, torch requirement and folder.
 # Nothing else is downloaded: no browsers, no model weights.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 extras="cli,models"
-for argument in "$@"; do
+venv="${GRAPHKIT_VENV:-.venv}"
+while (($#)); do
+    argument="$1"
+    shift
     case "$argument" in
         --dev) extras="dev,models,notebook" ;;
+        --venv)
+            if (($# == 0)) || [[ -z "$1" ]]; then
+                echo "setup.sh: --venv needs a folder" >&2
+                exit 2
+            fi
+            venv="$1"
+            shift
+            ;;
+        --venv=*) venv="${argument#--venv=}" ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
-            echo "setup.sh: unknown argument '$argument' (use --dev or --help)" >&2
+            echo "setup.sh: unknown argument '$argument' (use --dev, --venv DIR or --help)" >&2
             exit 2
             ;;
     esac
@@ -37,8 +58,13 @@ say() { printf '[setup] %s\n' "$*"; }
 source scripts/apt_install.sh
 python_bin="${GRAPHKIT_PYTHON:-python3}"
 torch_spec="${GRAPHKIT_TORCH_SPEC:-torch==2.13.0}"
-venv=".venv"
-stamp=".setup-stamp"
+requested_torch_spec="$torch_spec" # "newest" stays "newest" in the stamp, whichever release it is
+venv="${venv%/}"
+if [[ "$venv" == .venv ]]; then
+    stamp=".setup-stamp"
+else
+    stamp="$venv/.setup-stamp"
+fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
 # 1. System packages --------------------------------------------------------------------------------------
@@ -76,13 +102,63 @@ else
     rm -f "$stamp"
 fi
 python="$venv/bin/python"
+# pip in the environment; for GRAPHKIT_TORCH_SPEC=newest without the machine's pip configuration files, so
+# that a configured cap on torch neither blocks the newest release nor downgrades it on later installs.
+without_pip_config=""
+if [[ "$torch_spec" == newest ]]; then
+    without_pip_config=1
+fi
+run_pip() {
+    if [[ -n "$without_pip_config" ]]; then
+        PIP_CONFIG_FILE=/dev/null "$python" -m pip "$@"
+    else
+        "$python" -m pip "$@"
+    fi
+}
 
 # 3. torch, CPU build -------------------------------------------------------------------------------------
-if torch_version="$("$python" -W ignore -c 'import torch; print(torch.__version__)' 2>/dev/null)"; then
+if [[ "$torch_spec" == newest ]]; then
+    say "pip index versions torch (newest release, pip configuration files ignored)"
+    newest="$(
+        run_pip index versions torch 2>/dev/null | sed -n 's/^torch (\(.*\))$/\1/p'
+    )" || true
+    if [[ -n "$newest" ]]; then
+        torch_spec="torch==$newest"
+        say "newest torch release: $newest"
+    else
+        # Offline, say: keep whichever torch is installed, or let pip try (and fail with its own message).
+        say "the package index did not answer: keeping the installed torch, if any"
+        torch_spec="torch"
+    fi
+fi
+# Prints the installed torch's version; exit status 1: no torch, 3: it does not satisfy the requirement.
+check_torch='
+import sys
+import torch
+print(torch.__version__)
+if len(sys.argv) > 1:
+    from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    try:
+        wanted = Requirement(sys.argv[1])
+    except InvalidRequirement:  # a wheel file or URL: its version is not known before installing it
+        sys.exit(0)
+    if not wanted.url and not wanted.specifier.contains(torch.__version__, prereleases=True):
+        sys.exit(3)
+'
+torch_arguments=()
+if [[ -n "${GRAPHKIT_TORCH_SPEC:-}" ]]; then
+    torch_arguments=("$torch_spec")
+fi
+torch_status=0
+torch_version="$("$python" -W ignore -c "$check_torch" "${torch_arguments[@]}" 2>/dev/null)" || torch_status=$?
+if ((torch_status == 0)); then
     say "torch: $torch_version is installed"
 else
+    if ((torch_status == 3)); then
+        say "torch: $torch_version is installed but $torch_spec is asked for"
+    fi
     say "pip install $torch_spec"
-    "$python" -m pip install -q "$torch_spec"
+    run_pip install -q "$torch_spec"
     torch_version="$("$python" -W ignore -c 'import torch; print(torch.__version__)')"
 fi
 
@@ -90,7 +166,7 @@ fi
 fingerprint="$(
     {
         cat pyproject.toml
-        printf 'extras=%s\ntorch=%s\nfolder=%s\n' "$extras" "$torch_spec" "$PWD"
+        printf 'extras=%s\ntorch=%s\nfolder=%s\n' "$extras" "$requested_torch_spec" "$PWD"
     } | sha256sum | cut -d' ' -f1
 )"
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]] &&
@@ -98,7 +174,7 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]] &&
     say "graphkit[$extras]: up to date ($stamp matches)"
 else
     say "pip install -e .[$extras]"
-    "$python" -m pip install -q -e ".[$extras]"
+    run_pip install -q -e ".[$extras]"
     printf '%s\n' "$fingerprint" >"$stamp"
 fi
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from graphkit.pipelining import (
+    TESTED_TORCH,
     PipelineCase,
     PipelineContractError,
     PipelineStage,
@@ -285,6 +286,7 @@ def test_contract_check_names_the_torch_version_when_the_engine_changes() -> Non
     with pytest.raises(PipelineContractError, match=torch.__version__.replace("+", r"\+")) as error:
         check_torch_contract(Changed)
     assert "backward_weight_one_chunk" in str(error.value)
+    assert f"tested with torch {' and '.join(TESTED_TORCH)}" in str(error.value)
     check_torch_contract()  # the installed torch keeps the contract
 
 

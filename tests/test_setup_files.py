@@ -124,7 +124,7 @@ def test_pyproject_declares_package_dependencies_extras_and_tools(repo_root: Pat
     # jinja2 renders the report's and the explorer's templates
     assert names == {"torch", "networkx", "graphviz", "jinja2"}
     assert "drawing/templates/*" in data["tool"]["setuptools"]["package-data"]["graphkit"]
-    assert "torch>=2.4" in project["dependencies"]
+    assert "torch>=2.13" in project["dependencies"]
     assert project["scripts"] == {"graphkit": "graphkit.cli:main"}
 
     extras = project["optional-dependencies"]
@@ -145,6 +145,36 @@ def test_pyproject_declares_package_dependencies_extras_and_tools(repo_root: Pat
     assert {marker.split(":")[0] for marker in pytest_options["markers"]} == {"slow", "browser", "matrix"}
     assert "py.typed" in data["tool"]["setuptools"]["package-data"]["graphkit"]
     assert (repo_root / "graphkit" / "py.typed").is_file()
+
+
+def test_declared_torch_range_starts_at_the_oldest_torch_ci_tests(repo_root: Path) -> None:
+    """pyproject's lower bound, setup.sh's default torch and TESTED_TORCH name the same oldest release."""
+    from graphkit.pipelining import TESTED_TORCH
+
+    data = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    (torch_requirement,) = [r for r in data["project"]["dependencies"] if r.startswith("torch")]
+    assert torch_requirement == f"torch>={TESTED_TORCH[0]}"
+    assert tuple(sorted(set(TESTED_TORCH), key=lambda v: tuple(map(int, v.split("."))))) == TESTED_TORCH
+    assert all(re.fullmatch(r"\d+\.\d+", release) for release in TESTED_TORCH)
+    setup = (repo_root / "scripts" / "setup.sh").read_text()
+    assert f'torch_spec="${{GRAPHKIT_TORCH_SPEC:-torch=={TESTED_TORCH[0]}.0}}"' in setup
+
+
+def test_the_installed_torch_is_one_ci_tests() -> None:
+    """CI runs the suite on each release of TESTED_TORCH: a new release joins the list once it passes."""
+    import torch
+
+    from graphkit.pipelining import TESTED_TORCH
+
+    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    assert release in TESTED_TORCH, (
+        f"torch {torch.__version__} is not in TESTED_TORCH {TESTED_TORCH}: add it (and the README's and docs' "
+        "mentions) once the suite passes on it"
+    )
+
+
+def test_gitignore_covers_the_second_environment(repo_root: Path) -> None:
+    assert ".venv-*/" in (repo_root / ".gitignore").read_text().splitlines()
 
 
 def test_python_dash_m_graphkit_runs_the_cli(repo_root: Path) -> None:
@@ -180,18 +210,35 @@ exit 0
 """
 
 FAKE_VENV_PYTHON = """#!/usr/bin/env bash
+# torch's version is the content of $FAKE_STATE/torch; a requirement torch==X is met by X and X+local.
 [[ "$1" == -W ]] && shift 2
 if [[ "$1" == -c ]]; then
     case "$2" in
-        *"import torch"*) [[ -f "$FAKE_STATE/torch" ]] || exit 1; echo "2.13.0+cpu" ;;
+        *"import torch"*)
+            [[ -f "$FAKE_STATE/torch" ]] || exit 1
+            version="$(cat "$FAKE_STATE/torch")"
+            echo "${version:-2.13.0+cpu}"
+            wanted="${3:-}"
+            if [[ -n "$version" && "$wanted" == torch==* && "$version" != "${wanted#torch==}" &&
+                "${version%%+*}" != "${wanted#torch==}" ]]; then
+                exit 3
+            fi
+            ;;
         *importlib.metadata*) [[ -f "$FAKE_STATE/graphkit" ]] || exit 1 ;;
     esac
     exit 0
 fi
-echo "venv-python $*" >> "$FAKE_LOG"
+echo "venv-python $*${PIP_CONFIG_FILE:+ (PIP_CONFIG_FILE=$PIP_CONFIG_FILE)}" >> "$FAKE_LOG"
+if [[ "$1 $2 $3" == "-m pip index" ]]; then
+    [[ -n "${FAKE_NEWEST:-}" ]] || exit 1
+    echo "torch ($FAKE_NEWEST)"
+    echo "Available versions: $FAKE_NEWEST, 2.13.0"
+    exit 0
+fi
 if [[ "$1" == -m && "$2" == pip && "$3" == install ]]; then
     case "$*" in
         *" -e "*) touch "$FAKE_STATE/graphkit" ;;
+        *torch==*) all="$*" && echo "${all##*torch==}" > "$FAKE_STATE/torch" ;;
         *torch*) touch "$FAKE_STATE/torch" ;;
     esac
 fi
@@ -238,10 +285,11 @@ class SetupSandbox:
         return path
 
     def run(
-        self, *arguments: str, torch_spec: str | None = "torch==9.9.9+cpu"
+        self, *arguments: str, torch_spec: str | None = "torch==9.9.9+cpu", **extra_environment: str
     ) -> subprocess.CompletedProcess[str]:
         self.log.write_text("")
         environment = {
+            **extra_environment,
             "PATH": str(self.bin),
             "HOME": str(self.project),
             "GRAPHKIT_PYTHON": str(self.system_python),
@@ -274,7 +322,7 @@ def test_setup_builds_everything_from_nothing_then_does_nothing(tmp_path: Path, 
         "venv-python -m pip install -q -e .[cli,models]",
     ]
     assert (sandbox.project / ".setup-stamp").is_file()
-    assert "[setup] ready: .venv/bin/graphkit (torch 2.13.0+cpu)" in first.stdout
+    assert "[setup] ready: .venv/bin/graphkit (torch 9.9.9+cpu)" in first.stdout
 
     second = sandbox.run()
     assert second.returncode == 0, second.stderr
@@ -344,3 +392,167 @@ def test_setup_help_describes_both_modes(tmp_path: Path, repo_root: Path) -> Non
     assert result.returncode == 0
     assert "bash scripts/setup.sh --dev" in result.stdout and "GRAPHKIT_TORCH_SPEC" in result.stdout
     assert sandbox.calls() == []
+
+
+NO_CONFIG = " (PIP_CONFIG_FILE=/dev/null)"
+
+
+def test_setup_newest_installs_the_index_newest_torch_in_its_own_environment_without_pip_config(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    sandbox = SetupSandbox(tmp_path, repo_root, with_dot=True)
+    first = sandbox.run("--dev", "--venv", ".venv-newest", torch_spec="newest", FAKE_NEWEST="9.10.0")
+    assert first.returncode == 0, first.stderr
+    assert sandbox.calls() == [
+        "system-python -m venv .venv-newest",
+        "venv-python -m pip index versions torch" + NO_CONFIG,
+        "venv-python -m pip install -q torch==9.10.0" + NO_CONFIG,
+        "venv-python -m pip install -q -e .[dev,models,notebook]" + NO_CONFIG,
+    ]
+    assert "[setup] ready: .venv-newest/bin/graphkit (torch 9.10.0)" in first.stdout
+    assert (sandbox.project / ".venv-newest" / ".setup-stamp").is_file()
+    assert not (sandbox.project / ".setup-stamp").exists() and not (sandbox.project / ".venv").exists()
+
+    # Cached: only the index is asked while it names the installed torch.
+    second = sandbox.run("--dev", "--venv", ".venv-newest", torch_spec="newest", FAKE_NEWEST="9.10.0")
+    assert second.returncode == 0, second.stderr
+    assert sandbox.calls() == ["venv-python -m pip index versions torch" + NO_CONFIG]
+    assert "torch: 9.10.0 is installed" in second.stdout
+
+    # A newer release replaces torch (graphkit's editable install stays).
+    third = sandbox.run("--dev", "--venv", ".venv-newest", torch_spec="newest", FAKE_NEWEST="9.11.0")
+    assert third.returncode == 0, third.stderr
+    assert sandbox.calls() == [
+        "venv-python -m pip index versions torch" + NO_CONFIG,
+        "venv-python -m pip install -q torch==9.11.0" + NO_CONFIG,
+    ]
+    assert "9.10.0 is installed but torch==9.11.0 is asked for" in third.stdout
+
+
+def test_setup_newest_keeps_the_installed_torch_when_the_index_does_not_answer(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    sandbox = SetupSandbox(tmp_path, repo_root, with_dot=True)
+    assert sandbox.run("--venv", "v", torch_spec="newest", FAKE_NEWEST="9.10.0").returncode == 0
+    offline = sandbox.run("--venv", "v", torch_spec="newest")
+    assert offline.returncode == 0, offline.stderr
+    assert sandbox.calls() == ["venv-python -m pip index versions torch" + NO_CONFIG]
+    assert "did not answer" in offline.stdout and "torch: 9.10.0 is installed" in offline.stdout
+
+
+def test_setup_other_requirements_keep_the_pip_configuration(tmp_path: Path, repo_root: Path) -> None:
+    sandbox = SetupSandbox(tmp_path, repo_root, with_dot=True)
+    assert sandbox.run("--venv", "pinned", torch_spec="torch==9.9.9").returncode == 0
+    assert sandbox.calls() == [
+        "system-python -m venv pinned",
+        "venv-python -m pip install -q torch==9.9.9",
+        "venv-python -m pip install -q -e .[cli,models]",
+    ]
+    assert all("PIP_CONFIG_FILE" not in call for call in sandbox.calls())
+
+
+def test_setup_reinstalls_torch_only_when_an_asked_requirement_is_not_met(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    sandbox = SetupSandbox(tmp_path, repo_root, with_dot=True)
+    assert sandbox.run(torch_spec="torch==9.9.9").returncode == 0
+    # Without GRAPHKIT_TORCH_SPEC any installed torch is kept, as the README's commands always did.
+    kept = sandbox.run(torch_spec=None)
+    assert kept.returncode == 0 and "torch: 9.9.9 is installed" in kept.stdout
+    assert "venv-python -m pip install -q torch==2.13.0" not in sandbox.calls()
+    assert sandbox.run(torch_spec="torch==9.9.9").returncode == 0
+    assert not any("torch==" in call for call in sandbox.calls())
+    assert sandbox.run(torch_spec="torch==9.9.8").returncode == 0
+    assert "venv-python -m pip install -q torch==9.9.8" in sandbox.calls()
+
+
+def test_setup_takes_the_environment_folder_from_an_option_or_graphkit_venv(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    sandbox = SetupSandbox(tmp_path, repo_root, with_dot=True)
+    assert sandbox.run("--venv=first/").returncode == 0
+    assert sandbox.calls()[0] == "system-python -m venv first"
+    assert (sandbox.project / "first" / ".setup-stamp").is_file()
+    result = sandbox.run(GRAPHKIT_VENV="second")
+    assert result.returncode == 0 and sandbox.calls()[0] == "system-python -m venv second"
+    assert "[setup] ready: second/bin/graphkit" in result.stdout
+    missing = sandbox.run("--venv")
+    assert missing.returncode == 2 and "--venv needs a folder" in missing.stderr
+
+
+# --------------------------------------------------------------------------------------------------------
+# scripts/test_newest_torch.sh and its place in .ci/run
+
+FAKE_SETUP = """#!/usr/bin/env bash
+echo "setup.sh $* GRAPHKIT_TORCH_SPEC=$GRAPHKIT_TORCH_SPEC" >> "$FAKE_LOG"
+mkdir -p .venv-newest/bin
+printf '#!/usr/bin/env bash\\necho "newest-python $*" >> "$FAKE_LOG"\\nexit ${FAKE_PYTEST_STATUS:-0}\\n' \\
+    > .venv-newest/bin/python
+chmod +x .venv-newest/bin/python
+"""
+
+
+def newest_torch_checkout(root: Path, repo_root: Path) -> Path:
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(repo_root / "scripts" / "test_newest_torch.sh", root / "scripts" / "test_newest_torch.sh")
+    (root / "scripts" / "setup.sh").write_text(FAKE_SETUP)
+    return root
+
+
+@pytest.mark.parametrize(("pytest_status", "status"), [(0, 0), (1, 1), (5, 1)])
+def test_newest_torch_script_sets_up_its_environment_then_runs_the_suite(
+    tmp_path: Path, repo_root: Path, pytest_status: int, status: int
+) -> None:
+    checkout = newest_torch_checkout(tmp_path / "checkout", repo_root)
+    log = tmp_path / "log.txt"
+    environment = {**os.environ, "FAKE_LOG": str(log), "FAKE_PYTEST_STATUS": str(pytest_status)}
+    result = subprocess.run(
+        ["bash", "scripts/test_newest_torch.sh"],
+        cwd=checkout,
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == status, result.stderr
+    assert log.read_text().splitlines() == [
+        "setup.sh --dev --venv .venv-newest GRAPHKIT_TORCH_SPEC=newest",
+        "newest-python -m pytest -q",
+    ]
+    subprocess.run(
+        ["bash", "scripts/test_newest_torch.sh", "-x", "tests/test_zoo.py"],
+        cwd=checkout,
+        env=environment,
+        capture_output=True,
+    )
+    assert log.read_text().splitlines()[-1] == "newest-python -m pytest -x tests/test_zoo.py"
+
+
+def test_the_newest_torch_script_is_executable_and_described(repo_root: Path) -> None:
+    script = repo_root / "scripts" / "test_newest_torch.sh"
+    assert os.access(script, os.X_OK)
+    text = script.read_text()
+    assert "GRAPHKIT_TORCH_SPEC=newest bash scripts/setup.sh --dev --venv" in text
+    assert "bash scripts/test_newest_torch.sh" in (repo_root / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("readme_status", "newest_status", "status"), [(0, 0, 0), (0, 3, 3), (4, 0, 4), (4, 3, 4)]
+)
+def test_ci_run_runs_the_suite_on_the_newest_torch_after_the_readme_command(
+    tmp_path: Path, repo_root: Path, readme_status: int, newest_status: int, status: int
+) -> None:
+    readme = f"<!-- test-command -->\n```bash\necho readme-command; exit {readme_status}\n```\n"
+    checkout = make_ci_checkout(tmp_path / "checkout", repo_root, readme)
+    (checkout / "scripts").mkdir()
+    (checkout / "scripts" / "test_newest_torch.sh").write_text(f"echo newest-suite\nexit {newest_status}\n")
+    result = subprocess.run(["bash", ".ci/run"], cwd=checkout, capture_output=True, text=True)
+    assert result.returncode == status
+    assert result.stdout.index("readme-command") < result.stdout.index("newest-suite")
+    skipped = subprocess.run(
+        ["bash", ".ci/run"],
+        cwd=checkout,
+        env={**os.environ, "GRAPHKIT_CI_SKIP_NEWEST": "1"},
+        capture_output=True,
+        text=True,
+    )
+    assert skipped.returncode == readme_status and "newest-suite" not in skipped.stdout

@@ -594,8 +594,10 @@ class ViewOutput(nn.Module):
 def view_output() -> tuple[nn.Module, ModelInputs]:
     """A 3-D Linear output and a transposed view of it, both returned as stage outputs.
 
-    Graph kinds: stage outputs that are views (``ViewBackward0``, ``TransposeBackward0``), on which an
-    in-place ``detach_()`` raises. Inputs: ``(x,)`` float32 ``(2, 5, 8)`` with ``requires_grad=True``.
+    Graph kinds: a stage output that is a view (``TransposeBackward0``), on which an in-place ``detach_()``
+    raises, beside the view's base. That base, the Linear's output, is addmm's output reshaped: a view too up
+    to torch 2.14 (``ViewBackward0``); from torch 2.15 an ``_unsafe_view``, which is no view
+    (``UnsafeViewBackward0``). Inputs: ``(x,)`` float32 ``(2, 5, 8)`` with ``requires_grad=True``.
     Outputs: ``((2, 5, 6), (2, 6, 5))``.
     """
 

@@ -30,8 +30,11 @@ import torch
 
 __all__ = ["TESTED_TORCH", "PipelineContractError", "check_torch_contract"]
 
-TESTED_TORCH = "2.13"
-"""The torch release graphkit's pipeline stage was written against and is tested with."""
+TESTED_TORCH: tuple[str, ...] = ("2.13", "2.15")
+"""The torch releases (major.minor) graphkit's tests run on in CI: the set-up's default, and the newest.
+
+Other releases are not refused: :func:`check_torch_contract` checks the facts graphkit relies on, on whichever
+torch is installed, and raises only when one of them no longer holds."""
 
 # method -> (attribute and global names it must use, string constants it must contain)
 _CALLERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
@@ -102,7 +105,8 @@ def check_torch_contract(base: type | None = None) -> None:
 
     Raises:
         PipelineContractError: a method is missing, takes other arguments, or no longer routes I / W
-            through ``backward_maybe_with_nosync``; the message names the installed and the tested torch.
+            through ``backward_maybe_with_nosync``; the message names the installed torch and the tested
+            releases (:data:`TESTED_TORCH`).
     """
     if base is None:
         from torch.distributed.pipelining.stage import _PipelineStageBase
@@ -113,7 +117,7 @@ def check_torch_contract(base: type | None = None) -> None:
         raise PipelineContractError(
             f"graphkit's pipeline stage cannot plug into torch {torch.__version__}'s {base.__qualname__}: "
             + "; ".join(problems)
-            + f". It was written for torch {TESTED_TORCH}: install that torch, use torch's own stage "
+            + f". It is tested with torch {' and '.join(TESTED_TORCH)}: install one of those, use torch's own stage "
             "(PipelineStage, build_stage), or call graphkit.pipelining.stage_backward_input / "
             "stage_backward_weight from your own runtime"
         )
