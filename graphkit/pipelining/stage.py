@@ -207,6 +207,8 @@ class _LocalNeighbourWarmup:
     of a V placement (``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) - gets a send to this rank itself,
     which gloo cannot do ("Pair is not connected"). The schedules never send between stages on one rank
     (they hand the tensors over locally), so those warm-up operations are dropped; the others are PyTorch's.
+    torch 2.15 replaced that warm-up by one that connects only stages on other ranks (and removed
+    ``_get_init_p2p_neighbors_ops``): there this override is never called and changes nothing.
     """
 
     group_rank: int
@@ -225,7 +227,8 @@ class TracedPipelineStage(_SplitBackwardStage, _LocalNeighbourWarmup, _TorchTrac
     that are not views detached after I, a parameter shared by stages on one rank scaled once per step,
     ``backward_calls``). One more difference: the P2P warm-up before
     the first step skips neighbour stages on the same rank, so one-process pipelines and V placements run
-    over gloo (PyTorch's stage fails there with "Pair is not connected").
+    over gloo (PyTorch's stage fails there with "Pair is not connected" up to torch 2.14; torch 2.15 fixed
+    its warm-up).
 
     Raises:
         PipelineContractError: the installed torch no longer routes I / W as graphkit expects.
