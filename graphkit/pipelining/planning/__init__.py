@@ -28,6 +28,7 @@ from graphkit.pipelining.planning.simulator import (
     PredictedAction,
     Simulation,
     Waiting,
+    recorded_durations,
     simulate,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
     "gpipe",
     "one_f_one_b",
     "read_schedule_csv",
+    "recorded_durations",
     "schedule_actions",
     "simulate",
     "write_schedule_csv",
