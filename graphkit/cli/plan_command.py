@@ -64,7 +64,10 @@ def add_plan_command(commands: Any) -> None:
         help="seconds the runtime adds after each action on its rank (default 150e-6, gloo on the CPU)",
     )
     plan.add_argument(
-        "--run", dest="record", action="store_true", help="record 1F1B and the --top best for real and print measured steps"
+        "--run",
+        dest="record",
+        action="store_true",
+        help="record 1F1B and the --top best for real and print measured steps",
     )
     add_steps_option(plan, default=3, metavar="K", help="recorded steps per schedule with --run (default 3)")
     plan.add_argument(

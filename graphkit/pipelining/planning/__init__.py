@@ -21,7 +21,7 @@ from graphkit.pipelining.planning.actions import (
 )
 from graphkit.pipelining.planning.adaptive import adaptive_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
-from graphkit.pipelining.planning.generation import SCHEDULES, gpipe, one_f_one_b, zb_h1, zb_h2
+from graphkit.pipelining.planning.generation import SCHEDULES, fold_schedule, gpipe, one_f_one_b, zb_h1, zb_h2
 from graphkit.pipelining.planning.simulator import (
     DeadlockError,
     IncompleteScheduleError,
@@ -45,6 +45,7 @@ __all__ = [
     "StageCost",
     "Waiting",
     "adaptive_schedule",
+    "fold_schedule",
     "gpipe",
     "one_f_one_b",
     "read_schedule_csv",
