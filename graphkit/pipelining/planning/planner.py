@@ -58,6 +58,7 @@ __all__ = [
     "merge_stage_costs",
     "plan_schedules",
     "predict_recorded",
+    "runtime_overhead",
 ]
 
 BUILT_IN_SCHEDULES = (
@@ -130,6 +131,8 @@ class SchedulePlan:
     memory_limit: float | None
     schedules: list[PlannedSchedule]
     load: str = ""
+    stage_costs: list[StageCost] | None = field(default=None, repr=False)
+    measured_overhead: dict[str, Any] | None = None
 
     def by_name(self, name: str) -> PlannedSchedule:
         for item in self.schedules:
@@ -194,6 +197,7 @@ class SchedulePlan:
             "overhead_seconds": self.overhead,
             "best": self.best.run_name,
             "load": self.load,
+            "measured_overhead": self.measured_overhead,
             "schedules": self.rows(),
         }
 
@@ -268,8 +272,21 @@ class SchedulePlan:
                 f"; best measured: {winner.name} ({winner.measured_seconds * 1e3:.2f} ms, "
                 f"{_ratio((winner.measured_seconds or 0) / base.measured_seconds)} of 1F1B)"
             )
+        measured = self.measured_overhead
+        if measured and measured.get("between") is not None:
+            inside = measured.get("inside")
+            text += (
+                f"\nruntime overhead measured: {measured['between'] * 1e6:.0f} us between actions "
+                f"(median of {measured['gaps']} gaps with nothing to wait for)"
+                + (
+                    f", {inside * 1e6:+.0f} us inside each action against graphkit costs"
+                    if inside is not None
+                    else ""
+                )
+                + f"; modelled: {self.overhead * 1e6:.0f} us"
+            )
         if self.load:
-            text += f"; load while measuring: {self.load}"
+            text += f"\nload while measuring: {self.load}"
         return text
 
     def __str__(self) -> str:
@@ -504,6 +521,69 @@ def predict_recorded(
     )
 
 
+def runtime_overhead(
+    timelines: Sequence[Any], costs: Sequence[StageCost] | dict[int, Sequence[StageCost]] | None = None
+) -> dict[str, float | int | None]:
+    """What the runtime adds to each compute action, measured from recorded steps.
+
+    - ``between``: the median gap on a rank between the end of one compute action and the start of the
+      next, over the pairs where the next one's inputs had all been computed before the previous one ended
+      (so the rank waited for nothing but the runtime: issuing the sends of the action before, the
+      receives of the next, its own bookkeeping); ``gaps``: how many such pairs.
+    - ``inside``: with ``costs`` (per stage; or ``{num_stages: costs}`` for timelines of several stage
+      counts), the median of recorded action seconds minus the cost model's seconds for that action (what
+      running inside the runtime adds to the computation itself, and what the machine's load does to it);
+      ``actions``: how many were compared.
+
+    The simulator's ``overhead`` is ``between + inside``: both happen once per action on its rank.
+    """
+    gaps: list[float] = []
+    inside: list[float] = []
+    for timeline in timelines:
+        ends: dict[tuple[str, int, int], float] = {}
+        for rank in timeline.ranks:
+            for item in rank.compute_actions():
+                kind = "G" if item.kind in ("I", "B") else item.kind
+                ends[(kind, item.stage_index, item.microbatch)] = item.end
+                if item.kind == "I":
+                    ends[("I", item.stage_index, item.microbatch)] = item.end
+        last = timeline.num_stages - 1
+        per_stage = None
+        if costs is not None:
+            per_stage = costs.get(timeline.num_stages) if isinstance(costs, dict) else costs
+            if per_stage is not None and len(per_stage) != timeline.num_stages:
+                per_stage = None
+        for rank in timeline.ranks:
+            actions = rank.compute_actions()
+            for before, after in zip(actions, actions[1:], strict=False):
+                stage, mb = after.stage_index, after.microbatch
+                if after.kind == "F":
+                    needs = [("F", stage - 1, mb)] if stage > 0 else []
+                elif after.kind == "W":
+                    needs = [("I", stage, mb)]
+                else:
+                    needs = [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
+                if all(ends.get(need, math.inf) <= before.end for need in needs):
+                    gaps.append(after.start - before.end)
+            if per_stage is not None:
+                for item in actions:
+                    inside.append((item.end - item.start) - per_stage[item.stage_index].seconds(item.kind))
+    return {
+        "between": _median(gaps),
+        "gaps": len(gaps),
+        "inside": _median(inside),
+        "actions": len(inside),
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def plan_schedules(
     pipeline: str | None = None,
     *,
@@ -619,6 +699,7 @@ def plan_schedules(
         overhead,
         memory_limit,
         planned,
+        stage_costs=two,
     )
     if plan.best.simulation is not None:
         write_schedule_csv(plan.best.order, folder / "best.csv")
@@ -667,6 +748,10 @@ def _run(
         batch_size=batch_size,
     )
     plan.load = f"{load_before} before, {_load_average()} after"
+    by_count: dict[int, Sequence[StageCost]] = {plan.ranks: plan.costs}
+    if plan.stage_costs is not None:
+        by_count[2 * plan.ranks] = plan.stage_costs
+    plan.measured_overhead = runtime_overhead(timelines, by_count)
     for item, timeline in zip(chosen, timelines, strict=True):
         item.measured_seconds = timeline.step_seconds
         item.recorded_prediction_seconds = predict_recorded(
@@ -684,3 +769,4 @@ def _run(
             pictures += [predicted, timeline]
         write_timeline(pictures, output / "timelines.html", title="Predicted and recorded steps")
         write_timeline(pictures, output / "timelines.svg", title="Predicted and recorded steps")
+        write_timeline(timelines, output / "recorded.json", title="Recorded steps")
