@@ -55,6 +55,7 @@ __all__ = [
     "PlannedSchedule",
     "SchedulePlan",
     "costs_from_json",
+    "first_stage_as_run",
     "merge_stage_costs",
     "plan_schedules",
     "predict_recorded",
@@ -132,6 +133,7 @@ class SchedulePlan:
     schedules: list[PlannedSchedule]
     load: str = ""
     stage_costs: list[StageCost] | None = field(default=None, repr=False)
+    measured_costs: list[StageCost] | None = field(default=None, repr=False)
     measured_overhead: dict[str, Any] | None = None
 
     def by_name(self, name: str) -> PlannedSchedule:
@@ -318,7 +320,7 @@ class SchedulePlan:
         each stage of a two-stage-per-rank schedule half of it. ``microbatches``: per rank count, the counts
         to try (default: this plan's and ``4 x ranks``). One dict per (ranks, microbatches, schedule):
         predicted step, ratio to 1F1B, bubble, peak memory of rank 0."""
-        mean = _mean_cost(self.costs)
+        mean = _mean_cost(self.measured_costs or self.costs)
         half = _scaled(mean, 0.5)
         results = []
         for p in ranks:
@@ -386,7 +388,8 @@ def costs_from_json(data: dict[str, Any] | str | os.PathLike[str]) -> list[Stage
 
     F, I (``backward_input``), W (``backward_weight``) seconds; ``activation_bytes``; ``b_keeps_bytes`` as
     what I keeps for W; ``input_grad_bytes``; the bytes stage ``s`` sends forward are the input gradients of
-    stage ``s + 1`` (same tensors' shapes). An optional ``recompute_seconds`` per stage is added to its W.
+    stage ``s + 1`` (same tensors' shapes); ``full_backward_seconds`` (a full backward, 1F1B's B) where
+    measured, else B costs I + W. An optional ``recompute_seconds`` per stage is added to its W.
 
     Raises:
         ValueError: no ``stages`` list; OSError: the file cannot be read.
@@ -404,6 +407,11 @@ def costs_from_json(data: dict[str, Any] | str | os.PathLike[str]) -> list[Stage
                 forward=float(stage["forward"]["seconds"]),
                 backward_input=float(stage["backward_input"]["seconds"]),
                 backward_weight=float(stage["backward_weight"]["seconds"]),
+                full_backward=(
+                    float(stage["full_backward_seconds"])
+                    if stage.get("full_backward_seconds") is not None
+                    else None
+                ),
                 activation_bytes=int(stage.get("activation_bytes", 0)),
                 weight_bytes=int(stage.get("b_keeps_bytes", 0)),
                 recompute=float(stage.get("recompute_seconds", 0.0)),
@@ -444,6 +452,24 @@ def merge_stage_costs(costs: Sequence[StageCost], stages: int) -> list[StageCost
     return merged
 
 
+def first_stage_as_run(costs: Sequence[StageCost]) -> list[StageCost]:
+    """The costs as PyTorch's runtime spends them: the first stage has no input gradient to compute, so its
+    I does nothing and its W is a full backward (``torch.distributed.pipelining`` runs W on stage 0 as a
+    full backward, and so does graphkit's stage). The other stages are unchanged."""
+    if not costs:
+        return []
+    first = costs[0]
+    full = (
+        first.full_backward
+        if first.full_backward is not None
+        else first.backward_input + first.backward_weight
+    )
+    return [replace(first, backward_input=_NOTHING, backward_weight=full, full_backward=full), *costs[1:]]
+
+
+_NOTHING = 1e-6  # seconds of an I with nothing to compute (the adaptive scheduler needs I to take time)
+
+
 def _mean_cost(costs: Sequence[StageCost]) -> StageCost:
     n = len(costs)
     return StageCost(
@@ -453,6 +479,11 @@ def _mean_cost(costs: Sequence[StageCost]) -> StageCost:
         activation_bytes=sum(c.activation_bytes for c in costs) // n,
         weight_bytes=sum(c.weight_bytes for c in costs) // n,
         recompute=sum(c.recompute for c in costs) / n,
+        full_backward=(
+            None
+            if any(c.full_backward is None for c in costs)
+            else sum(c.full_backward or 0.0 for c in costs) / n
+        ),
         output_bytes=max(c.output_bytes for c in costs),
         input_grad_bytes=max(c.input_grad_bytes for c in costs),
     )
@@ -465,6 +496,7 @@ def _scaled(cost: StageCost, factor: float) -> StageCost:
         backward_input=cost.backward_input * factor,
         backward_weight=cost.backward_weight * factor,
         recompute=cost.recompute * factor,
+        full_backward=cost.full_backward * factor if cost.full_backward is not None else None,
         activation_bytes=int(cost.activation_bytes * factor),
         weight_bytes=int(cost.weight_bytes * factor),
     )
@@ -655,7 +687,7 @@ def plan_schedules(
     else:
         per_stage = list(costs)
     if len(per_stage) == 2 * ranks:
-        one, two = merge_stage_costs(per_stage, ranks), per_stage
+        one, two = merge_stage_costs(per_stage, ranks), list(per_stage)
     elif len(per_stage) == ranks:
         one, two = per_stage, None
     elif len(per_stage) % ranks == 0:
@@ -666,6 +698,9 @@ def plan_schedules(
         raise ValueError(
             f"costs for {len(per_stage)} stages do not fit {ranks} ranks: give {ranks} or {2 * ranks} stages"
         )
+    measured_one = list(one)
+    one = first_stage_as_run(one)
+    two = first_stage_as_run(two) if two is not None else None
     comm = comm or DEFAULT_COMM
     overhead = DEFAULT_OVERHEAD if overhead is None else overhead
     names = list(schedules) if schedules is not None else [*BUILT_IN_SCHEDULES, "ZBH1", "ZBH2", "Adaptive"]
@@ -700,6 +735,7 @@ def plan_schedules(
         memory_limit,
         planned,
         stage_costs=two,
+        measured_costs=measured_one,
     )
     if plan.best.simulation is not None:
         write_schedule_csv(plan.best.order, folder / "best.csv")
