@@ -60,6 +60,13 @@ def main() -> None:
         )
         print(plan.table())
         print()
+        if output is not None and plan.timelines:
+            from graphkit.drawing.timeline import write_timeline
+
+            for name in ("timelines.html", "timelines.svg"):
+                write_timeline(
+                    plan.timelines, os.path.join(output, name), title="Predicted and recorded steps"
+                )
         if arguments.json:
             print(json.dumps(plan.to_dict(), indent=1, default=str))
 

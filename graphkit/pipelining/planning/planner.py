@@ -121,7 +121,11 @@ class PlannedSchedule:
 
 @dataclass(slots=True)
 class SchedulePlan:
-    """The planner's answer: every schedule ranked, best first (see :func:`plan_schedules`)."""
+    """The planner's answer: every schedule ranked, best first (see :func:`plan_schedules`).
+
+    ``timelines`` (with ``run``): for each recorded schedule, its predicted step
+    (:meth:`Simulation.to_schedule_timeline`) then its recorded one, for ``graphkit.drawing.timeline``.
+    """
 
     spec: str | None
     ranks: int
@@ -134,6 +138,7 @@ class SchedulePlan:
     load: str = ""
     stage_costs: list[StageCost] | None = field(default=None, repr=False)
     measured_costs: list[StageCost] | None = field(default=None, repr=False)
+    timelines: list[Any] = field(default_factory=list, repr=False)
     measured_overhead: dict[str, Any] | None = None
 
     def by_name(self, name: str) -> PlannedSchedule:
@@ -653,7 +658,7 @@ def plan_schedules(
         run: record 1F1B and the ``top`` best predicted schedules for real, ``steps`` steps each, on ``ranks``
             gloo processes (one thread each), and add the measured steps.
         output: a folder for ``best.csv`` (the best schedule's order, for ``csv:PATH``), every generated
-            schedule's CSV, ``plan.json`` and, with ``run``, ``timelines.html`` (predicted next to recorded).
+            schedule's CSV, ``plan.json`` and, with ``run``, ``recorded.json`` (the recorded steps).
         threads, timeout_s: of the recorded run. repeat: timed microbatches per pass when measuring costs.
 
     Returns:
@@ -793,16 +798,13 @@ def _run(
         item.recorded_prediction_seconds = predict_recorded(
             timeline, comm=plan.comm, overhead=plan.overhead
         ).step_seconds
+    for item, timeline in zip(chosen, timelines, strict=True):
+        assert item.simulation is not None
+        predicted = item.simulation.to_schedule_timeline()
+        predicted.schedule = f"{item.name} predicted"
+        timeline.schedule = f"{item.name} recorded"
+        plan.timelines += [predicted, timeline]
     if output is not None:
-        from graphkit.drawing.timeline import write_timeline
-
-        pictures = []
-        for item, timeline in zip(chosen, timelines, strict=True):
-            assert item.simulation is not None
-            predicted = item.simulation.to_schedule_timeline()
-            predicted.schedule = f"{item.name} predicted"
-            timeline.schedule = f"{item.name} recorded"
-            pictures += [predicted, timeline]
-        write_timeline(pictures, output / "timelines.html", title="Predicted and recorded steps")
-        write_timeline(pictures, output / "timelines.svg", title="Predicted and recorded steps")
-        write_timeline(timelines, output / "recorded.json", title="Recorded steps")
+        (output / "recorded.json").write_text(
+            json.dumps([timeline.to_dict() for timeline in timelines], indent=1)
+        )
