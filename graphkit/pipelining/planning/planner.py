@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from graphkit.pipelining.planning.actions import ScheduleError, write_schedule_csv
+from graphkit.pipelining.planning.actions import Action, ScheduleError, write_schedule_csv
 from graphkit.pipelining.planning.adaptive import adaptive_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import zb_h1, zb_h2
@@ -541,21 +541,84 @@ def _simulate_named(
 
 
 def predict_recorded(
-    timeline: Any, costs: StageCost | Sequence[StageCost] | None = None, **options: Any
+    timeline: Any,
+    costs: StageCost | Sequence[StageCost] | None = None,
+    *,
+    comm: CommModel | None = None,
+    overhead: float | None = None,
 ) -> Simulation:
     """The step :func:`simulate` predicts for a recorded step's own order, fed its recorded per-action
-    durations: the part of the recorded step the model explains (``options`` go to :func:`simulate`:
-    ``comm``, ``overhead``). ``costs``: only their bytes matter (message sizes, memory); default none."""
+    durations: what the model explains of the recorded step once the actions' own times are known.
+
+    ``overhead``: seconds the runtime adds after each action (a number); None (the default) takes them
+    from the recording too: after each action, the gap before the rank's next action where that one had
+    nothing to wait for (its inputs were computed before), else the rank's median such gap; the time
+    before the rank's first action and after its last (splitting the batch, the last sends' waits) are
+    added to them as well. What remains between predicted and recorded is then the waiting the model
+    predicts from the data flow. ``costs``: only their bytes matter (message sizes, memory); default none.
+    """
     order = {rank.rank: rank.compute_order() for rank in timeline.ranks}
-    return simulate(
+    durations = recorded_durations(timeline)
+    tail = 0.0
+    if overhead is None:
+        gaps = _free_gaps(timeline)
+        tails = []
+        for rank in timeline.ranks:
+            actions = rank.compute_actions()
+            if not actions:
+                continue
+            rank_gaps = gaps[rank.rank]
+            typical = _median([gap for gap in rank_gaps if gap is not None]) or 0.0
+            for position, item in enumerate(actions):
+                label = Action(item.stage_index, item.kind, item.microbatch)
+                after = rank_gaps[position] if position < len(rank_gaps) else None
+                durations[label] += (
+                    (after if after is not None else typical) if position < len(actions) - 1 else 0.0
+                )
+            if actions[0].stage_index == 0 and actions[0].kind == "F":  # the first rank starts the step
+                first = Action(0, "F", actions[0].microbatch)
+                durations[first] += actions[0].start
+            tails.append(rank.step_seconds - actions[-1].end)
+        tail = _median(tails) or 0.0
+    simulation = simulate(
         order,
         costs if costs is not None else StageCost(0.0, 0.0, 0.0),
-        options.pop("comm", None),
+        comm,
         microbatches=timeline.microbatches,
         name=timeline.schedule,
-        durations=recorded_durations(timeline),
-        **options,
+        durations=durations,
+        overhead=overhead or 0.0,
     )
+    simulation.step_seconds += tail
+    return simulation
+
+
+def _free_gaps(timeline: Any) -> dict[int, list[float | None]]:
+    """Per rank, after each compute action but the last: the gap before the next one if the next had
+    nothing to wait for (every input it needs ended before this one did), else None."""
+    ends: dict[tuple[str, int, int], float] = {}
+    for rank in timeline.ranks:
+        for item in rank.compute_actions():
+            if item.kind in ("I", "B"):
+                ends[("G", item.stage_index, item.microbatch)] = item.end
+            ends[(item.kind, item.stage_index, item.microbatch)] = item.end
+    last = timeline.num_stages - 1
+    gaps: dict[int, list[float | None]] = {}
+    for rank in timeline.ranks:
+        actions = rank.compute_actions()
+        found: list[float | None] = []
+        for before, after in zip(actions, actions[1:], strict=False):
+            stage, mb = after.stage_index, after.microbatch
+            if after.kind == "F":
+                needs = [("F", stage - 1, mb)] if stage > 0 else []
+            elif after.kind == "W":
+                needs = [("I", stage, mb)]
+            else:
+                needs = [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
+            free = all(ends.get(need, math.inf) <= before.end for need in needs)
+            found.append(after.start - before.end if free else None)
+        gaps[rank.rank] = found
+    return gaps
 
 
 def runtime_overhead(
@@ -577,33 +640,15 @@ def runtime_overhead(
     gaps: list[float] = []
     inside: list[float] = []
     for timeline in timelines:
-        ends: dict[tuple[str, int, int], float] = {}
-        for rank in timeline.ranks:
-            for item in rank.compute_actions():
-                kind = "G" if item.kind in ("I", "B") else item.kind
-                ends[(kind, item.stage_index, item.microbatch)] = item.end
-                if item.kind == "I":
-                    ends[("I", item.stage_index, item.microbatch)] = item.end
-        last = timeline.num_stages - 1
+        gaps += [gap for rank_gaps in _free_gaps(timeline).values() for gap in rank_gaps if gap is not None]
         per_stage = None
         if costs is not None:
             per_stage = costs.get(timeline.num_stages) if isinstance(costs, dict) else costs
             if per_stage is not None and len(per_stage) != timeline.num_stages:
                 per_stage = None
-        for rank in timeline.ranks:
-            actions = rank.compute_actions()
-            for before, after in zip(actions, actions[1:], strict=False):
-                stage, mb = after.stage_index, after.microbatch
-                if after.kind == "F":
-                    needs = [("F", stage - 1, mb)] if stage > 0 else []
-                elif after.kind == "W":
-                    needs = [("I", stage, mb)]
-                else:
-                    needs = [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
-                if all(ends.get(need, math.inf) <= before.end for need in needs):
-                    gaps.append(after.start - before.end)
-            if per_stage is not None:
-                for item in actions:
+        if per_stage is not None:
+            for rank in timeline.ranks:
+                for item in rank.compute_actions():
                     inside.append((item.end - item.start) - per_stage[item.stage_index].seconds(item.kind))
     return {
         "between": _median(gaps),
@@ -795,9 +840,7 @@ def _run(
     plan.measured_overhead = runtime_overhead(timelines, by_count)
     for item, timeline in zip(chosen, timelines, strict=True):
         item.measured_seconds = timeline.step_seconds
-        item.recorded_prediction_seconds = predict_recorded(
-            timeline, comm=plan.comm, overhead=plan.overhead
-        ).step_seconds
+        item.recorded_prediction_seconds = predict_recorded(timeline, comm=plan.comm).step_seconds
     for item, timeline in zip(chosen, timelines, strict=True):
         assert item.simulation is not None
         predicted = item.simulation.to_schedule_timeline()
