@@ -234,3 +234,29 @@ def test_the_simulator_fed_recorded_durations_predicts_the_recorded_step_within_
     for timeline in timelines:
         predicted = predict_recorded(timeline).step_seconds  # the runtime's gaps read from the recording too
         assert predicted == pytest.approx(timeline.step_seconds, rel=0.10), timeline.schedule
+
+
+def test_recorded_gaps_with_nothing_to_wait_for_are_the_runtimes_overhead():
+    from graphkit.pipelining.planning.planner import predict_recorded, runtime_overhead
+    from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
+
+    def rank(index, actions, step):
+        recorded = [RecordedAction(kind, stage, 0, start, end) for kind, stage, start, end in actions]
+        return RankTimeline(index, [index], recorded, step, None)
+
+    timeline = ScheduleTimeline(
+        "1F1B",
+        1,
+        2,
+        [
+            rank(0, [("F", 0, 0.5, 1.5), ("B", 0, 4.0, 6.0)], 6.25),  # 0B0 waited for 1B0: not overhead
+            rank(1, [("F", 1, 2.0, 3.0), ("B", 1, 3.25, 4.25)], 4.5),  # 1B0 had its F: 0.25 s of runtime
+        ],
+    )
+    assert runtime_overhead([timeline]) == {"between": 0.25, "gaps": 1, "inside": None, "actions": 0}
+    # 0F0 from 0.5 (the time before it, on the first rank), 1F0 1 + 0.25, 1B0 1, 0B0 2, rank 0's tail 0.25
+    predicted = predict_recorded(timeline)
+    assert [(a.label, a.start, a.end) for a in predicted.actions] == [
+        ("0F0", 0.0, 1.5), ("0B0", 3.75, 5.75), ("1F0", 1.5, 2.75), ("1B0", 2.75, 3.75),
+    ]  # fmt: skip
+    assert predicted.step_seconds == 6.0

@@ -559,10 +559,9 @@ def predict_recorded(
     """
     order = {rank.rank: rank.compute_order() for rank in timeline.ranks}
     durations = recorded_durations(timeline)
-    tail = 0.0
+    tails: dict[int, float] = {}
     if overhead is None:
         gaps = _free_gaps(timeline)
-        tails = []
         for rank in timeline.ranks:
             actions = rank.compute_actions()
             if not actions:
@@ -578,8 +577,7 @@ def predict_recorded(
             if actions[0].stage_index == 0 and actions[0].kind == "F":  # the first rank starts the step
                 first = Action(0, "F", actions[0].microbatch)
                 durations[first] += actions[0].start
-            tails.append(rank.step_seconds - actions[-1].end)
-        tail = _median(tails) or 0.0
+            tails[rank.rank] = max(rank.step_seconds - actions[-1].end, 0.0)
     simulation = simulate(
         order,
         costs if costs is not None else StageCost(0.0, 0.0, 0.0),
@@ -589,7 +587,12 @@ def predict_recorded(
         durations=durations,
         overhead=overhead or 0.0,
     )
-    simulation.step_seconds += tail
+    if tails:  # each rank's step ends its recorded tail after its last action
+        simulation.step_seconds = max(
+            simulation.rank_actions(rank)[-1].end + tail
+            for rank, tail in tails.items()
+            if simulation.rank_actions(rank)
+        )
     return simulation
 
 
