@@ -18,10 +18,43 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import replace
 
 import torch
 
-from graphkit.pipelining.planning.planner import plan_schedules
+from graphkit.pipelining.planning import simulate
+from graphkit.pipelining.planning.planner import costs_from_recorded, plan_schedules
+from graphkit.pipelining.schedules import schedule_order
+
+
+def replan(plan) -> None:
+    """The one-stage-per-rank schedules simulated from this run's recorded action times (median per stage and
+    kind) and its measured runtime gap: what the machine itself says about W filling the bubble."""
+    recorded = [timeline for timeline in plan.timelines if timeline.schedule.endswith("recorded")]
+    costs = costs_from_recorded(recorded, plan.ranks)
+    if costs is None or not plan.measured_overhead or plan.measured_overhead["between"] is None:
+        return
+    costs = [
+        replace(c, output_bytes=m.output_bytes, input_grad_bytes=m.input_grad_bytes)
+        for c, m in zip(costs, plan.costs, strict=True)
+    ]
+    overhead = plan.measured_overhead["between"]
+    print(f"from the recorded action times (runtime gap {overhead * 1e6:.0f} us per action):")
+    for stage, cost in enumerate(costs):
+        print(
+            f"  stage {stage}: F {cost.forward * 1e3:.2f} ms, I {cost.backward_input * 1e3:.2f}, "
+            f"W {cost.backward_weight * 1e3:.2f}, I + W {(cost.backward_input + cost.backward_weight) * 1e3:.2f}, "
+            f"B {cost.seconds('B') * 1e3:.2f}"
+        )
+    base = None
+    for name in ("1F1B", "GPipe", "ZBH1", "ZBH2"):
+        order = schedule_order(name, plan.ranks, plan.microbatches)
+        step = simulate(order, costs, plan.comm, overhead=overhead).step_seconds
+        base = base or step
+        measured = next((item.measured_seconds for item in plan.schedules if item.name == name), None)
+        shown = f", measured {measured * 1e3:.1f} ms" if measured else ""
+        print(f"  {name:<6} predicted {step * 1e3:8.1f} ms ({step / base:.2f}x of 1F1B){shown}")
+    print()
 
 
 def main() -> None:
@@ -60,6 +93,7 @@ def main() -> None:
         )
         print(plan.table())
         print()
+        replan(plan)
         if output is not None and plan.timelines:
             from graphkit.drawing.timeline import write_timeline
 

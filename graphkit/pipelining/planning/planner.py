@@ -55,6 +55,7 @@ __all__ = [
     "PlannedSchedule",
     "SchedulePlan",
     "costs_from_json",
+    "costs_from_recorded",
     "first_stage_as_run",
     "merge_stage_costs",
     "plan_schedules",
@@ -622,6 +623,29 @@ def _free_gaps(timeline: Any) -> dict[int, list[float | None]]:
             found.append(after.start - before.end if free else None)
         gaps[rank.rank] = found
     return gaps
+
+
+def costs_from_recorded(timelines: Sequence[Any], num_stages: int) -> list[StageCost] | None:
+    """Per-stage costs read from recorded steps of ``num_stages`` stages: the median recorded seconds of
+    each stage's F, I, W and B over every recorded step that ran that many stages (None if none did, or a
+    stage lacks F or a backward). A B never recorded costs I + W, an I or W never recorded splits B
+    evenly; bytes are not recorded (zero). Plan with them to ask what the machine's own action times say."""
+    seconds: dict[tuple[int, str], list[float]] = {}
+    for timeline in timelines:
+        if timeline.num_stages != num_stages:
+            continue
+        for rank in timeline.ranks:
+            for item in rank.compute_actions():
+                seconds.setdefault((item.stage_index, item.kind), []).append(item.end - item.start)
+    costs = []
+    for stage in range(num_stages):
+        f, i, w, b = (_median(seconds.get((stage, kind), [])) for kind in "FIWB")
+        if f is None or (b is None and (i is None or w is None)):
+            return None
+        if i is None or w is None:
+            i = w = (b or 0.0) / 2
+        costs.append(StageCost(f, max(i, _NOTHING), w, full_backward=b if b is not None else i + w))
+    return costs
 
 
 def runtime_overhead(
