@@ -75,15 +75,17 @@ BUILT_IN_SCHEDULES = (
 """PyTorch's schedules the planner simulates (one stage per rank for the first two, two for the others)."""
 
 DEFAULT_COMM = CommModel(latency=100e-6, bandwidth=1.0e9)
-"""Messages between two gloo ranks on 127.0.0.1 (CPU): about 100 microseconds and 1 GB/s, measured on the
-machine graphkit is developed on (a send and its matching receive, both ranks busy); pass your own
-:class:`CommModel` for another link (NCCL over NVLink: ~10 us, ~100 GB/s)."""
+"""A documented default for messages between two gloo ranks on 127.0.0.1 (CPU): 100 microseconds and 1 GB/s
+(the planner does not measure the link; the messages of the specs planned here are 64 KiB or less, so the
+latency dominates). Pass your own :class:`CommModel` for another link (NCCL over NVLink: ~10 us, ~100 GB/s)."""
 
 DEFAULT_OVERHEAD = 150e-6
 """Seconds ``torch.distributed.pipelining``'s runtime spends on a rank after each compute action besides
 computing, with gloo on the CPU: issuing and waiting for the action's sends and receives and its own
-Python bookkeeping (measured as recorded step minus the step simulated from recorded action durations,
-over the actions of a rank; see docs/choosing_a_schedule.md)."""
+Python bookkeeping. A default for a machine whose ranks have cores of their own; ``plan --run`` measures it
+(:func:`runtime_overhead`: the median gap between two actions of a rank where the second had nothing to
+wait for) - 0.66 to 0.71 ms on a 2-core machine at load averages of 9 to 15, time slicing included - and
+``--overhead`` takes the value measured on yours."""
 
 
 @dataclass(slots=True)
@@ -716,7 +718,8 @@ def plan_schedules(
 
     Args:
         pipeline: a pipeline spec (``zoo-pipeline:mlp_wide``, ``hf:gpt2?n_layer=4``, ``path/file.py:fn``); its
-            costs are measured at ``2 x ranks`` stages unless ``costs`` is given. Needed for ``run``.
+            costs are measured at ``2 x ranks`` stages (at ``ranks`` where it cannot be cut so finely: then
+            only the one-stage-per-rank schedules are planned) unless ``costs`` is given. Needed for ``run``.
         ranks, microbatches: the pipeline's ranks and microbatches per step.
         costs: a costs JSON (path or dict, ``graphkit costs --json``) or a sequence of
             :class:`StageCost`: ``ranks`` stages (then only one-stage-per-rank schedules are planned) or
@@ -749,15 +752,26 @@ def plan_schedules(
     batch_size = batch_size if batch_size is not None else 8 * microbatches
     if costs is None:
         from graphkit.measure.costs import spec_costs
+        from graphkit.models.specs import SpecError
 
-        measured = spec_costs(
-            pipeline,  # type: ignore[arg-type]
-            pipeline=True,
-            num_stages=2 * ranks,
-            batch_size=batch_size,
-            microbatches=microbatches,
-            repeat=repeat,
-        )
+        try:
+            measured = spec_costs(
+                pipeline,  # type: ignore[arg-type]
+                pipeline=True,
+                num_stages=2 * ranks,
+                batch_size=batch_size,
+                microbatches=microbatches,
+                repeat=repeat,
+            )
+        except SpecError:  # a model too small for two stages per rank: the one-stage-per-rank schedules only
+            measured = spec_costs(
+                pipeline,  # type: ignore[arg-type]
+                pipeline=True,
+                num_stages=ranks,
+                batch_size=batch_size,
+                microbatches=microbatches,
+                repeat=repeat,
+            )
         per_stage = costs_from_json(measured.to_dict())
     elif isinstance(costs, str | os.PathLike | dict):
         per_stage = costs_from_json(costs)
