@@ -234,8 +234,9 @@ def verify_pipeline(
             see :mod:`graphkit.models.pipeline_specs`. It is built with ``stages_per_rank x pipeline ranks``
             stages and a batch of 2 rows per microbatch per replica. A function must be importable by name
             when ``ranks > 1``.
-        schedule: ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``, ``CSV`` or ``csv:PATH``
-            (:mod:`graphkit.pipelining.schedules`); every schedule puts two stages on each pipeline rank.
+        schedule: ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``, ``CSV``, ``ZBH1``, ``ZBH2``,
+            ``Adaptive`` or ``csv:PATH`` (:mod:`graphkit.pipelining.schedules`); ``ZBH1``, ``ZBH2`` and
+            ``Adaptive`` put one stage on each pipeline rank, the others two (``CSV``: ``stages_per_rank``).
         microbatches: microbatches per step (the batch is split evenly).
         steps: schedule steps, with an SGD step in between.
         ranks: processes; 1 runs every stage in this process (a world-size-1 gloo group, unless a default
