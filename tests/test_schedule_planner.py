@@ -260,3 +260,22 @@ def test_recorded_gaps_with_nothing_to_wait_for_are_the_runtimes_overhead():
         ("0F0", 0.0, 1.5), ("0B0", 3.75, 5.75), ("1F0", 1.5, 2.75), ("1B0", 2.75, 3.75),
     ]  # fmt: skip
     assert predicted.step_seconds == 6.0
+
+
+def test_plan_command_draws_predicted_next_to_recorded_timelines(tmp_path, capsys, monkeypatch):
+    from graphkit.cli import main
+    from graphkit.pipelining.planning import planner
+
+    original = planner.plan_schedules
+
+    def recorded_plan(*args, **kwargs):  # a --run plan without processes: the predictions stand in
+        plan = original(*args, **{**kwargs, "run": False})
+        plan.timelines = [item.simulation.to_schedule_timeline() for item in plan.schedules[:2]]
+        return plan
+
+    monkeypatch.setattr(planner, "plan_schedules", recorded_plan)
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs_json(4)))
+    assert main(["plan", "--costs", str(path), "--ranks", "2", "--run", "-o", str(tmp_path / "out")]) == 0
+    assert "timelines.html" in capsys.readouterr().out
+    assert (tmp_path / "out" / "timelines.html").is_file() and (tmp_path / "out" / "timelines.svg").is_file()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -135,6 +136,14 @@ def run_plan(arguments: argparse.Namespace) -> int:
         print()
         print("what if: the same per-stage costs on more ranks")
         print(what_if_table(what_if))
+    if arguments.output and plan.timelines:
+        from graphkit.drawing.timeline import write_timeline
+
+        for name in ("timelines.html", "timelines.svg"):
+            write_timeline(
+                plan.timelines, Path(arguments.output) / name, title="Predicted and recorded steps"
+            )
+        print(f"wrote {arguments.output}/timelines.html (each recorded schedule: predicted, then recorded)")
     if arguments.output:
         print(
             f"wrote {arguments.output}/best.csv (run it as --schedule csv:{arguments.output}/best.csv) and plan.json"
