@@ -62,7 +62,7 @@ def costs_json(stages: int, f: float = 2 * MS, i: float = 2 * MS, w: float = 2 *
 def test_generated_schedules_are_named_placed_and_run_by_the_csv_runtime(name):
     from torch.distributed.pipelining import schedules as torch_schedules
 
-    assert schedule_name(name.lower()) == name and name in SCHEDULE_NAMES
+    assert schedule_name(name.lower()) == name and name not in SCHEDULE_NAMES  # those hold 2+ stages per rank
     assert schedule_class(name) is torch_schedules._PipelineScheduleRuntime
     assert stage_count(name, 4) == 4 and stage_indices(name, 3, 4) == [3]
 

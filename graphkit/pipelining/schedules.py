@@ -58,8 +58,9 @@ __all__ = [
 GENERATED_SCHEDULES = ("ZBH1", "ZBH2", "Adaptive")
 """graphkit's generated schedules: one stage per rank, separate I and W actions, run from a CSV."""
 
-SCHEDULE_NAMES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV", *GENERATED_SCHEDULES)
-"""The schedules with separate I and W actions, whose W graphkit's split runs (``csv:PATH`` too)."""
+SCHEDULE_NAMES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV")
+"""The schedules with separate I and W actions over several stages per rank, whose W graphkit's split runs
+(``csv:PATH`` too); :data:`GENERATED_SCHEDULES` are the ones with one stage per rank."""
 
 _V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
 

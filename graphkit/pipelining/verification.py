@@ -58,6 +58,7 @@ from graphkit.models.pipeline_specs import load_pipeline_spec
 from graphkit.pipelining.launcher import local_process_group, run_on_processes
 from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
 from graphkit.pipelining.schedules import (
+    GENERATED_SCHEDULES,
     SCHEDULE_NAMES,
     build_schedule,
     schedule_name,
@@ -292,12 +293,11 @@ def verify_cases(
 
 
 def _validate(case: PipelineCase, ranks: int) -> None:
-    if schedule_name(case.schedule) not in SCHEDULE_NAMES and not schedule_name(case.schedule).startswith(
-        "csv:"
-    ):
+    known = (*SCHEDULE_NAMES, *GENERATED_SCHEDULES)
+    if schedule_name(case.schedule) not in known and not schedule_name(case.schedule).startswith("csv:"):
         raise ValueError(
             f"unknown schedule {case.schedule!r} for verify-pipeline, which verifies the schedules with "
-            f"separate I and W actions: choose one of {', '.join(SCHEDULE_NAMES)} or csv:PATH"
+            f"separate I and W actions: choose one of {', '.join(known)} or csv:PATH"
         )
     stage_indices(case.schedule, 0, 1, case.stages_per_rank)  # an unknown schedule or placement raises
     if case.stage not in ("graphkit", "torch"):
