@@ -62,7 +62,8 @@ def add_plan_command(commands: Any) -> None:
         "--overhead",
         type=float,
         metavar="S",
-        help="seconds the runtime adds after each action on its rank (default 150e-6, gloo on the CPU)",
+        help="seconds the runtime adds to each action on its rank (default 1e-3: gloo on the CPU; plan --run "
+        "measures it)",
     )
     plan.add_argument(
         "--run",

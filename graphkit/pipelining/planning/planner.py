@@ -79,13 +79,13 @@ DEFAULT_COMM = CommModel(latency=100e-6, bandwidth=1.0e9)
 (the planner does not measure the link; the messages of the specs planned here are 64 KiB or less, so the
 latency dominates). Pass your own :class:`CommModel` for another link (NCCL over NVLink: ~10 us, ~100 GB/s)."""
 
-DEFAULT_OVERHEAD = 150e-6
-"""Seconds ``torch.distributed.pipelining``'s runtime spends on a rank after each compute action besides
-computing, with gloo on the CPU: issuing and waiting for the action's sends and receives and its own
-Python bookkeeping. A default for a machine whose ranks have cores of their own; ``plan --run`` measures it
-(:func:`runtime_overhead`: the median gap between two actions of a rank where the second had nothing to
-wait for) - 0.66 to 0.71 ms on a 2-core machine at load averages of 9 to 15, time slicing included - and
-``--overhead`` takes the value measured on yours."""
+DEFAULT_OVERHEAD = 1.0e-3
+"""Seconds ``torch.distributed.pipelining``'s runtime adds on a rank to each compute action, with gloo on the
+CPU: the gap after it (issuing the action's sends, posting the next one's receives, the runtime's Python)
+and what running inside the runtime adds to the pass itself. Measured by ``plan --run``
+(:func:`runtime_overhead`) on a 2-core machine at load average 1: 0.44 to 0.68 ms between actions and
+0.55 to 0.85 ms inside each, for ``hf:gpt2?n_layer=4`` and ``zoo-pipeline:mlp_wide`` on 2 ranks; give
+``--overhead`` the value measured on yours (GPUs with NCCL: tens of microseconds)."""
 
 
 @dataclass(slots=True)
