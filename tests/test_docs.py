@@ -173,3 +173,28 @@ def test_the_tracing_frontends_complete_example_runs_and_matches_a_full_backward
     assert result.stdout.strip() == (
         "[BackwardCalls(input=0, weight=0, full=4), BackwardCalls(input=4, weight=4, full=0)]"
     )
+
+
+def test_choosing_a_schedules_examples_run_and_train_with_the_plans_csv(
+    repo_root: Path, tmp_path: Path
+) -> None:
+    # one of them makes a process group of its own: every block, in order, in a fresh interpreter
+    blocks = PYTHON_BLOCK.findall((repo_root / "docs" / "choosing_a_schedule.md").read_text())
+    assert len(blocks) == 2
+    script = tmp_path / "choosing_a_schedule.py"
+    script.write_text("\n".join(blocks))
+    environment = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")])
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "best predicted:" in result.stdout and "1F1B" in result.stdout
+    assert result.stdout.strip().endswith("True")
+    assert (tmp_path / "plan" / "best.csv").is_file()

@@ -21,6 +21,8 @@ Subcommands::
     graphkit verify-pipeline PIPELINE_SPEC --schedule NAME --microbatches N [--ranks R] [--ddp | --fsdp]
                      [--steps N] [--stages-per-rank K] [--stage graphkit|torch] [--timeout S] [--timeline OUT]
                      [--json]
+    graphkit plan    [PIPELINE_SPEC] --ranks R --microbatches M [--memory-limit BYTES] [--costs FILE.json] [--run]
+                     [--steps K] [--top N] [--what-if] [-o DIR] [--json]
 
 SPEC is ``zoo:NAME``, ``path/to/file.py:function``, ``package.module:function`` or ``hf:ARCH?key=value``
 (see :mod:`graphkit.models.specs`); PIPELINE_SPEC is ``path/to/file.py:function``, ``package.module:function``,
@@ -33,7 +35,7 @@ verification fails, 2 on bad input - also an exception raised inside the spec's 
 
 One module per command family: :mod:`~graphkit.cli.graph_commands` (capture, groups, list),
 :mod:`~graphkit.cli.split_commands` (verify, bench), :mod:`~graphkit.cli.drawing_commands` (render,
-inspect), :mod:`~graphkit.cli.pipeline_commands` (costs, timeline, compare-schedules, verify-pipeline);
+inspect), :mod:`~graphkit.cli.pipeline_commands` (costs, timeline, compare-schedules, verify-pipeline), :mod:`~graphkit.cli.plan_command` (plan);
 :mod:`~graphkit.cli.options` holds the options several
 commands share, :mod:`~graphkit.cli.terminal` and :mod:`~graphkit.cli.spec_tracing` what they print with
 and what they trace.
@@ -51,6 +53,7 @@ from graphkit.cli import (
     drawing_commands,
     graph_commands,
     pipeline_commands,
+    plan_command,
     split_commands,
 )
 from graphkit.models.specs import model_frame
@@ -69,6 +72,7 @@ COMMANDS = (
     pipeline_commands.add_timeline_command,
     pipeline_commands.add_compare_schedules_command,
     pipeline_commands.add_verify_pipeline_command,
+    plan_command.add_plan_command,
 )
 """The subcommands, in the order ``graphkit --help`` lists them: each adds its parser."""
 
@@ -79,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="graphkit",
         description="See, analyse and split PyTorch autograd graphs.",
         epilog="SPEC: zoo:NAME | path/to/file.py:function | package.module:function | hf:ARCH?key=value. "
-        "PIPELINE_SPEC (costs, timeline, compare-schedules, verify-pipeline): zoo-pipeline:NAME | "
+        "PIPELINE_SPEC (costs, timeline, compare-schedules, verify-pipeline, plan): zoo-pipeline:NAME | "
         "path/to/file.py:function | package.module:function | hf:gpt2?key=value | hf:llama?key=value. "
         "graphkit list names the built-in ones.",
     )

@@ -11,7 +11,8 @@ cost_comm, mem_f, mem_b, mem_w, max_mem)``) and ColossalAI's V-schedule builder 
 Method (all in one run, on the device the stage lives on):
 
 - **time**: ``warmup`` unmeasured microbatches, then the median over ``repeat`` microbatches of the
-  wall time of F, of B and of W (``time.perf_counter``; CUDA is synchronized around each pass);
+  wall time of F, of B and of W (``time.perf_counter``; CUDA is synchronized around each pass), and of a
+  full backward on one more microbatch each time (``full_backward_seconds``: what 1F1B's B costs);
 - **FLOPs**: one more microbatch under ``torch.utils.flop_counter.FlopCounterMode``, a pass at a time
   (:class:`graphkit.measure.flops.PhaseFlops`);
 - **bytes** (exact, from the tensors themselves, each storage counted once, parameters never):
@@ -96,6 +97,7 @@ class StageCosts:
     warmup: int
     flops_partial: bool = False
     flops_note: str = ""
+    full_backward_seconds: float | None = None
 
     def scheduler_fields(self) -> dict[str, float | int]:
         """F/B/W times (seconds) and net memory changes (bytes) as zero-bubble schedulers take them."""
@@ -249,6 +251,11 @@ class _Microbatch:
         assert self.state is not None
         backward_weight(self.state)
 
+    def backward_full(self) -> None:
+        """One ordinary autograd backward (B and W at once), into the inputs' and parameters' ``.grad``."""
+        torch.autograd.backward(self.outputs, self.grads)
+        self.outputs, self.grads = [], None
+
 
 class _PeakTracker(TorchDispatchMode):
     """Bytes of the storages the ops under it allocate, alive at once: the most after any op.
@@ -349,13 +356,17 @@ def stage_costs(
         return _Microbatch(module, inputs, device, loss, seed)
 
     try:
-        times: dict[str, list[float]] = {"F": [], "B": [], "W": []}
+        times: dict[str, list[float]] = {"F": [], "B": [], "W": [], "full": []}
         for _ in range(warmup + repeat):
             microbatch = new_microbatch()
             times["F"].append(timed(microbatch.forward, device)[0])
             microbatch.make_cotangents()
             times["B"].append(timed(microbatch.backward_input, device)[0])
             times["W"].append(timed(microbatch.backward_weight, device)[0])
+            microbatch = new_microbatch()  # and a full backward, as 1F1B's B runs it
+            microbatch.forward()
+            microbatch.make_cotangents()
+            times["full"].append(timed(microbatch.backward_full, device)[0])
         medians = {name: statistics.median(values[warmup:]) for name, values in times.items()}
 
         # FLOPs and exact bytes: one untimed microbatch
@@ -416,6 +427,7 @@ def stage_costs(
         warmup=warmup,
         flops_partial=flops_partial,
         flops_note=flops_note,
+        full_backward_seconds=medians["full"],
     )
 
 

@@ -50,6 +50,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineModel, load_pipeline_spec
 from graphkit.pipelining.launcher import LaunchError, free_port, process_group, run_on_processes
+from graphkit.pipelining.planning.actions import COMPUTE_KINDS
 from graphkit.pipelining.schedules import (
     build_schedule,
     common_stage_count,
@@ -75,8 +76,6 @@ __all__ = [
     "schedule_on_rank",
 ]
 
-COMPUTE_KINDS = ("F", "I", "W", "B")
-"""The kinds of action that compute (the rest communicate)."""
 
 _STAGE_METHODS = {
     "forward_one_chunk": "fwd_chunk_id",

@@ -2,15 +2,21 @@
 
 Every ``torch.distributed.pipelining`` schedule is known by its class name without the ``Schedule`` prefix,
 case ignored (``1F1B``, ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble``, ``ZBVZeroBubble``,
-``DualPipeV``, ...), plus two of graphkit's:
+``DualPipeV``, ...), plus graphkit's own, all run by ``_PipelineScheduleRuntime`` from a compute-only CSV file (loaded with
+``_load_csv`` as a user's CSV schedule would be), with separate I and W actions:
 
-- ``CSV``: graphkit's own compute-only schedule with separate I and W actions (:func:`io_schedule_rows`),
-  written to a file and loaded with ``_PipelineScheduleRuntime._load_csv`` as a user's CSV schedule would be;
+- ``CSV``: a simple deadlock-free order over several stages per rank (:func:`io_schedule_rows`);
+- ``ZBH1``, ``ZBH2``: the ZB paper's handcrafted schedules, one stage per rank (1F1B's placement and
+  messages; :mod:`graphkit.pipelining.planning.generation`);
+- ``Adaptive``: the ZB paper's adaptive scheduler (:func:`~graphkit.pipelining.planning.adaptive_schedule`)
+  with F, I and W costing the same and no memory limit; ``graphkit plan`` builds it from measured costs and a
+  memory limit and writes it as a CSV, run as ``csv:PATH``;
 - ``csv:PATH``: a user's CSV file (its stage placement is read from the file).
 
 Where the stages live (as PyTorch's own ``generate_stage_to_rank_mapping`` places them):
 
-- single-stage schedules (``GPipe``, ``1F1B``): one stage per rank, stage ``s`` on rank ``s``;
+- single-stage schedules (``GPipe``, ``1F1B``) and the generated ones (``ZBH1``, ``ZBH2``, ``Adaptive``): one
+  stage per rank, stage ``s`` on rank ``s``;
 - V-shaped schedules (``ZBVZeroBubble``, ``DualPipeV``): two stages per rank, stage ``s`` on rank ``s`` for
   ``s < ranks`` and on ``2 * ranks - 1 - s`` after;
 - the other multi-stage (looped) schedules and ``CSV``: ``stages_per_rank`` stages per rank (default two),
@@ -31,21 +37,30 @@ from typing import Any
 
 from torch.distributed.pipelining import schedules as torch_schedules
 
+from graphkit.pipelining.planning.actions import COMPUTE_KINDS
+
 __all__ = [
     "SCHEDULE_NAMES",
     "UnknownScheduleError",
     "build_schedule",
+    "GENERATED_SCHEDULES",
     "common_stage_count",
+    "generated_rows",
     "io_schedule_rows",
     "is_single_stage",
     "schedule_class",
     "schedule_name",
+    "schedule_order",
     "stage_count",
     "stage_indices",
 ]
 
+GENERATED_SCHEDULES = ("ZBH1", "ZBH2", "Adaptive")
+"""graphkit's generated schedules: one stage per rank, separate I and W actions, run from a CSV."""
+
 SCHEDULE_NAMES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV")
-"""The schedules with separate I and W actions, whose W graphkit's split runs (``csv:PATH`` too)."""
+"""The schedules with separate I and W actions over several stages per rank, whose W graphkit's split runs
+(``csv:PATH`` too); :data:`GENERATED_SCHEDULES` are the ones with one stage per rank."""
 
 _V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
 
@@ -61,7 +76,7 @@ def _known_names() -> list[str]:
         for cls in torch_schedules.__dict__.values()
         if _is_schedule(cls)
     ]
-    return sorted(set(names) | {"CSV"}, key=str.lower)
+    return sorted(set(names) | {"CSV", *GENERATED_SCHEDULES}, key=str.lower)
 
 
 def _is_schedule(value: Any) -> bool:
@@ -104,13 +119,15 @@ def schedule_class(name: str | type) -> type:
     if isinstance(name, type):
         return name
     canonical = schedule_name(name)
-    if canonical == "CSV" or canonical.startswith("csv:"):
+    if canonical in ("CSV", *GENERATED_SCHEDULES) or canonical.startswith("csv:"):
         return torch_schedules._PipelineScheduleRuntime
     return torch_schedules.get_schedule_class(canonical)
 
 
 def is_single_stage(name: str | type) -> bool:
-    """Whether schedule ``name`` runs one stage per rank (``GPipe``, ``1F1B``)."""
+    """Whether schedule ``name`` runs one stage per rank (``GPipe``, ``1F1B``, ``ZBH1``, ``ZBH2``, ``Adaptive``)."""
+    if not isinstance(name, type) and schedule_name(name) in GENERATED_SCHEDULES:
+        return True
     return issubclass(schedule_class(name), torch_schedules.PipelineScheduleSingle)
 
 
@@ -215,6 +232,9 @@ def build_schedule(
     """
     canonical = schedule_name(name)
     cls = schedule_class(name)
+    if canonical in GENERATED_SCHEDULES:
+        rows = generated_rows(canonical, ranks, microbatches)
+        return _runtime_from_rows(rows, stages, microbatches, loss_fn, options)
     if issubclass(cls, torch_schedules.PipelineScheduleSingle):
         return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn, **options)
     if cls is not torch_schedules._PipelineScheduleRuntime:
@@ -226,11 +246,111 @@ def build_schedule(
         schedule._load_csv(canonical[4:])
         return schedule
     rows = io_schedule_rows(stages[0].num_stages, ranks, microbatches)
+    _load_rows(schedule, rows)
+    return schedule
+
+
+def _load_rows(schedule: Any, rows: list[list[str]]) -> None:
+    """Load per-rank action strings into a ``_PipelineScheduleRuntime`` through a CSV file, as a user would."""
     with tempfile.TemporaryDirectory(prefix="graphkit-schedule-") as folder:
         path = Path(folder) / "schedule.csv"
         path.write_text("\n".join(",".join(row) for row in rows) + "\n")
         schedule._load_csv(str(path))
+
+
+def _runtime_from_rows(
+    rows: list[list[str]], stages: Sequence[Any], microbatches: int, loss_fn: Any, options: dict[str, Any]
+) -> Any:
+    schedule = torch_schedules._PipelineScheduleRuntime(
+        list(stages), microbatches, loss_fn=loss_fn, **options
+    )
+    _load_rows(schedule, rows)
     return schedule
+
+
+def generated_rows(name: str, ranks: int, microbatches: int) -> list[list[str]]:
+    """The per-rank action strings of a generated schedule (``ZBH1``, ``ZBH2``, ``Adaptive``), one stage per
+    rank, as its CSV holds them.
+
+    Raises:
+        UnknownScheduleError: ``name`` is not a generated schedule.
+    """
+    from graphkit.pipelining.planning import adaptive_schedule, zb_h1, zb_h2
+    from graphkit.pipelining.planning.cost_model import StageCost
+
+    canonical = schedule_name(name)
+    if canonical == "ZBH1":
+        order = zb_h1(ranks, microbatches)
+    elif canonical == "ZBH2":
+        order = zb_h2(ranks, microbatches)
+    elif canonical == "Adaptive":
+        order = adaptive_schedule(
+            StageCost(1.0, 1.0, 1.0, activation_bytes=1, weight_bytes=1), ranks, microbatches
+        )
+    else:
+        raise UnknownScheduleError(
+            f"{name!r} is not one of graphkit's generated schedules {GENERATED_SCHEDULES}"
+        )
+    return [[str(action) for action in order[rank]] for rank in range(ranks)]
+
+
+def schedule_order(
+    name: str | type, ranks: int, microbatches: int, stages_per_rank: int = 2
+) -> dict[int, list[str]]:
+    """Every rank's compute actions under schedule ``name`` (``{rank: ["0F0", "0F1", ...]}``), read without
+    running it: what :func:`graphkit.pipelining.planning.simulate` predicts.
+
+    ``GPipe`` and ``1F1B`` come from :mod:`graphkit.pipelining.planning.generation` (the order their ``step``
+    runs; ``Schedule1F1B.pipeline_order`` names a microbatch too many on its last rank); the multi-stage
+    schedules from the ``pipeline_order`` their constructor computes (over stand-in stages); graphkit's own
+    and ``csv:PATH`` from their rows.
+
+    Raises:
+        UnknownScheduleError: as :func:`schedule_name`.
+    """
+    from types import SimpleNamespace
+
+    from graphkit.pipelining.planning import gpipe, one_f_one_b
+
+    canonical = schedule_name(name)
+    if canonical in GENERATED_SCHEDULES:
+        return dict(enumerate(generated_rows(canonical, ranks, microbatches)))
+    if canonical == "CSV":
+        return dict(enumerate(io_schedule_rows(ranks * stages_per_rank, ranks, microbatches)))
+    if canonical.startswith("csv:"):
+        return dict(enumerate(_read_rows(Path(canonical[4:]))))
+    if canonical in ("GPipe", "1F1B"):
+        order = (gpipe if canonical == "GPipe" else one_f_one_b)(ranks, microbatches)
+        return {rank: [str(action) for action in row] for rank, row in order.items()}
+    num_stages = stage_count(canonical, ranks, stages_per_rank)
+    stages = [
+        SimpleNamespace(
+            stage_index=index,
+            num_stages=num_stages,
+            group_rank=0,
+            group_size=ranks,
+            is_first=index == 0,
+            is_last=index == num_stages - 1,
+            submod=None,
+            stage_index_to_group_rank=None,
+        )
+        for index in stage_indices(canonical, 0, ranks, stages_per_rank)
+    ]
+    schedule = schedule_class(canonical)(stages, microbatches)
+    order = schedule.pipeline_order
+    result: dict[int, list[str]] = {}
+    for rank in range(ranks):
+        labels = []
+        stack = list(reversed([action for action in order[rank] if action is not None]))
+        while stack:
+            action = stack.pop()
+            if action.sub_actions:
+                stack.extend(reversed(action.sub_actions))
+                continue
+            if action.computation_type.value in COMPUTE_KINDS:
+                labels.append(f"{action.stage_index}{action.computation_type.value}{action.microbatch_index}")
+        result[rank] = labels
+    return result
 
 
 def _read_rows(path: Path) -> list[list[str]]:

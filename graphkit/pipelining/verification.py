@@ -61,6 +61,7 @@ from graphkit.models.specs import model_frame
 from graphkit.pipelining.launcher import local_process_group, run_on_processes
 from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
 from graphkit.pipelining.schedules import (
+    GENERATED_SCHEDULES,
     SCHEDULE_NAMES,
     build_schedule,
     schedule_name,
@@ -251,8 +252,9 @@ def verify_pipeline(
             see :mod:`graphkit.models.pipeline_specs`. It is built with ``stages_per_rank x pipeline ranks``
             stages and a batch of 2 rows per microbatch per replica. A function must be importable by name
             when ``ranks > 1``.
-        schedule: ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``, ``CSV`` or ``csv:PATH``
-            (:mod:`graphkit.pipelining.schedules`); every schedule puts two stages on each pipeline rank.
+        schedule: ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``, ``CSV``, ``ZBH1``, ``ZBH2``,
+            ``Adaptive`` or ``csv:PATH`` (:mod:`graphkit.pipelining.schedules`); ``ZBH1``, ``ZBH2`` and
+            ``Adaptive`` put one stage on each pipeline rank, the others two (``CSV``: ``stages_per_rank``).
         microbatches: microbatches per step (the batch is split evenly).
         steps: schedule steps, with an SGD step in between.
         ranks: processes; 1 runs every stage in this process (a world-size-1 gloo group, unless a default
@@ -308,12 +310,11 @@ def verify_cases(
 
 
 def _validate(case: PipelineCase, ranks: int) -> None:
-    if schedule_name(case.schedule) not in SCHEDULE_NAMES and not schedule_name(case.schedule).startswith(
-        "csv:"
-    ):
+    known = (*SCHEDULE_NAMES, *GENERATED_SCHEDULES)
+    if schedule_name(case.schedule) not in known and not schedule_name(case.schedule).startswith("csv:"):
         raise ValueError(
             f"unknown schedule {case.schedule!r} for verify-pipeline, which verifies the schedules with "
-            f"separate I and W actions: choose one of {', '.join(SCHEDULE_NAMES)} or csv:PATH"
+            f"separate I and W actions: choose one of {', '.join(known)} or csv:PATH"
         )
     stage_indices(case.schedule, 0, 1, case.stages_per_rank)  # an unknown schedule or placement raises
     if case.stage not in ("graphkit", "torch"):

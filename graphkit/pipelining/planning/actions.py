@@ -37,7 +37,9 @@ __all__ = [
 ]
 
 COMPUTE_KINDS = ("F", "I", "W", "B")
-"""The kinds of action the planner times; every other kind PyTorch knows is implied by the data flow."""
+"""The kinds of action that compute: the planner times them, the recorder tells them from communication
+(``graphkit.pipelining.recording`` imports this one definition); every other kind PyTorch knows is implied
+by the data flow."""
 
 _IMPLIED_KINDS = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"})
 # PyTorch's own pattern (schedules.py, _action_regex), the longest kinds first so "RECV_F" is not "R".

@@ -25,9 +25,14 @@ The zero-bubble schedules follow Qi et al., "Zero Bubble Pipeline Parallelism" (
 
 from __future__ import annotations
 
-from graphkit.pipelining.planning.actions import Action
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["SCHEDULES", "gpipe", "one_f_one_b", "zb_h1", "zb_h2"]
+from graphkit.pipelining.planning.actions import Action, schedule_actions
+from graphkit.pipelining.planning.cost_model import StageCost
+from graphkit.pipelining.planning.simulator import simulate
+
+__all__ = ["SCHEDULES", "fold_schedule", "gpipe", "one_f_one_b", "zb_h1", "zb_h2"]
 
 
 def _check(num_ranks: int, microbatches: int) -> None:
@@ -116,3 +121,32 @@ def zb_h2(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
 
 SCHEDULES = {"GPipe": gpipe, "1F1B": one_f_one_b, "ZB-H1": zb_h1, "ZB-H2": zb_h2}
 """The handcrafted generators by name: ``SCHEDULES[name](num_ranks, microbatches)``."""
+
+
+def fold_schedule(
+    schedule: Mapping[int, Sequence[Any]] | Sequence[Sequence[Any]],
+    ranks: int,
+    costs: StageCost | Sequence[StageCost] | None = None,
+) -> dict[int, list[Action]]:
+    """A schedule of one stage per rank folded onto fewer ranks: stage ``s`` on rank ``s % ranks`` (the looped
+    placement of ``Interleaved1F1B`` and of PyTorch's CSV runtime), each rank running its stages' actions in
+    the order of their predicted start (:func:`simulate` with ``costs``, default F = I = W = 1).
+
+    Every dependency of an action starts and ends before it in that order, so the folded order cannot
+    deadlock; it is how a 4-stage ZB-H1 runs on 2 ranks (two stages each, looped).
+
+    Raises:
+        ValueError: ``ranks`` below 1 or not dividing the number of stages.
+        ScheduleError: as :func:`simulate`.
+    """
+    order = schedule_actions(schedule)
+    num_stages = len(order)
+    if ranks < 1 or num_stages % ranks:
+        raise ValueError(f"{num_stages} stages do not fold onto {ranks} ranks")
+    predicted = simulate(order, costs if costs is not None else StageCost(1.0, 1.0, 1.0))
+    folded: dict[int, list[tuple[float, int, int, Action]]] = {rank: [] for rank in range(ranks)}
+    for position, action in enumerate(predicted.actions):
+        folded[action.stage % ranks].append(
+            (action.start, action.stage, position, Action(action.stage, action.kind, action.microbatch))
+        )
+    return {rank: [item[3] for item in sorted(items)] for rank, items in folded.items()}

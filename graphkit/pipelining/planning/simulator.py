@@ -29,13 +29,12 @@ waiting actions; one missing an action, or running one twice, raises :class:`Inc
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from graphkit.pipelining.planning.actions import Action, ScheduleError, schedule_actions
+from graphkit.pipelining.planning.actions import COMPUTE_KINDS, Action, ScheduleError, schedule_actions
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, stage_costs
-from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
 
 __all__ = [
     "DeadlockError",
@@ -43,6 +42,7 @@ __all__ = [
     "PredictedAction",
     "Simulation",
     "Waiting",
+    "recorded_durations",
     "simulate",
 ]
 
@@ -207,6 +207,7 @@ class Simulation:
         """The prediction as a recorded-timeline ``ScheduleTimeline``, so graphkit's timeline drawing
         (``timeline_svg``) shows predicted and recorded steps side by side. Every rank's step is the
         predicted step time (its idle tail shows); ``device`` is ``"predicted"``."""
+        from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
 
         ranks = []
         for rank in range(self.num_ranks):
@@ -298,6 +299,8 @@ def simulate(
     *,
     microbatches: int | None = None,
     name: str | None = None,
+    durations: Mapping[Any, float] | None = None,
+    overhead: float = 0.0,
 ) -> Simulation:
     """Predict one step of ``schedule`` with per-stage ``costs`` and link model ``comm`` (default: free).
 
@@ -308,6 +311,11 @@ def simulate(
         microbatches: microbatches per step; None: one more than the largest the lists name. Given, an
             action on a microbatch outside ``0 .. microbatches - 1`` is a problem.
         name: the name the result carries (default: the schedule object's class name, else "schedule").
+        durations: seconds of single actions, overriding ``costs`` for them: ``{Action or "0F1": seconds}``
+            (:func:`recorded_durations` reads them from a recorded step).
+        overhead: seconds the runtime spends on each rank after each compute action besides computing
+            (issuing sends and receives, its own bookkeeping): the rank's next action starts no earlier;
+            counted as idle, not busy, as a recorded timeline counts it. Messages leave at the action's end.
 
     Returns:
         The :class:`Simulation`; seconds and bytes in the units of ``costs``.
@@ -338,6 +346,19 @@ def simulate(
     num_ranks = len(actions)
 
     duration = {kind: [cost.seconds(kind) for cost in per_stage] for kind in "FIWB"}
+    if not (overhead >= 0 and overhead != float("inf")):
+        raise ValueError(f"overhead must be finite seconds >= 0, got {overhead!r}")
+    seconds_of = [[duration[kind][stage] for stage, kind, _ in actions[rank]] for rank in range(num_ranks)]
+    if durations:
+        given = {
+            (item if isinstance(item, Action) else Action.parse(str(item))): value
+            for item, value in durations.items()
+        }
+        for rank in range(num_ranks):
+            row = seconds_of[rank]
+            for position, action in enumerate(actions[rank]):
+                if action in given:
+                    row[position] = given[action]
     # arrival delay of stage s's F output at stage s+1, and of stage s's input gradient at stage s-1
     forward_delay = [
         comm.seconds(per_stage[s].output_bytes)
@@ -367,6 +388,7 @@ def simulate(
         position = pointer[rank]
         clock = free_at[rank]
         rank_starts = starts[rank]
+        rank_seconds = seconds_of[rank]
         while position < len(row):
             stage, kind, mb = row[position]
             ready = clock
@@ -400,9 +422,9 @@ def simulate(
                 parked[need] = rank
                 blocked_on[rank] = need
                 break
-            end = ready + duration[kind][stage]
+            end = ready + rank_seconds[position]
             rank_starts.append(ready)
-            clock = end
+            clock = end + overhead
             position += 1
             if kind == "F":
                 keys: tuple[tuple[str, int, int], ...] = (("F", stage, mb),)
@@ -426,7 +448,7 @@ def simulate(
     stuck = [rank for rank in range(num_ranks) if pointer[rank] < len(actions[rank])]
     if stuck:
         raise DeadlockError(_waiting(actions, placement, pointer, blocked_on, stuck))
-    return _result(name, actions, placement, num_stages, microbatches, per_stage, duration, starts)
+    return _result(name, actions, placement, num_stages, microbatches, per_stage, seconds_of, starts)
 
 
 def _waiting(
@@ -457,7 +479,7 @@ def _result(
     num_stages: int,
     microbatches: int,
     per_stage: list[StageCost],
-    duration: dict[str, list[float]],
+    seconds_of: list[list[float]],
     starts: list[list[float]],
 ) -> Simulation:
     """Timeline, busy time, memory and messages from the start times the simulation found."""
@@ -471,9 +493,10 @@ def _result(
         alive = 0
         peak = 0
         rank_busy = 0.0
-        for (stage, kind, mb), start in zip(actions[rank], starts[rank], strict=True):
+        for (stage, kind, mb), start, seconds in zip(
+            actions[rank], starts[rank], seconds_of[rank], strict=True
+        ):
             cost = per_stage[stage]
-            seconds = duration[kind][stage]
             end = start + seconds
             rank_busy += seconds
             if kind == "F":
@@ -509,3 +532,15 @@ def _result(
         messages=messages,
         message_bytes=message_bytes,
     )
+
+
+def recorded_durations(timeline: Any) -> dict[Action, float]:
+    """Every compute action's recorded seconds in a recorded step: ``{Action: seconds}``, for
+    :func:`simulate`'s ``durations``. ``timeline``: a ``ScheduleTimeline`` (or anything with ``ranks``, each
+    with ``actions`` that have ``kind``, ``stage_index``, ``microbatch``, ``start``, ``end`` and ``phase``)."""
+    found: dict[Action, float] = {}
+    for rank in timeline.ranks:
+        for item in rank.actions:
+            if item.phase == "run" and item.kind in COMPUTE_KINDS:
+                found[Action(int(item.stage_index), item.kind, int(item.microbatch))] = item.end - item.start
+    return found

@@ -1,0 +1,152 @@
+"""``graphkit plan``: which pipeline schedule to run, predicted from measured costs (and, with ``--run``,
+measured): a thin shell over :func:`graphkit.pipelining.planning.planner.plan_schedules`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from graphkit.cli.options import add_json_option, add_run_timeout_option, add_steps_option, add_threads_option
+
+__all__ = ["add_plan_command"]
+
+
+def add_plan_command(commands: Any) -> None:
+    plan = commands.add_parser(
+        "plan",
+        help="simulate every pipeline schedule from measured F/I/W costs, rank them, write the best as CSV",
+        description="Measure PIPELINE_SPEC's per-stage F, I and W costs (or read them with --costs), simulate "
+        "every built-in schedule that fits --ranks and graphkit's ZBH1, ZBH2 and adaptive ones, and print "
+        "them ranked: predicted step, ratio to 1F1B, bubble, peak activation memory per rank, messages per "
+        "step. The best is written as a CSV that csv:PATH runs (-o DIR). With --run, 1F1B and the --top "
+        "best are recorded for real and the table adds the measured step.",
+    )
+    plan.add_argument(
+        "spec",
+        metavar="PIPELINE_SPEC",
+        nargs="?",
+        help="a pipeline spec (zoo-pipeline:mlp_wide, hf:gpt2?n_layer=4, path/to/file.py:function); "
+        "optional with --costs",
+    )
+    plan.add_argument("--ranks", type=int, default=2, metavar="R", help="pipeline ranks (default 2)")
+    plan.add_argument(
+        "--microbatches", type=int, default=8, metavar="M", help="microbatches per step (default 8)"
+    )
+    plan.add_argument(
+        "--batch-size", type=int, metavar="B", help="the whole batch (default: 8 rows per microbatch)"
+    )
+    plan.add_argument(
+        "--memory-limit",
+        type=float,
+        metavar="BYTES",
+        help="activation bytes each rank may hold: the adaptive schedule is built under it, schedules over "
+        "it rank last (default: no limit)",
+    )
+    plan.add_argument(
+        "--costs",
+        metavar="FILE.json",
+        help="per-stage costs as `graphkit costs --pipeline --num-stages 2R --json` writes them (measured "
+        "elsewhere, e.g. on a GPU machine), for R or 2R stages; default: measure them here",
+    )
+    plan.add_argument(
+        "--latency", type=float, metavar="S", help="seconds per message between ranks (default 100e-6)"
+    )
+    plan.add_argument(
+        "--bandwidth", type=float, metavar="B/S", help="bytes per second between ranks (default 1e9)"
+    )
+    plan.add_argument(
+        "--overhead",
+        type=float,
+        metavar="S",
+        help="seconds the runtime adds to each action on its rank (default 1e-3: gloo on the CPU; plan --run "
+        "measures it)",
+    )
+    plan.add_argument(
+        "--run",
+        dest="record",
+        action="store_true",
+        help="record 1F1B and the --top best for real and print measured steps",
+    )
+    add_steps_option(plan, default=3, metavar="K", help="recorded steps per schedule with --run (default 3)")
+    plan.add_argument(
+        "--top",
+        type=int,
+        default=3,
+        metavar="N",
+        help="schedules to record with --run besides 1F1B (default 3)",
+    )
+    plan.add_argument(
+        "--what-if",
+        action="store_true",
+        help="also predict the same per-stage costs at 8, 16, 32 and 64 ranks, with M and 4 x ranks microbatches",
+    )
+    add_threads_option(plan, help="intra-op CPU threads for measuring and per recorded rank (default 1)")
+    add_run_timeout_option(plan, default=600.0)
+    plan.add_argument(
+        "-o", "--output", metavar="DIR", help="write best.csv, the generated schedules' CSVs and plan.json"
+    )
+    add_json_option(plan, help="print the plan as JSON instead of the table")
+    plan.set_defaults(run=run_plan)
+
+
+def run_plan(arguments: argparse.Namespace) -> int:
+    from graphkit.pipelining.planning.cost_model import CommModel
+    from graphkit.pipelining.planning.planner import DEFAULT_COMM, plan_schedules, what_if_table
+    from graphkit.pipelining.recording import TimelineError
+
+    if arguments.spec is None and arguments.costs is None:
+        raise ValueError("give a PIPELINE_SPEC or --costs FILE.json")
+    if arguments.threads:
+        torch.set_num_threads(arguments.threads)
+    comm = CommModel(
+        arguments.latency if arguments.latency is not None else DEFAULT_COMM.latency,
+        arguments.bandwidth if arguments.bandwidth is not None else DEFAULT_COMM.bandwidth,
+    )
+    try:
+        plan = plan_schedules(
+            arguments.spec,
+            ranks=arguments.ranks,
+            microbatches=arguments.microbatches,
+            costs=arguments.costs,
+            memory_limit=arguments.memory_limit,
+            comm=comm,
+            overhead=arguments.overhead,
+            batch_size=arguments.batch_size,
+            run=arguments.record,
+            steps=arguments.steps,
+            top=arguments.top,
+            output=arguments.output,
+            threads=arguments.threads or 1,
+            timeout_s=arguments.timeout,
+        )
+    except TimelineError as error:  # a failed or stuck rank under --run: bad input or a too short --timeout
+        raise ValueError(str(error)) from error
+    what_if = plan.what_if() if arguments.what_if else None
+    if arguments.json:
+        payload = plan.to_dict()
+        if what_if is not None:
+            payload["what_if"] = what_if
+        print(json.dumps(payload, indent=1, default=str))
+        return 0
+    print(plan.table())
+    if what_if is not None:
+        print()
+        print("what if: the same per-stage costs on more ranks")
+        print(what_if_table(what_if))
+    if arguments.output and plan.timelines:
+        from graphkit.drawing.timeline import write_timeline
+
+        for name in ("timelines.html", "timelines.svg"):
+            write_timeline(
+                plan.timelines, Path(arguments.output) / name, title="Predicted and recorded steps"
+            )
+        print(f"wrote {arguments.output}/timelines.html (each recorded schedule: predicted, then recorded)")
+    if arguments.output:
+        print(
+            f"wrote {arguments.output}/best.csv (run it as --schedule csv:{arguments.output}/best.csv) and plan.json"
+        )
+    return 0
