@@ -4,7 +4,7 @@
                          [--batch-size 256] [--steps 5] [--top N] [--json] [-o DIR]
 
 For each spec: ``graphkit costs`` (measured here, one thread) feeds the simulator for every built-in schedule
-and graphkit's ZBH1, ZBH2 and adaptive ones (:func:`graphkit.pipelining.planning.planner.plan_schedules`);
+and graphkit's ZBH1, ZBH2 and adaptive ones (:func:`graphkit.pipelining.planner.plan_schedules`);
 then the ``--top`` best predicted (default: all) and 1F1B are recorded for real on ``--ranks`` gloo processes
 (one thread each), ``--steps`` steps each in rounds (the median kept). The table gives, per schedule, the
 predicted step from the costs, the measured step and their ratio, and the step predicted from the recorded
@@ -22,8 +22,8 @@ from dataclasses import replace
 
 import torch
 
+from graphkit.pipelining.planner import costs_from_recorded, plan_schedules
 from graphkit.pipelining.planning import simulate
-from graphkit.pipelining.planning.planner import costs_from_recorded, plan_schedules
 from graphkit.pipelining.schedules import schedule_order
 
 

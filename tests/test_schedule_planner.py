@@ -8,6 +8,13 @@ import json
 
 import pytest
 
+from graphkit.pipelining.planner import (
+    BUILT_IN_SCHEDULES,
+    costs_from_json,
+    merge_stage_costs,
+    plan_schedules,
+    what_if_table,
+)
 from graphkit.pipelining.planning import (
     Action,
     StageCost,
@@ -17,13 +24,6 @@ from graphkit.pipelining.planning import (
     simulate,
     zb_h1,
     zb_h2,
-)
-from graphkit.pipelining.planning.planner import (
-    BUILT_IN_SCHEDULES,
-    costs_from_json,
-    merge_stage_costs,
-    plan_schedules,
-    what_if_table,
 )
 from graphkit.pipelining.schedules import (
     GENERATED_SCHEDULES,
@@ -219,7 +219,7 @@ def test_generated_schedules_are_exact_over_two_gloo_ranks_for_two_and_four_stag
 
 @pytest.mark.slow
 def test_the_simulator_fed_recorded_durations_predicts_the_recorded_step_within_10_percent():
-    from graphkit.pipelining.planning.planner import DEFAULT_COMM, predict_recorded
+    from graphkit.pipelining.planner import DEFAULT_COMM, predict_recorded
     from graphkit.pipelining.recording import record_schedules
 
     def errors() -> dict[str, float]:
@@ -246,7 +246,7 @@ def test_the_simulator_fed_recorded_durations_predicts_the_recorded_step_within_
 
 
 def test_recorded_gaps_with_nothing_to_wait_for_are_the_runtimes_overhead():
-    from graphkit.pipelining.planning.planner import predict_recorded, runtime_overhead
+    from graphkit.pipelining.planner import predict_recorded, runtime_overhead
     from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
 
     def rank(index, actions, step):
@@ -273,7 +273,7 @@ def test_recorded_gaps_with_nothing_to_wait_for_are_the_runtimes_overhead():
 
 def test_plan_command_draws_predicted_next_to_recorded_timelines(tmp_path, capsys, monkeypatch):
     from graphkit.cli import main
-    from graphkit.pipelining.planning import planner
+    from graphkit.pipelining import planner
 
     original = planner.plan_schedules
 

@@ -1,5 +1,5 @@
 """``graphkit plan``: which pipeline schedule to run, predicted from measured costs (and, with ``--run``,
-measured): a thin shell over :func:`graphkit.pipelining.planning.planner.plan_schedules`."""
+measured): a thin shell over :func:`graphkit.pipelining.planner.plan_schedules`."""
 
 from __future__ import annotations
 
@@ -94,8 +94,8 @@ def add_plan_command(commands: Any) -> None:
 
 
 def run_plan(arguments: argparse.Namespace) -> int:
+    from graphkit.pipelining.planner import DEFAULT_COMM, plan_schedules, what_if_table
     from graphkit.pipelining.planning.cost_model import CommModel
-    from graphkit.pipelining.planning.planner import DEFAULT_COMM, plan_schedules, what_if_table
     from graphkit.pipelining.recording import TimelineError
 
     if arguments.spec is None and arguments.costs is None:

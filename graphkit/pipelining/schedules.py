@@ -37,7 +37,9 @@ from typing import Any
 
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.pipelining.planning.actions import COMPUTE_KINDS
+from graphkit.pipelining.planning import adaptive_schedule, gpipe, one_f_one_b, zb_h1, zb_h2
+from graphkit.pipelining.planning.cost_model import StageCost
+from graphkit.pipelining.timelines import COMPUTE_KINDS
 
 __all__ = [
     "SCHEDULE_NAMES",
@@ -275,9 +277,6 @@ def generated_rows(name: str, ranks: int, microbatches: int) -> list[list[str]]:
     Raises:
         UnknownScheduleError: ``name`` is not a generated schedule.
     """
-    from graphkit.pipelining.planning import adaptive_schedule, zb_h1, zb_h2
-    from graphkit.pipelining.planning.cost_model import StageCost
-
     canonical = schedule_name(name)
     if canonical == "ZBH1":
         order = zb_h1(ranks, microbatches)
@@ -309,8 +308,6 @@ def schedule_order(
         UnknownScheduleError: as :func:`schedule_name`.
     """
     from types import SimpleNamespace
-
-    from graphkit.pipelining.planning import gpipe, one_f_one_b
 
     canonical = schedule_name(name)
     if canonical in GENERATED_SCHEDULES:

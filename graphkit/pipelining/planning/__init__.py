@@ -7,8 +7,10 @@ GPipe, 1F1B, ZB-H1, ZB-H2 and the ZB paper's adaptive schedule, and write them f
   peak memory, messages);
 - :mod:`~graphkit.pipelining.planning.generation`: the handcrafted schedules, one stage per rank;
 - :mod:`~graphkit.pipelining.planning.adaptive`: the greedy schedule from costs under a memory limit;
-- :mod:`~graphkit.pipelining.planning.planner`: :func:`plan_schedules` -> :class:`SchedulePlan` (every schedule
-  simulated from measured costs and ranked, optionally recorded; ``graphkit plan``).
+
+The planner that measures, simulates, ranks and records (``graphkit plan``) sits above this package and
+above recording: :mod:`graphkit.pipelining.planner`. Nothing here imports schedules or recording, so both
+can build on it.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from graphkit.pipelining.planning.actions import (
 from graphkit.pipelining.planning.adaptive import adaptive_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import SCHEDULES, fold_schedule, gpipe, one_f_one_b, zb_h1, zb_h2
-from graphkit.pipelining.planning.planner import SchedulePlan, plan_schedules
 from graphkit.pipelining.planning.simulator import (
     DeadlockError,
     IncompleteScheduleError,
@@ -44,7 +45,6 @@ __all__ = [
     "IncompleteScheduleError",
     "PredictedAction",
     "ScheduleError",
-    "SchedulePlan",
     "Simulation",
     "StageCost",
     "Waiting",
@@ -52,7 +52,6 @@ __all__ = [
     "fold_schedule",
     "gpipe",
     "one_f_one_b",
-    "plan_schedules",
     "read_schedule_csv",
     "recorded_durations",
     "schedule_actions",

@@ -27,6 +27,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from graphkit.pipelining.timelines import COMPUTE_KINDS
+
 __all__ = [
     "COMPUTE_KINDS",
     "Action",
@@ -36,10 +38,6 @@ __all__ = [
     "write_schedule_csv",
 ]
 
-COMPUTE_KINDS = ("F", "I", "W", "B")
-"""The kinds of action that compute: the planner times them, the recorder tells them from communication
-(``graphkit.pipelining.recording`` imports this one definition); every other kind PyTorch knows is implied
-by the data flow."""
 
 _IMPLIED_KINDS = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"})
 # PyTorch's own pattern (schedules.py, _action_regex), the longest kinds first so "RECV_F" is not "R".

@@ -35,6 +35,7 @@ from typing import Any
 
 from graphkit.pipelining.planning.actions import COMPUTE_KINDS, Action, ScheduleError, schedule_actions
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, stage_costs
+from graphkit.pipelining.timelines import RankTimeline, RecordedAction, ScheduleTimeline
 
 __all__ = [
     "DeadlockError",
@@ -207,8 +208,6 @@ class Simulation:
         """The prediction as a recorded-timeline ``ScheduleTimeline``, so graphkit's timeline drawing
         (``timeline_svg``) shows predicted and recorded steps side by side. Every rank's step is the
         predicted step time (its idle tail shows); ``device`` is ``"predicted"``."""
-        from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
-
         ranks = []
         for rank in range(self.num_ranks):
             actions = self.rank_actions(rank)

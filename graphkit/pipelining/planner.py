@@ -42,11 +42,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from graphkit.measure.costs import spec_costs
+from graphkit.models.specs import SpecError
 from graphkit.pipelining.planning.actions import Action, ScheduleError, write_schedule_csv
 from graphkit.pipelining.planning.adaptive import adaptive_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import zb_h1, zb_h2
 from graphkit.pipelining.planning.simulator import Simulation, recorded_durations, simulate
+from graphkit.pipelining.recording import record_schedules
+from graphkit.pipelining.schedules import GENERATED_SCHEDULES, is_single_stage, schedule_name, schedule_order
 
 __all__ = [
     "BUILT_IN_SCHEDULES",
@@ -522,7 +526,6 @@ def _simulate_named(
     memory_limit: float | None,
 ) -> PlannedSchedule:
     """Simulate schedule ``name``: ``one`` are the costs of one stage per rank, ``two`` of two."""
-    from graphkit.pipelining.schedules import GENERATED_SCHEDULES, is_single_stage, schedule_order
 
     if name == "Adaptive":
         order = {
@@ -751,9 +754,6 @@ def plan_schedules(
         raise ValueError(f"ranks and microbatches must be at least 1, got {ranks} and {microbatches}")
     batch_size = batch_size if batch_size is not None else 8 * microbatches
     if costs is None:
-        from graphkit.measure.costs import spec_costs
-        from graphkit.models.specs import SpecError
-
         try:
             measured = spec_costs(
                 pipeline,  # type: ignore[arg-type]
@@ -798,8 +798,6 @@ def plan_schedules(
     planned = []
     for name in names:
         try:
-            from graphkit.pipelining.schedules import is_single_stage, schedule_name
-
             canonical = schedule_name(name)
             if two is None and not (canonical in ("ZBH1", "ZBH2", "Adaptive") or is_single_stage(canonical)):
                 raise ValueError(f"needs costs of {2 * ranks} stages")
@@ -858,7 +856,6 @@ def _run(
     timeout_s: float,
 ) -> None:
     """Record 1F1B and the ``top`` best predicted schedules; fill in measured and recorded-fed predictions."""
-    from graphkit.pipelining.recording import record_schedules
 
     chosen = [item for item in plan.schedules if item.simulation is not None][:top]
     if plan.baseline not in chosen:
