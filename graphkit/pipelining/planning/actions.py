@@ -39,9 +39,26 @@ __all__ = [
 ]
 
 
-_IMPLIED_KINDS = frozenset({"SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD"})
+# Communication and resource actions (the waits are torch 2.15's): implied by the data flow, not timed.
+_IMPLIED_KINDS = frozenset(
+    {
+        "SEND_F",
+        "RECV_F",
+        "SEND_B",
+        "RECV_B",
+        "WAIT_SEND_F",
+        "WAIT_SEND_B",
+        "UNSHARD",
+        "RESHARD",
+        "REDUCE_GRAD",
+        "WAIT_REDUCE_GRAD",
+    }
+)
 # PyTorch's own pattern (schedules.py, _action_regex), the longest kinds first so "RECV_F" is not "R".
-_ACTION_PATTERN = re.compile(r"^(\d+)(REDUCE_GRAD|UNSHARD|RESHARD|SEND_F|RECV_F|SEND_B|RECV_B|F|I|B|W)(\d*)$")
+_ACTION_PATTERN = re.compile(
+    r"^(\d+)(WAIT_REDUCE_GRAD|REDUCE_GRAD|UNSHARD|RESHARD|WAIT_SEND_F|WAIT_SEND_B|SEND_F|RECV_F|SEND_B|RECV_B"
+    r"|F|I|B|W)(\d*)$"
+)
 
 
 class ScheduleError(ValueError):
