@@ -61,6 +61,7 @@ from graphkit.pipelining.timelines import (
     RecordedAction,
     ScheduleTimeline,
     TimelineError,
+    compute_labels,
 )
 
 __all__ = [
@@ -340,17 +341,7 @@ def schedule_compute_order(schedule: Any, rank: int) -> list[str]:
     order = getattr(schedule, "pipeline_order_with_comms", None) or getattr(schedule, "pipeline_order", None)
     if not order or rank not in order:
         return []
-    labels = []
-    stack = list(reversed([action for action in order[rank] if action is not None]))
-    while stack:
-        action = stack.pop()
-        if action.sub_actions:
-            stack.extend(reversed(action.sub_actions))
-            continue
-        kind = action.computation_type.value
-        if kind in COMPUTE_KINDS:
-            labels.append(f"{action.stage_index}{kind}{action.microbatch_index}")
-    return labels
+    return compute_labels(order[rank])
 
 
 def schedule_comm_order(schedule: Any, rank: int) -> list[str]:

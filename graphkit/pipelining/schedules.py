@@ -39,7 +39,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from graphkit.pipelining.planning import adaptive_schedule, gpipe, one_f_one_b, zb_h1, zb_h2
 from graphkit.pipelining.planning.cost_model import StageCost
-from graphkit.pipelining.timelines import COMPUTE_KINDS
+from graphkit.pipelining.timelines import compute_labels
 
 __all__ = [
     "SCHEDULE_NAMES",
@@ -337,16 +337,7 @@ def schedule_order(
     order = schedule.pipeline_order
     result: dict[int, list[str]] = {}
     for rank in range(ranks):
-        labels = []
-        stack = list(reversed([action for action in order[rank] if action is not None]))
-        while stack:
-            action = stack.pop()
-            if action.sub_actions:
-                stack.extend(reversed(action.sub_actions))
-                continue
-            if action.computation_type.value in COMPUTE_KINDS:
-                labels.append(f"{action.stage_index}{action.computation_type.value}{action.microbatch_index}")
-        result[rank] = labels
+        result[rank] = compute_labels(order[rank])
     return result
 
 

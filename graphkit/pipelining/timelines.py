@@ -13,7 +13,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["COMPUTE_KINDS", "RankTimeline", "RecordedAction", "ScheduleTimeline", "TimelineError"]
+__all__ = [
+    "COMPUTE_KINDS",
+    "RankTimeline",
+    "RecordedAction",
+    "ScheduleTimeline",
+    "TimelineError",
+    "compute_labels",
+]
 
 COMPUTE_KINDS = ("F", "I", "W", "B")
 """The kinds of action that compute (the one definition: the recorder tells them from communication, the
@@ -172,3 +179,20 @@ class ScheduleTimeline:
 
 
 # --- memory probes ----------------------------------------------------------------------------------------
+
+
+def compute_labels(actions: list[Any]) -> list[str]:
+    """The compute actions among one rank's PyTorch ``_Action`` objects, as labels (``"1I0"``), in order:
+    idle slots (None) and communication skipped, ``OVERLAP_F_B`` expanded into its sub-actions (an explicit
+    stack, no recursion)."""
+    labels = []
+    stack = list(reversed([action for action in actions if action is not None]))
+    while stack:
+        action = stack.pop()
+        if action.sub_actions:
+            stack.extend(reversed(action.sub_actions))
+            continue
+        kind = action.computation_type.value
+        if kind in COMPUTE_KINDS:
+            labels.append(f"{action.stage_index}{kind}{action.microbatch_index}")
+    return labels
