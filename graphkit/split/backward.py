@@ -205,9 +205,7 @@ class SplitState:
 
     def held_nodes(self) -> list[Node]:
         """Nodes the state keeps alive: intermediates without a formula, weight-side targets, output roots."""
-        nodes = [work.node for work in self._work if work is not None and work.node is not None]
-        nodes += list(self._targets.values())
-        nodes += [edge.node for edge, _ in self._output_roots]
+        nodes = self.called_nodes() + self.weight_side_nodes()
         nodes += [
             item.node if isinstance(item, GradientEdge) else item.grad_fn
             for item in self._keep_alive
