@@ -52,6 +52,9 @@ class BackwardPlan:
     leaf_targets: frozenset[int]
     # leaf targets fed both by intermediates and by the weight-only subgraph
     mixed_leaves: frozenset[int]
+    # positions in ``intermediates`` after which W may hand the gradients so far to the engine: no
+    # weight-only part of the graph is fed from both sides of the position (see weight_flush_points)
+    flush_points: frozenset[int]
     # filled on first use by opaque_positions_of: (run-once Node indices, Nodes W may unpack hooked saved
     # tensors of); both depend on Node classes alone, like the rest of the plan
     opaque_positions: tuple[tuple[int, ...], tuple[int, ...]] | None = None
@@ -121,6 +124,7 @@ def plan_of(walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int] = f
         )
     ]
     targets = {target for _, edges in intermediates for _, target, _ in edges}
+    flush_points = weight_flush_points(intermediates, weight_only, walk.edges())
     leaf_targets = frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target]))
     return BackwardPlan(
         intermediates,
@@ -131,7 +135,54 @@ def plan_of(walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int] = f
         frozenset(
             leaf for leaf in leaf_targets if any(weight_only[consumer] for consumer in consumers[leaf])
         ),
+        flush_points,
     )
+
+
+def weight_flush_points(
+    intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]],
+    weight_only: bytearray,
+    edges: Any,
+) -> frozenset[int]:
+    """Positions in ``intermediates`` after which the W phase may run the engine on what it has so far.
+
+    W computes the weight-side gradients intermediate by intermediate; handing them to the engine in
+    several calls keeps fewer of them alive at once (on the CPU, each fresh allocation of a large
+    gradient costs page faults once the allocator has returned the memory). A call must not split what
+    the engine sums: every gradient reaching one weight-only Node (a parameter used twice, a ``W.t()``
+    fed by two intermediates) must be in the same call, or the sums and the hooks would differ from a
+    full backward. So the weight-only Nodes are grouped into connected parts (union-find over the
+    weight-only edges ``edges``: ``(producer, consumer, output_nr, input_nr)`` as
+    :meth:`~graphkit.graph.walk.NodeWalk.edges`), and a position qualifies when every part fed by an
+    intermediate at or before it is fed by none after it. The last position always qualifies.
+    """
+    parent: dict[int, int] = {}
+
+    def root_of(node: int) -> int:
+        root = node
+        while parent.get(root, root) != root:
+            root = parent[root]
+        while node != root:  # path compression, iteratively
+            parent[node], node = root, parent[node]
+        return root
+
+    for producer, consumer, _, _ in edges:
+        if weight_only[producer] and weight_only[consumer]:
+            first, second = root_of(producer), root_of(consumer)
+            if first != second:
+                parent[first] = second
+    parts = [{root_of(target) for _, target, _ in targets} for _, targets in intermediates]
+    last_feeder: dict[int, int] = {}
+    for position, feeds in enumerate(parts):
+        for part in feeds:
+            last_feeder[part] = position
+    points = []
+    reach = -1
+    for position, feeds in enumerate(parts):
+        reach = max(reach, position, *(last_feeder[part] for part in feeds))
+        if reach == position:
+            points.append(position)
+    return frozenset(points)
 
 
 def reach(consumers: list[list[int]], sources: list[int], count: int) -> bytearray:
