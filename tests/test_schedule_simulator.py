@@ -236,3 +236,36 @@ def test_64_ranks_256_microbatches_simulate_to_the_closed_form():
     result = simulate(zb_h1(p, m), UNIT)
     assert len(result.actions) == 3 * p * m
     assert result.step_seconds == 3 * m + p - 1
+
+
+def test_a_rendezvous_message_is_paid_when_its_receiver_reaches_it():
+    # 1F1B, 2 ranks, 2 microbatches, F = B = 1 s, messages 0.5 s. Without rendezvous 1F1 starts when rank 1
+    # is free (3.5: 0F1's output arrived at 2.5); with it the transfer starts only then (4.0), and 0B1
+    # waits for 1B1's gradient to be sent after rank 0 is ready (6.0 + 0.5)
+    order = {0: ["0F0", "0F1", "0B0", "0B1"], 1: ["1F0", "1B0", "1F1", "1B1"]}
+    costs = StageCost(1.0, 0.5, 0.5, full_backward=1.0)
+    starts = {}
+    for rendezvous in (False, True):
+        simulation = simulate(order, costs, CommModel(0.5, rendezvous=rendezvous), microbatches=2)
+        starts[rendezvous] = {action.label: action.start for action in simulation.actions}
+        assert simulation.step_seconds == (7.0 if not rendezvous else 7.5)
+    assert starts[False] == {
+        "0F0": 0,
+        "0F1": 1,
+        "0B0": 4,
+        "0B1": 6,
+        "1F0": 1.5,
+        "1B0": 2.5,
+        "1F1": 3.5,
+        "1B1": 4.5,
+    }
+    assert starts[True] == {
+        "0F0": 0,
+        "0F1": 1,
+        "0B0": 4,
+        "0B1": 6.5,
+        "1F0": 1.5,
+        "1B0": 2.5,
+        "1F1": 4,
+        "1B1": 5,
+    }

@@ -53,7 +53,11 @@ def add_plan_command(commands: Any) -> None:
         "elsewhere, e.g. on a GPU machine), for R or 2R stages; default: measure them here",
     )
     plan.add_argument(
-        "--latency", type=float, metavar="S", help="seconds per message between ranks (default 100e-6)"
+        "--latency",
+        type=float,
+        metavar="S",
+        help="seconds per message between ranks (default: with --run, calibrated on the recorded 1F1B "
+        "step; without, 100e-6)",
     )
     plan.add_argument(
         "--bandwidth", type=float, metavar="B/S", help="bytes per second between ranks (default 1e9)"
@@ -62,8 +66,8 @@ def add_plan_command(commands: Any) -> None:
         "--overhead",
         type=float,
         metavar="S",
-        help="seconds the runtime adds to each action on its rank (default 1e-3: gloo on the CPU; plan --run "
-        "measures it)",
+        help="seconds the runtime adds to each action on its rank (default: with --run, measured on the "
+        "recorded 1F1B step; without, 1e-3: gloo on the CPU)",
     )
     plan.add_argument(
         "--run",
@@ -102,10 +106,13 @@ def run_plan(arguments: argparse.Namespace) -> int:
         raise ValueError("give a PIPELINE_SPEC or --costs FILE.json")
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
-    comm = CommModel(
-        arguments.latency if arguments.latency is not None else DEFAULT_COMM.latency,
-        arguments.bandwidth if arguments.bandwidth is not None else DEFAULT_COMM.bandwidth,
-    )
+    comm = None  # with --run: calibrated on a recorded 1F1B step; without: DEFAULT_COMM
+    if arguments.latency is not None or arguments.bandwidth is not None:
+        comm = CommModel(
+            arguments.latency if arguments.latency is not None else DEFAULT_COMM.latency,
+            arguments.bandwidth if arguments.bandwidth is not None else DEFAULT_COMM.bandwidth,
+            rendezvous=DEFAULT_COMM.rendezvous,
+        )
     try:
         plan = plan_schedules(
             arguments.spec,

@@ -57,14 +57,18 @@ __all__ = [
     "DEFAULT_COMM",
     "DEFAULT_OVERHEAD",
     "PlannedSchedule",
+    "RuntimeCalibration",
     "SchedulePlan",
+    "calibrate_runtime",
     "costs_from_json",
     "costs_from_recorded",
     "first_stage_as_run",
+    "measure_runtime",
     "merge_stage_costs",
     "plan_schedules",
     "predict_recorded",
     "runtime_overhead",
+    "slowed",
 ]
 
 BUILT_IN_SCHEDULES = (
@@ -78,10 +82,12 @@ BUILT_IN_SCHEDULES = (
 )
 """PyTorch's schedules the planner simulates (one stage per rank for the first two, two for the others)."""
 
-DEFAULT_COMM = CommModel(latency=100e-6, bandwidth=1.0e9)
-"""A documented default for messages between two gloo ranks on 127.0.0.1 (CPU): 100 microseconds and 1 GB/s
-(the planner does not measure the link; the messages of the specs planned here are 64 KiB or less, so the
-latency dominates). Pass your own :class:`CommModel` for another link (NCCL over NVLink: ~10 us, ~100 GB/s)."""
+DEFAULT_COMM = CommModel(latency=100e-6, bandwidth=1.0e9, rendezvous=True)
+"""A documented default for messages between two gloo ranks on 127.0.0.1 (CPU): 100 microseconds and 1 GB/s,
+paid when the receiver reaches the action that needs the message (rendezvous: gloo sends once the
+receive is posted, and the runtime posts it just before that action). ``plan --run`` replaces it with a
+latency measured on its recorded 1F1B step (:func:`calibrate_runtime`). Pass your own :class:`CommModel` for
+another link (NCCL over NVLink: ~10 us, ~100 GB/s)."""
 
 DEFAULT_OVERHEAD = 1.0e-3
 """Seconds ``torch.distributed.pipelining``'s runtime adds on a rank to each compute action, with gloo on the
@@ -147,6 +153,7 @@ class SchedulePlan:
     measured_costs: list[StageCost] | None = field(default=None, repr=False)
     timelines: list[Any] = field(default_factory=list, repr=False)
     measured_overhead: dict[str, Any] | None = None
+    overhead_source: str = "given"
 
     def by_name(self, name: str) -> PlannedSchedule:
         for item in self.schedules:
@@ -209,6 +216,7 @@ class SchedulePlan:
             "memory_limit": self.memory_limit,
             "comm": {"latency": self.comm.latency, "bandwidth": self.comm.bandwidth},
             "overhead_seconds": self.overhead,
+            "overhead_source": self.overhead_source,
             "best": self.best.run_name,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
@@ -270,8 +278,14 @@ class SchedulePlan:
         limit = f", memory limit {self.memory_limit:,.0f} B" if self.memory_limit is not None else ""
         return (
             f"{self.spec or 'costs'}: {self.ranks} ranks, {self.microbatches} microbatches{limit}; model: "
-            f"messages {self.comm.latency * 1e6:.0f} us + bytes / {self.comm.bandwidth / 1e9:.2g} GB/s, "
-            f"runtime {self.overhead * 1e6:.0f} us per action"
+            f"messages {self.comm.latency * 1e6:.0f} us"
+            + (
+                f" + bytes / {self.comm.bandwidth / 1e9:.2g} GB/s"
+                if math.isfinite(self.comm.bandwidth)
+                else " each"
+            )
+            + (" when received" if self.comm.rendezvous else "")
+            + f", runtime {self.overhead * 1e6:.0f} us per action ({self.overhead_source})"
         )
 
     def _verdict(self) -> str:
@@ -630,6 +644,63 @@ def _free_gaps(timeline: Any) -> dict[int, list[float | None]]:
     return gaps
 
 
+def measure_runtime(timeline: Any, comm: CommModel | None = None) -> tuple[float, CommModel]:
+    """The runtime's overhead per action and its message latency, read off a recorded step.
+
+    - overhead: the median gap between two actions of a rank where the second needs nothing from
+      another rank and everything it needs had been computed before the first ended (the rank waited for
+      nothing but the runtime: sends of the action before, its own bookkeeping).
+    - latency: under a rendezvous link (:class:`CommModel` with ``rendezvous=True``, which gloo is), a
+      message is paid from the later of its sender's end and its receiver's readiness (the previous
+      action's end plus the overhead); the latency is the median of what each action fed from another
+      rank waited beyond that point (never below 0). It includes the message's size (a recorded step
+      does not know its bytes), so the returned model's bandwidth is infinite: the messages between the
+      stages of one pipeline have about the same size.
+
+    A step without such gaps gives :data:`DEFAULT_OVERHEAD`, and ``comm`` (default :data:`DEFAULT_COMM`)
+    where it has no message to measure.
+    """
+    base = comm or DEFAULT_COMM
+    ends: dict[tuple[str, int, int], float] = {}
+    rank_of_stage: dict[int, int] = {}
+    for rank in timeline.ranks:
+        for item in rank.compute_actions():
+            if item.kind in ("I", "B"):
+                ends[("G", item.stage_index, item.microbatch)] = item.end
+            ends[(item.kind, item.stage_index, item.microbatch)] = item.end
+            rank_of_stage[item.stage_index] = rank.rank
+    last = timeline.num_stages - 1
+    local: list[float] = []
+    remote: list[tuple[float, float, tuple[str, int, int]]] = []  # (previous end, start, what came in)
+    for rank in timeline.ranks:
+        actions = rank.compute_actions()
+        for before, after in zip(actions, actions[1:], strict=False):
+            stage, mb = after.stage_index, after.microbatch
+            if after.kind == "F":
+                needs = [("F", stage - 1, mb)] if stage > 0 else []
+            elif after.kind == "W":
+                needs = [("I", stage, mb)]
+            else:
+                needs = [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
+            crossing = [need for need in needs if rank_of_stage.get(need[1], rank.rank) != rank.rank]
+            if crossing:
+                remote.append((before.end, after.start, crossing[0]))
+            elif all(ends.get(need, math.inf) <= before.end for need in needs):
+                local.append(after.start - before.end)
+    overhead = _median(local)
+    if overhead is None:
+        return DEFAULT_OVERHEAD, base
+    waits = [
+        start - max(previous_end + overhead, ends[need])
+        for previous_end, start, need in remote
+        if need in ends
+    ]
+    latency = _median(waits)
+    if latency is None:
+        return overhead, base
+    return overhead, CommModel(max(latency, 0.0), math.inf, rendezvous=True)
+
+
 def costs_from_recorded(timelines: Sequence[Any], num_stages: int) -> list[StageCost] | None:
     """Per-stage costs read from recorded steps of ``num_stages`` stages: the median recorded seconds of
     each stage's F, I, W and B over every recorded step that ran that many stages (None if none did, or a
@@ -730,7 +801,11 @@ def plan_schedules(
         memory_limit: activation bytes each rank may hold; the adaptive schedule is built under it, and a
             schedule over it ranks last. None: no limit.
         comm: the message model (default :data:`DEFAULT_COMM`). overhead: seconds per action the runtime
-            adds (default :data:`DEFAULT_OVERHEAD`).
+            adds. With ``run`` and neither ``comm`` nor ``overhead`` given, the schedules to record are
+            chosen with :data:`DEFAULT_COMM` and :data:`DEFAULT_OVERHEAD`, then every prediction is made
+            again with the runtime calibrated on the recorded 1F1B step (:func:`calibrate_runtime`:
+            overhead, message latency and the passes' slowdown beside the other ranks), the other
+            schedules' from the costs and that calibration alone.
         batch_size: the whole batch of the pipeline spec (default: 8 rows per microbatch).
         schedules: the names to plan (default: :data:`BUILT_IN_SCHEDULES` and ``ZBH1``, ``ZBH2``, ``Adaptive``).
         run: record 1F1B and the ``top`` best predicted schedules for real, ``steps`` steps each, on ``ranks``
@@ -792,8 +867,10 @@ def plan_schedules(
     measured_one = list(one)
     one = first_stage_as_run(one)
     two = first_stage_as_run(two) if two is not None else None
-    comm = comm or DEFAULT_COMM
+    calibrate = run and overhead is None and comm is None
+    overhead_source = "given" if overhead is not None else "default: gloo on the CPU"
     overhead = DEFAULT_OVERHEAD if overhead is None else overhead
+    comm = comm or DEFAULT_COMM
     names = list(schedules) if schedules is not None else [*BUILT_IN_SCHEDULES, "ZBH1", "ZBH2", "Adaptive"]
     planned = []
     for name in names:
@@ -825,6 +902,7 @@ def plan_schedules(
         planned,
         stage_costs=two,
         measured_costs=measured_one,
+        overhead_source=overhead_source,
     )
     if plan.best.simulation is not None:
         write_schedule_csv(plan.best.order, folder / "best.csv")
@@ -832,9 +910,114 @@ def plan_schedules(
         _run(
             plan, pipeline, batch_size, steps, top, folder if output is not None else None, threads, timeout_s
         )  # type: ignore[arg-type]
+        if calibrate:
+            _calibrate(plan, two)
+            if plan.best.simulation is not None:
+                write_schedule_csv(plan.best.order, folder / "best.csv")
     if output is not None:
         (folder / "plan.json").write_text(plan.to_json())
     return plan
+
+
+@dataclass(slots=True, frozen=True)
+class RuntimeCalibration:
+    """What running inside ``torch.distributed.pipelining`` on this machine adds to the measured costs.
+
+    Attributes:
+        overhead: seconds the runtime spends on a rank after each action (the simulator's ``overhead``).
+        comm: the message model, rendezvous, with the fitted latency.
+        slowdown: recorded action seconds over ``graphkit costs`` seconds (median over the actions): what
+            running beside the other ranks (sharing cores, caches and memory bandwidth) does to each pass.
+    """
+
+    overhead: float
+    comm: CommModel
+    slowdown: float
+
+    def describe(self) -> str:
+        return (
+            f"calibrated on the recorded 1F1B: {self.overhead * 1e6:.0f} us per action, messages "
+            f"{self.comm.latency * 1e6:.0f} us (rendezvous), passes x{self.slowdown:.2f} beside the other ranks"
+        )
+
+
+def calibrate_runtime(
+    timeline: Any, costs: Sequence[StageCost], comm: CommModel | None = None
+) -> RuntimeCalibration:
+    """Fit the runtime's overhead, message latency and slowdown to one recorded step of ``costs``' stages.
+
+    ``slowdown`` is the median, over the step's compute actions, of recorded seconds over the seconds
+    ``costs`` give that action (a faster run gives a factor below 1); overhead and latency come from
+    :func:`measure_runtime`.
+
+    Raises:
+        ValueError: ``costs`` does not have one entry per stage of the step, or the step has no actions.
+    """
+    if len(costs) != timeline.num_stages:
+        raise ValueError(f"got costs for {len(costs)} stages, the recorded step ran {timeline.num_stages}")
+    ratios = [
+        (item.end - item.start) / costs[item.stage_index].seconds(item.kind)
+        for rank in timeline.ranks
+        for item in rank.compute_actions()
+        if costs[item.stage_index].seconds(item.kind) > _NOTHING
+    ]
+    overhead, measured = measure_runtime(timeline, comm)
+    return RuntimeCalibration(overhead, measured, _median(ratios) or 1.0)
+
+
+def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
+    """``costs`` with every pass's seconds multiplied by ``factor`` (bytes unchanged)."""
+    return [
+        replace(
+            cost,
+            forward=cost.forward * factor,
+            backward_input=cost.backward_input * factor,
+            backward_weight=cost.backward_weight * factor,
+            full_backward=None if cost.full_backward is None else cost.full_backward * factor,
+            recompute=cost.recompute * factor,
+        )
+        for cost in costs
+    ]
+
+
+def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
+    """Re-predict every schedule of ``plan`` with the runtime calibrated on its recorded 1F1B step.
+
+    The overhead, message latency and slowdown come from the baseline's recording
+    (:func:`calibrate_runtime`), recorded in the same rounds as the other schedules, so the machine's
+    drift touches them alike; every other schedule's prediction is made from the costs and that
+    calibration, never from its own recording. Each schedule keeps the order it was recorded with."""
+    baseline = plan.baseline
+    timeline = next((item for item in plan.timelines if item.schedule == f"{baseline.name} recorded"), None)
+    if timeline is None:
+        return
+    calibration = calibrate_runtime(timeline, plan.costs)
+    one = slowed(plan.costs, calibration.slowdown)
+    costs_two = slowed(two, calibration.slowdown) if two is not None else None
+    for item in plan.schedules:
+        if item.simulation is None:
+            continue
+        item.simulation = simulate(
+            item.order,
+            one if item.stages_per_rank == 1 else costs_two or one,
+            calibration.comm,
+            microbatches=plan.microbatches,
+            name=item.name,
+            overhead=calibration.overhead,
+        )
+        item.fits_memory = (
+            plan.memory_limit is None or max(item.simulation.peak_memory_bytes) <= plan.memory_limit
+        )
+    plan.schedules.sort(key=lambda item: (not item.fits_memory, item.predicted_seconds))
+    plan.comm, plan.overhead = calibration.comm, calibration.overhead
+    plan.overhead_source = calibration.describe()
+    predicted = {item.name: item.simulation for item in plan.schedules if item.simulation is not None}
+    for position, item in enumerate(plan.timelines):
+        name = item.schedule.removesuffix(" predicted")
+        if item.schedule.endswith(" predicted") and name in predicted:
+            redrawn = predicted[name].to_schedule_timeline()
+            redrawn.schedule = item.schedule
+            plan.timelines[position] = redrawn
 
 
 def _load_average() -> str:

@@ -83,6 +83,11 @@ class CommModel:
 
     Attributes:
         latency: seconds per message. bandwidth: bytes per second (``inf``: size costs nothing).
+        rendezvous: the transfer starts only once the receiver is waiting for it, so a message sent long
+            before still costs its seconds when the receiving rank reaches the action that needs it. gloo
+            works this way: a send waits for the receiver's notice that its receive is posted, and
+            ``torch.distributed.pipelining`` posts a receive just before the action that needs it. False:
+            the message travels as soon as it is sent (a receive posted early, a buffered link).
 
     Raises (on construction):
         ValueError: a negative latency or a bandwidth that is not positive.
@@ -90,6 +95,7 @@ class CommModel:
 
     latency: float = 0.0
     bandwidth: float = math.inf
+    rendezvous: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency) and self.latency >= 0):

@@ -369,6 +369,7 @@ def simulate(
         comm.seconds(per_stage[s].input_grad_bytes) if s > 0 and placement[s] != placement[s - 1] else 0.0
         for s in range(num_stages)
     ]
+    rendezvous = comm.rendezvous
     last = num_stages - 1
     f_end: list[list[float | None]] = [[None] * microbatches for _ in range(num_stages)]
     grad_end: list[list[float | None]] = [[None] * microbatches for _ in range(num_stages)]  # I or B
@@ -397,6 +398,8 @@ def simulate(
                     arrival = f_end[stage - 1][mb]
                     if arrival is None:
                         need = ("F", stage - 1, mb)
+                    elif rendezvous:
+                        ready = max(ready, arrival) + forward_delay[stage - 1]
                     else:
                         ready = max(ready, arrival + forward_delay[stage - 1])
             elif kind == "W":
@@ -415,6 +418,8 @@ def simulate(
                         arrival = grad_end[stage + 1][mb]
                         if arrival is None:
                             need = ("G", stage + 1, mb)
+                        elif rendezvous:
+                            ready = max(ready, arrival) + backward_delay[stage + 1]
                         else:
                             ready = max(ready, arrival + backward_delay[stage + 1])
             if need is not None:
