@@ -38,7 +38,7 @@ import math
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +220,8 @@ class SchedulePlan:
             "best": self.best.run_name,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
+            "costs": [asdict(cost) for cost in self.measured_costs or self.costs],
+            "stage_costs": None if self.stage_costs is None else [asdict(cost) for cost in self.stage_costs],
             "schedules": self.rows(),
         }
 
@@ -647,13 +649,16 @@ def _free_gaps(timeline: Any) -> dict[int, list[float | None]]:
 def measure_runtime(timeline: Any, comm: CommModel | None = None) -> tuple[float, CommModel]:
     """The runtime's overhead per action and its message latency, read off a recorded step.
 
-    - overhead: the median gap between two actions of a rank where the second needs nothing from
+    - overhead: the mean gap between two actions of a rank where the second needs nothing from
       another rank and everything it needs had been computed before the first ended (the rank waited for
       nothing but the runtime: sends of the action before, its own bookkeeping).
     - latency: under a rendezvous link (:class:`CommModel` with ``rendezvous=True``, which gloo is), a
       message is paid from the later of its sender's end and its receiver's readiness (the previous
-      action's end plus the overhead); the latency is the median of what each action fed from another
-      rank waited beyond that point (never below 0). It includes the message's size (a recorded step
+      action's end plus the overhead); the latency is the mean of what each action fed from another
+      rank waited beyond that point (never below 0).
+
+    Means, not medians: a step is their sum, and the occasional long gap (a garbage collection, the
+    operating system's scheduling) is part of what the runtime costs. It includes the message's size (a recorded step
       does not know its bytes), so the returned model's bandwidth is infinite: the messages between the
       stages of one pipeline have about the same size.
 
@@ -687,17 +692,17 @@ def measure_runtime(timeline: Any, comm: CommModel | None = None) -> tuple[float
                 remote.append((before.end, after.start, crossing[0]))
             elif all(ends.get(need, math.inf) <= before.end for need in needs):
                 local.append(after.start - before.end)
-    overhead = _median(local)
-    if overhead is None:
+    if not local:
         return DEFAULT_OVERHEAD, base
+    overhead = sum(local) / len(local)
     waits = [
         start - max(previous_end + overhead, ends[need])
         for previous_end, start, need in remote
         if need in ends
     ]
-    latency = _median(waits)
-    if latency is None:
+    if not waits:
         return overhead, base
+    latency = sum(waits) / len(waits)
     return overhead, CommModel(max(latency, 0.0), math.inf, rendezvous=True)
 
 
@@ -928,16 +933,20 @@ class RuntimeCalibration:
         comm: the message model, rendezvous, with the fitted latency.
         slowdown: recorded action seconds over ``graphkit costs`` seconds (median over the actions): what
             running beside the other ranks (sharing cores, caches and memory bandwidth) does to each pass.
+        step_overhead: seconds of the step outside its first action's start and its last action's end
+            (splitting the batch into microbatches, the last messages' waits), added to every prediction.
     """
 
     overhead: float
     comm: CommModel
     slowdown: float
+    step_overhead: float = 0.0
 
     def describe(self) -> str:
         return (
             f"calibrated on the recorded 1F1B: {self.overhead * 1e6:.0f} us per action, messages "
-            f"{self.comm.latency * 1e6:.0f} us (rendezvous), passes x{self.slowdown:.2f} beside the other ranks"
+            f"{self.comm.latency * 1e6:.0f} us (rendezvous), passes x{self.slowdown:.2f} beside the other "
+            f"ranks, {self.step_overhead * 1e3:.2f} ms per step before the first action and after the last"
         )
 
 
@@ -962,7 +971,11 @@ def calibrate_runtime(
         if costs[item.stage_index].seconds(item.kind) > _NOTHING
     ]
     overhead, measured = measure_runtime(timeline, comm)
-    return RuntimeCalibration(overhead, measured, _median(ratios) or 1.0)
+    actions = [item for rank in timeline.ranks for item in rank.compute_actions()]
+    span = max(item.end for item in actions) - min(item.start for item in actions)
+    return RuntimeCalibration(
+        overhead, measured, _median(ratios) or 1.0, max(timeline.step_seconds - span, 0.0)
+    )
 
 
 def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
@@ -1005,6 +1018,7 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
             name=item.name,
             overhead=calibration.overhead,
         )
+        item.simulation.step_seconds += calibration.step_overhead
         item.fits_memory = (
             plan.memory_limit is None or max(item.simulation.peak_memory_bytes) <= plan.memory_limit
         )
