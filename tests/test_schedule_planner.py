@@ -290,7 +290,7 @@ def test_plan_command_draws_predicted_next_to_recorded_timelines(tmp_path, capsy
     assert (tmp_path / "out" / "timelines.html").is_file() and (tmp_path / "out" / "timelines.svg").is_file()
 
 
-def _machine_step(name, costs, overhead, latency, ranks=2, microbatches=6):
+def _machine_step(name, costs, overhead, latency, ranks=2, microbatches=6, send=0.0):
     """A step as a machine with this runtime would record it: simulated, as a recorded timeline."""
     from graphkit.pipelining.planning import CommModel
 
@@ -299,20 +299,20 @@ def _machine_step(name, costs, overhead, latency, ranks=2, microbatches=6):
         if name != "ZBH1"
         else {rank: [str(action) for action in row] for rank, row in zb_h1(ranks, microbatches).items()}
     )
-    comm = CommModel(latency, 1e12, rendezvous=True)
+    comm = CommModel(latency, 1e12, rendezvous=True, send_seconds=send)
     simulation = simulate(order, costs, comm, microbatches=microbatches, name=name, overhead=overhead)
     return simulation.to_schedule_timeline()
 
 
-def test_measure_runtime_reads_back_the_overhead_and_latency_a_step_was_made_with():
+def test_measure_runtime_reads_back_the_overhead_send_cost_and_latency_a_step_was_made_with():
     from graphkit.pipelining.planner import calibrate_runtime, measure_runtime
 
     costs = [StageCost(1.0, 0.75, 0.5, full_backward=1.25), StageCost(1.5, 1.0, 0.5, full_backward=1.5)]
-    for overhead, latency in ((0.25, 0.5), (0.1, 0.0), (0.0, 0.3)):
-        timeline = _machine_step("1F1B", costs, overhead, latency)
+    for overhead, latency, send in ((0.25, 0.5, 0.0), (0.1, 0.0, 0.2), (0.0, 0.3, 0.05)):
+        timeline = _machine_step("1F1B", costs, overhead, latency, send=send)
         measured_overhead, comm = measure_runtime(timeline)
         assert measured_overhead == pytest.approx(overhead) and comm.latency == pytest.approx(latency)
-        assert comm.rendezvous
+        assert comm.send_seconds == pytest.approx(send) and comm.rendezvous
         # the passes ran 1.5 x what these costs say: the slowdown the calibration finds
         faster = [StageCost(c.forward / 1.5, c.backward_input / 1.5, c.backward_weight / 1.5,
                             full_backward=c.full_backward / 1.5) for c in costs]  # fmt: skip
@@ -321,8 +321,8 @@ def test_measure_runtime_reads_back_the_overhead_and_latency_a_step_was_made_wit
 
 def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alone(monkeypatch):
     # a machine whose runtime adds 0.3 ms per action and 0.4 ms per message, and whose passes run 1.25 x
-    # the measured costs: plan_schedules(run=True) calibrates on the recorded 1F1B and must then predict
-    # the other schedules' recorded steps exactly (they come from the same machine)
+    # the measured costs: plan_schedules(run=True) calibrates each schedule on the others recorded with it
+    # and must then predict every recorded step exactly (they come from the same machine)
     from graphkit.pipelining import planner
     from graphkit.pipelining.planner import first_stage_as_run, slowed
 
@@ -332,7 +332,10 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
 
     def record(pipeline, names, **_):
         recorded_names.extend(names)
-        return [_machine_step(name, on_machine, 0.3 * MS, 0.4 * MS, microbatches=6) for name in names]
+        return [
+            _machine_step(name, on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
+            for name in names
+        ]
 
     monkeypatch.setattr(planner, "record_schedules", record)
     plan = plan_schedules(
@@ -346,6 +349,7 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     )
     assert sorted(recorded_names) == ["1F1B", "GPipe", "ZBH1"]
     assert plan.overhead == pytest.approx(0.3 * MS) and plan.comm.latency == pytest.approx(0.4 * MS)
-    assert "calibrated on the recorded 1F1B" in plan.overhead_source
+    assert plan.comm.send_seconds == pytest.approx(0.1 * MS)
+    assert "calibrated, each schedule on the other recorded ones" in plan.overhead_source
     for item in plan.schedules:
         assert item.predicted_seconds == pytest.approx(item.measured_seconds), item.name

@@ -646,26 +646,55 @@ def _free_gaps(timeline: Any) -> dict[int, list[float | None]]:
     return gaps
 
 
-def measure_runtime(timeline: Any, comm: CommModel | None = None) -> tuple[float, CommModel]:
-    """The runtime's overhead per action and its message latency, read off a recorded step.
+def measure_runtime(timelines: Any, comm: CommModel | None = None) -> tuple[float, CommModel]:
+    """The runtime's overhead per action, per message sent and per message received, read off recorded steps.
 
-    - overhead: the mean gap between two actions of a rank where the second needs nothing from
-      another rank and everything it needs had been computed before the first ended (the rank waited for
-      nothing but the runtime: sends of the action before, its own bookkeeping).
+    ``timelines``: one recorded step or several (their gaps are pooled). Only gaps where the rank waited
+    for no computation count: the next action needs nothing its rank had not finished or that another
+    rank had not computed before.
+
+    - overhead: the mean gap after an action that sends nothing to another rank, before one that needs
+      nothing from another rank (the runtime's own bookkeeping).
+    - ``send_seconds``: the mean such gap after an action that sends to another rank, less the overhead.
     - latency: under a rendezvous link (:class:`CommModel` with ``rendezvous=True``, which gloo is), a
       message is paid from the later of its sender's end and its receiver's readiness (the previous
-      action's end plus the overhead); the latency is the mean of what each action fed from another
-      rank waited beyond that point (never below 0).
-
-    Means, not medians: a step is their sum, and the occasional long gap (a garbage collection, the
-    operating system's scheduling) is part of what the runtime costs. It includes the message's size (a recorded step
+      action's end plus overhead and sends); the latency is the mean of what each action fed from another
+      rank waited beyond that point (never below 0). It includes the message's size (a recorded step
       does not know its bytes), so the returned model's bandwidth is infinite: the messages between the
       stages of one pipeline have about the same size.
 
-    A step without such gaps gives :data:`DEFAULT_OVERHEAD`, and ``comm`` (default :data:`DEFAULT_COMM`)
-    where it has no message to measure.
+    Means, not medians: a step is their sum, and the occasional long gap (a garbage collection, the
+    operating system's scheduling) is part of what the runtime costs. Steps without such gaps give
+    :data:`DEFAULT_OVERHEAD`, and ``comm`` (default :data:`DEFAULT_COMM`) where no message is measured.
     """
     base = comm or DEFAULT_COMM
+    steps = list(timelines) if isinstance(timelines, list | tuple) else [timelines]
+    quiet: list[float] = []  # gaps after an action that sent nothing to another rank
+    sending: list[float] = []  # gaps after one that did
+    remote: list[tuple[float, bool, float, float]] = []  # (previous end, it sent, start, input computed)
+    for timeline in steps:
+        _runtime_gaps(timeline, quiet, sending, remote)
+    if not quiet and not sending:
+        return DEFAULT_OVERHEAD, base
+    overhead = sum(quiet) / len(quiet) if quiet else 0.0
+    send_seconds = max(sum(sending) / len(sending) - overhead, 0.0) if sending else 0.0
+    if not remote:
+        return overhead, replace(base, send_seconds=send_seconds)
+    waits = [
+        start - max(previous_end + overhead + (send_seconds if sent else 0.0), computed)
+        for previous_end, sent, start, computed in remote
+    ]
+    latency = max(sum(waits) / len(waits), 0.0)
+    return overhead, CommModel(latency, math.inf, rendezvous=True, send_seconds=send_seconds)
+
+
+def _runtime_gaps(
+    timeline: Any,
+    quiet: list[float],
+    sending: list[float],
+    remote: list[tuple[float, bool, float, float]],
+) -> None:
+    """Add ``timeline``'s gaps to the lists of :func:`measure_runtime`."""
     ends: dict[tuple[str, int, int], float] = {}
     rank_of_stage: dict[int, int] = {}
     for rank in timeline.ranks:
@@ -675,8 +704,14 @@ def measure_runtime(timeline: Any, comm: CommModel | None = None) -> tuple[float
             ends[(item.kind, item.stage_index, item.microbatch)] = item.end
             rank_of_stage[item.stage_index] = rank.rank
     last = timeline.num_stages - 1
-    local: list[float] = []
-    remote: list[tuple[float, float, tuple[str, int, int]]] = []  # (previous end, start, what came in)
+
+    def sends_away(item: Any, rank: int) -> bool:
+        if item.kind == "F":
+            return item.stage_index < last and rank_of_stage.get(item.stage_index + 1, rank) != rank
+        if item.kind in ("I", "B"):
+            return item.stage_index > 0 and rank_of_stage.get(item.stage_index - 1, rank) != rank
+        return False
+
     for rank in timeline.ranks:
         actions = rank.compute_actions()
         for before, after in zip(actions, actions[1:], strict=False):
@@ -687,23 +722,13 @@ def measure_runtime(timeline: Any, comm: CommModel | None = None) -> tuple[float
                 needs = [("I", stage, mb)]
             else:
                 needs = [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
+            sent = sends_away(before, rank.rank)
             crossing = [need for need in needs if rank_of_stage.get(need[1], rank.rank) != rank.rank]
             if crossing:
-                remote.append((before.end, after.start, crossing[0]))
+                if crossing[0] in ends:
+                    remote.append((before.end, sent, after.start, ends[crossing[0]]))
             elif all(ends.get(need, math.inf) <= before.end for need in needs):
-                local.append(after.start - before.end)
-    if not local:
-        return DEFAULT_OVERHEAD, base
-    overhead = sum(local) / len(local)
-    waits = [
-        start - max(previous_end + overhead, ends[need])
-        for previous_end, start, need in remote
-        if need in ends
-    ]
-    if not waits:
-        return overhead, base
-    latency = sum(waits) / len(waits)
-    return overhead, CommModel(max(latency, 0.0), math.inf, rendezvous=True)
+                (sending if sent else quiet).append(after.start - before.end)
 
 
 def costs_from_recorded(timelines: Sequence[Any], num_stages: int) -> list[StageCost] | None:
@@ -944,38 +969,48 @@ class RuntimeCalibration:
 
     def describe(self) -> str:
         return (
-            f"calibrated on the recorded 1F1B: {self.overhead * 1e6:.0f} us per action, messages "
-            f"{self.comm.latency * 1e6:.0f} us (rendezvous), passes x{self.slowdown:.2f} beside the other "
+            f"{self.overhead * 1e6:.0f} us per action, {self.comm.send_seconds * 1e6:.0f} us more per send, "
+            f"messages {self.comm.latency * 1e6:.0f} us (rendezvous), passes x{self.slowdown:.2f} beside the other "
             f"ranks, {self.step_overhead * 1e3:.2f} ms per step before the first action and after the last"
         )
 
 
 def calibrate_runtime(
-    timeline: Any, costs: Sequence[StageCost], comm: CommModel | None = None
+    timelines: Any, costs: Sequence[StageCost] | dict[int, Sequence[StageCost]], comm: CommModel | None = None
 ) -> RuntimeCalibration:
-    """Fit the runtime's overhead, message latency and slowdown to one recorded step of ``costs``' stages.
+    """Fit the runtime's overhead, message latency, slowdown and per-step overhead to recorded steps.
 
-    ``slowdown`` is the median, over the step's compute actions, of recorded seconds over the seconds
-    ``costs`` give that action (a faster run gives a factor below 1); overhead and latency come from
-    :func:`measure_runtime`.
+    ``timelines``: one recorded step or several; ``costs``: per stage as run (:func:`first_stage_as_run`),
+    or ``{num_stages: costs}`` for steps of several stage counts. ``slowdown`` is the median, over the
+    steps' compute actions, of recorded seconds over the seconds ``costs`` give that action (a faster run
+    gives a factor below 1); overhead and latency come from :func:`measure_runtime`; ``step_overhead`` is
+    the mean over the steps of what each spends outside its actions.
 
     Raises:
-        ValueError: ``costs`` does not have one entry per stage of the step, or the step has no actions.
+        ValueError: no costs for a step's number of stages, or a step without actions.
     """
-    if len(costs) != timeline.num_stages:
-        raise ValueError(f"got costs for {len(costs)} stages, the recorded step ran {timeline.num_stages}")
-    ratios = [
-        (item.end - item.start) / costs[item.stage_index].seconds(item.kind)
-        for rank in timeline.ranks
-        for item in rank.compute_actions()
-        if costs[item.stage_index].seconds(item.kind) > _NOTHING
-    ]
-    overhead, measured = measure_runtime(timeline, comm)
-    actions = [item for rank in timeline.ranks for item in rank.compute_actions()]
-    span = max(item.end for item in actions) - min(item.start for item in actions)
-    return RuntimeCalibration(
-        overhead, measured, _median(ratios) or 1.0, max(timeline.step_seconds - span, 0.0)
-    )
+    steps = list(timelines) if isinstance(timelines, list | tuple) else [timelines]
+    by_count = costs if isinstance(costs, dict) else {len(costs): costs}
+    ratios: list[float] = []
+    outside: list[float] = []
+    for timeline in steps:
+        per_stage = by_count.get(timeline.num_stages)
+        if per_stage is None or len(per_stage) != timeline.num_stages:
+            raise ValueError(
+                f"no costs for the {timeline.num_stages} stages of the recorded {timeline.schedule}"
+            )
+        actions = [item for rank in timeline.ranks for item in rank.compute_actions()]
+        if not actions:
+            raise ValueError(f"the recorded {timeline.schedule} has no compute actions")
+        ratios += [
+            (item.end - item.start) / per_stage[item.stage_index].seconds(item.kind)
+            for item in actions
+            if per_stage[item.stage_index].seconds(item.kind) > _NOTHING
+        ]
+        span = max(item.end for item in actions) - min(item.start for item in actions)
+        outside.append(max(timeline.step_seconds - span, 0.0))
+    overhead, measured = measure_runtime(steps, comm)
+    return RuntimeCalibration(overhead, measured, _median(ratios) or 1.0, sum(outside) / len(outside))
 
 
 def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
@@ -994,25 +1029,37 @@ def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
 
 
 def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
-    """Re-predict every schedule of ``plan`` with the runtime calibrated on its recorded 1F1B step.
+    """Re-predict every schedule of ``plan`` with the runtime calibrated on the other recorded steps.
 
-    The overhead, message latency and slowdown come from the baseline's recording
-    (:func:`calibrate_runtime`), recorded in the same rounds as the other schedules, so the machine's
-    drift touches them alike; every other schedule's prediction is made from the costs and that
-    calibration, never from its own recording. Each schedule keeps the order it was recorded with."""
-    baseline = plan.baseline
-    timeline = next((item for item in plan.timelines if item.schedule == f"{baseline.name} recorded"), None)
-    if timeline is None:
+    Leave one out: a schedule's overhead, message latency, slowdown and per-step overhead
+    (:func:`calibrate_runtime`) come from the recorded steps of the other schedules with as many stages
+    per rank (the runtime's work per action depends on the layout: on two stages per rank every action
+    talks to the other rank), else from all the others - never from its own recording (only if it is
+    the one schedule recorded). They were recorded in the same rounds, so the machine's drift touches
+    them alike. Each schedule keeps the order it was recorded with."""
+    recorded = {
+        item.schedule.removesuffix(" recorded"): item
+        for item in plan.timelines
+        if item.schedule.endswith(" recorded")
+    }
+    if not recorded:
         return
-    calibration = calibrate_runtime(timeline, plan.costs)
-    one = slowed(plan.costs, calibration.slowdown)
-    costs_two = slowed(two, calibration.slowdown) if two is not None else None
+    layout = {item.name: item.stages_per_rank for item in plan.schedules}
+    by_count: dict[int, Sequence[StageCost]] = {plan.ranks: plan.costs}
+    if two is not None:
+        by_count[2 * plan.ranks] = two
+    one = plan.costs
     for item in plan.schedules:
         if item.simulation is None:
             continue
+        others = {name: step for name, step in recorded.items() if name != item.name}
+        peers = [step for name, step in others.items() if layout.get(name) == item.stages_per_rank]
+        peers = peers or list(others.values()) or [recorded[item.name]]
+        calibration = calibrate_runtime(peers, by_count)
+        costs = one if item.stages_per_rank == 1 else two or one
         item.simulation = simulate(
             item.order,
-            one if item.stages_per_rank == 1 else costs_two or one,
+            slowed(costs, calibration.slowdown),
             calibration.comm,
             microbatches=plan.microbatches,
             name=item.name,
@@ -1023,8 +1070,11 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
             plan.memory_limit is None or max(item.simulation.peak_memory_bytes) <= plan.memory_limit
         )
     plan.schedules.sort(key=lambda item: (not item.fits_memory, item.predicted_seconds))
-    plan.comm, plan.overhead = calibration.comm, calibration.overhead
-    plan.overhead_source = calibration.describe()
+    pooled = calibrate_runtime(list(recorded.values()), by_count)
+    plan.comm, plan.overhead = pooled.comm, pooled.overhead
+    plan.overhead_source = (
+        "calibrated, each schedule on the other recorded ones; all of them: " + pooled.describe()
+    )
     predicted = {item.name: item.simulation for item in plan.schedules if item.simulation is not None}
     for position, item in enumerate(plan.timelines):
         name = item.schedule.removesuffix(" predicted")

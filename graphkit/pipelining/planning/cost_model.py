@@ -88,6 +88,8 @@ class CommModel:
             works this way: a send waits for the receiver's notice that its receive is posted, and
             ``torch.distributed.pipelining`` posts a receive just before the action that needs it. False:
             the message travels as soon as it is sent (a receive posted early, a buffered link).
+        send_seconds: seconds the sending rank itself spends on each message to another rank after the
+            action that produced it (issuing the send, its bookkeeping), before its next action.
 
     Raises (on construction):
         ValueError: a negative latency or a bandwidth that is not positive.
@@ -96,12 +98,15 @@ class CommModel:
     latency: float = 0.0
     bandwidth: float = math.inf
     rendezvous: bool = False
+    send_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency) and self.latency >= 0):
             raise ValueError(f"CommModel.latency must be finite seconds >= 0, got {self.latency!r}")
         if not self.bandwidth > 0:
             raise ValueError(f"CommModel.bandwidth must be > 0 bytes per second, got {self.bandwidth!r}")
+        if not (math.isfinite(self.send_seconds) and self.send_seconds >= 0):
+            raise ValueError(f"CommModel.send_seconds must be finite seconds >= 0, got {self.send_seconds!r}")
 
     def seconds(self, num_bytes: int) -> float:
         """Seconds for one message of ``num_bytes`` between two ranks."""

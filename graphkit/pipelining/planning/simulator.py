@@ -313,7 +313,8 @@ def simulate(
         durations: seconds of single actions, overriding ``costs`` for them: ``{Action or "0F1": seconds}``
             (:func:`recorded_durations` reads them from a recorded step).
         overhead: seconds the runtime spends on each rank after each compute action besides computing
-            (issuing sends and receives, its own bookkeeping): the rank's next action starts no earlier;
+            (its own bookkeeping; ``comm.send_seconds`` more after an action that sends to another rank):
+            the rank's next action starts no earlier;
             counted as idle, not busy, as a recorded timeline counts it. Messages leave at the action's end.
 
     Returns:
@@ -370,6 +371,15 @@ def simulate(
         for s in range(num_stages)
     ]
     rendezvous = comm.rendezvous
+    # what the rank spends after an action sending its result to another rank: F forward, I or B backward
+    send_after = comm.send_seconds
+    forward_send = [
+        send_after if s + 1 < num_stages and placement[s] != placement[s + 1] else 0.0
+        for s in range(num_stages)
+    ]
+    backward_send = [
+        send_after if s > 0 and placement[s] != placement[s - 1] else 0.0 for s in range(num_stages)
+    ]
     last = num_stages - 1
     f_end: list[list[float | None]] = [[None] * microbatches for _ in range(num_stages)]
     grad_end: list[list[float | None]] = [[None] * microbatches for _ in range(num_stages)]  # I or B
@@ -433,10 +443,12 @@ def simulate(
             if kind == "F":
                 keys: tuple[tuple[str, int, int], ...] = (("F", stage, mb),)
                 f_end[stage][mb] = end
+                clock += forward_send[stage]
             elif kind == "W":
                 keys = ()
             else:
                 grad_end[stage][mb] = end
+                clock += backward_send[stage]
                 keys = (("G", stage, mb),)
                 if kind == "I":
                     i_end[stage][mb] = end
