@@ -1,6 +1,6 @@
 """W hands its weight-side gradients to the engine in several calls on large stages: never splitting a sum.
 
-``WEIGHT_FLUSH_BYTES`` is 1 MiB, so the test models (kilobytes of parameters) run W in one engine call; every
+``WEIGHT_FLUSH_BYTES`` is 8 MiB, so the test models (kilobytes of parameters) run W in one engine call; every
 test here sets it to 0, which makes W call the engine at every flush point of the plan, and checks the
 gradients bit for bit against PyTorch's full backward, the flush points against hand-worked graphs, and the
 number of engine calls.
