@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -562,8 +562,10 @@ def _backward_input(
     if lap is not None:
         lap("b.hooks")
 
-    unhooked = set(hook_candidates).difference(hooked) if hooked else hook_candidates
-    work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs], unhooked)
+    unhooked = plan.saving_positions.difference(hooked) if hooked else plan.saving_positions
+    work, targets, kept_grads = _weight_work(
+        plan, nodes, captured, [grad for _, grad in pairs], unhooked, weight_tensors
+    )
     if lap is not None:
         lap("b.formulas")
     if run_once is not None:
@@ -729,6 +731,7 @@ def _weight_work(
     captured: dict[int, tuple[torch.Tensor | None, ...]],
     cotangents: list[torch.Tensor],
     unhooked: Container[int] = (),
+    weight_tensors: Sequence[torch.Tensor] | None = None,
 ) -> tuple[list[_WeightWork | None], dict[int, Node], list[torch.Tensor]]:
     """What W will do for each intermediate of ``plan``, from the gradients B ``captured``.
 
@@ -736,12 +739,19 @@ def _weight_work(
     index, and every captured gradient kept. Gradients that share storage with a caller's cotangent are
     copied (the caller may reuse that buffer before W); formulas read their saved tensors now.
     ``unhooked``: node indices already found free of hooked saved tensors (not checked again).
+    ``weight_tensors``: the variables of ``plan.weight_leaves``, when the caller has read them already.
     """
     work: list[_WeightWork | None] = []
     kept_grads: list[torch.Tensor] = []
     cotangent_ranges = [_storage_range(grad) for grad in cotangents]
     # sparse parameters: their gradient layout is their Node's to choose, so that Node is called instead
-    sparse_leaves = {index for index in plan.leaf_targets if nodes[index].variable.layout != torch.strided}
+    if weight_tensors is None:
+        weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+    sparse_leaves = {
+        leaf
+        for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
+        if tensor.layout != torch.strided and leaf in plan.leaf_targets
+    }
     mixed_leaves = plan.mixed_leaves
     targets: dict[int, Node] = {}
     for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):

@@ -58,6 +58,8 @@ class BackwardPlan:
     # filled on first use by opaque_positions_of: (run-once Node indices, Nodes W may unpack hooked saved
     # tensors of); both depend on Node classes alone, like the rest of the plan
     opaque_positions: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # the second of opaque_positions as a set, for membership tests (filled with it)
+    saving_positions: frozenset[int] = frozenset()
     # filled on first use by custom_functions_in_input_phase: whether any Node is a custom Function's
     # (Node classes are part of the structure)
     has_custom_functions: bool | None = None
@@ -220,6 +222,8 @@ def opaque_positions_of(plan: BackwardPlan, nodes: list[Node]) -> tuple[tuple[in
     candidates = [index for index, _ in plan.intermediates if index not in skip]
     candidates += [index for index, flag in enumerate(plan.weight_only) if flag]
     saving = tuple(index for index in candidates if saves_tensors(nodes[index]))
-    # one assignment: threads that fill it at once compute the same value, and readers see all or nothing
+    # the set first: a reader that sees opaque_positions filled finds it too; threads that fill both at
+    # once compute the same values
+    plan.saving_positions = frozenset(saving)
     plan.opaque_positions = (run_once, saving)
     return run_once, saving
