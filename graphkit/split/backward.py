@@ -472,26 +472,19 @@ def _backward_input(
         lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
-    excluded = (
-        frozenset()
-        if allowed is None
-        else frozenset(
-            index
-            for index, node in enumerate(walk.nodes)
-            if _autograd.is_accumulate_grad(node) and id(node.variable) not in allowed
-        )
-    )
-    plan = cached_plan(walk, input_nodes, excluded, input_positions)
+    # planned first with every leaf a weight: the leaves to leave out (outside ``params=``, or no longer
+    # requiring grad) are among its weight leaves, whose variables W needs anyway
+    plan = cached_plan(walk, input_nodes, frozenset(), input_positions)
     nodes = walk.nodes
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
-    if not all([tensor.requires_grad for tensor in weight_tensors]):
-        # requires_grad turned off after the forward: a full backward's AccumulateGrad skips such a leaf,
-        # so W leaves it out, as params= would
-        excluded = excluded | {
-            leaf
-            for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
-            if not tensor.requires_grad
-        }
+    excluded = frozenset(
+        leaf
+        for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
+        # requires_grad turned off after the forward: a full backward's AccumulateGrad skips such a
+        # leaf, so W leaves it out, as params= would
+        if not tensor.requires_grad or (allowed is not None and id(tensor) not in allowed)
+    )
+    if excluded:
         plan = cached_plan(walk, input_nodes, excluded, input_positions)
         weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
 
