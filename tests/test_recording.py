@@ -301,3 +301,9 @@ def test_a_spec_function_is_built_with_the_stages_the_schedules_need():
     assert calls[-1] == (3, 16) and interleaved.ranks[0].stages == [0, 1, 2]
     with pytest.raises(SpecError, match="does not split into 4 equal microbatches"):
         record_schedules(pipeline, ["1F1B"], microbatches=4, batch_size=6)
+
+
+def test_a_generated_schedule_is_recorded_under_its_own_name_not_the_runtime_class():
+    (zbh1,) = record_schedules("zoo-pipeline:mlp", ["ZBH1"], microbatches=2)
+    (one_f_one_b,) = record_schedules("zoo-pipeline:mlp", ["1F1B"], microbatches=2)
+    assert zbh1.schedule == "ZBH1" and one_f_one_b.schedule == "Schedule1F1B"

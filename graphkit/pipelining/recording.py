@@ -590,7 +590,7 @@ def _record_rank(
         for index, item in enumerate(prepared):
             rounds[index].append(_record_step(item, batch, rank, device, probe))
     results = []
-    for (built, stages, _), recorded in zip(prepared, rounds, strict=True):
+    for name, (built, stages, _), recorded in zip(schedules, prepared, rounds, strict=True):
         times = torch.tensor([timeline.step_seconds for timeline in recorded], dtype=torch.float64)
         times = times.to(device) if device.type == "cuda" else times
         dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a step takes as long as its slowest rank
@@ -598,7 +598,12 @@ def _record_rank(
         median = sorted(range(steps), key=lambda position: step_times[position])[(steps - 1) // 2]
         chosen = recorded[median]
         chosen.step_times = step_times
-        results.append((type(built).__name__, stages[0].num_stages, chosen, method))
+        # a class name tells PyTorch's schedules apart; graphkit's generated ones and CSV files all run as
+        # _PipelineScheduleRuntime, so they keep the name they were asked for
+        label = type(built).__name__
+        if type(built) is torch_schedules._PipelineScheduleRuntime:
+            label = schedule_name(name) if isinstance(name, str) else label
+        results.append((label, stages[0].num_stages, chosen, method))
     del prepared, rounds
     gc.collect()
     dist.barrier()
