@@ -956,7 +956,7 @@ class RuntimeCalibration:
     Attributes:
         overhead: seconds the runtime spends on a rank after each action (the simulator's ``overhead``).
         comm: the message model, rendezvous, with the fitted latency.
-        slowdown: recorded action seconds over ``graphkit costs`` seconds (median over the actions): what
+        slowdown: recorded action seconds over ``graphkit costs`` seconds (summed over the actions): what
             running beside the other ranks (sharing cores, caches and memory bandwidth) does to each pass.
         step_overhead: seconds of the step outside its first action's start and its last action's end
             (splitting the batch into microbatches, the last messages' waits), added to every prediction.
@@ -981,17 +981,17 @@ def calibrate_runtime(
     """Fit the runtime's overhead, message latency, slowdown and per-step overhead to recorded steps.
 
     ``timelines``: one recorded step or several; ``costs``: per stage as run (:func:`first_stage_as_run`),
-    or ``{num_stages: costs}`` for steps of several stage counts. ``slowdown`` is the median, over the
-    steps' compute actions, of recorded seconds over the seconds ``costs`` give that action (a faster run
-    gives a factor below 1); overhead and latency come from :func:`measure_runtime`; ``step_overhead`` is
-    the mean over the steps of what each spends outside its actions.
+    or ``{num_stages: costs}`` for steps of several stage counts. ``slowdown`` is the steps' recorded
+    compute seconds over the seconds ``costs`` give the same actions (a ratio of sums, as a step is a sum;
+    a faster run gives a factor below 1); overhead and latency come from :func:`measure_runtime`;
+    ``step_overhead`` is the mean over the steps of what each spends outside its actions.
 
     Raises:
         ValueError: no costs for a step's number of stages, or a step without actions.
     """
     steps = list(timelines) if isinstance(timelines, list | tuple) else [timelines]
     by_count = costs if isinstance(costs, dict) else {len(costs): costs}
-    ratios: list[float] = []
+    recorded_seconds = modelled_seconds = 0.0
     outside: list[float] = []
     for timeline in steps:
         per_stage = by_count.get(timeline.num_stages)
@@ -1002,15 +1002,16 @@ def calibrate_runtime(
         actions = [item for rank in timeline.ranks for item in rank.compute_actions()]
         if not actions:
             raise ValueError(f"the recorded {timeline.schedule} has no compute actions")
-        ratios += [
-            (item.end - item.start) / per_stage[item.stage_index].seconds(item.kind)
-            for item in actions
-            if per_stage[item.stage_index].seconds(item.kind) > _NOTHING
-        ]
+        for item in actions:
+            modelled = per_stage[item.stage_index].seconds(item.kind)
+            if modelled > _NOTHING:
+                recorded_seconds += item.end - item.start
+                modelled_seconds += modelled
         span = max(item.end for item in actions) - min(item.start for item in actions)
         outside.append(max(timeline.step_seconds - span, 0.0))
     overhead, measured = measure_runtime(steps, comm)
-    return RuntimeCalibration(overhead, measured, _median(ratios) or 1.0, sum(outside) / len(outside))
+    slowdown = recorded_seconds / modelled_seconds if modelled_seconds > 0 else 1.0
+    return RuntimeCalibration(overhead, measured, slowdown, sum(outside) / len(outside))
 
 
 def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
