@@ -10,7 +10,6 @@ Functions included: graphkit sets their ``needs_input_grad`` per phase.
 from __future__ import annotations
 
 import copy
-from unittest import mock
 
 import torch
 from hypothesis import given, settings
@@ -18,7 +17,6 @@ from hypothesis import strategies as st
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from graphkit.split import backward as split_backward
 from graphkit.split.backward import backward_input, backward_weight
 from graphkit.split.checkpointing import Recompute
 from tests.models import random_model
@@ -59,12 +57,9 @@ def test_split_equals_full_backward_on_random_models(data):
     with FlopCounterMode(display=False) as b_counter:
         state = backward_input(outputs, grads, fresh)
     # W in one engine call, or (flush threshold 0) in one call per flush point of the plan
-    flush_bytes = data.draw(st.sampled_from([split_backward.WEIGHT_FLUSH_BYTES, 0]), label="flush bytes")
-    with (
-        FlopCounterMode(display=False) as w_counter,
-        mock.patch.object(split_backward, "WEIGHT_FLUSH_BYTES", flush_bytes),
-    ):
-        backward_weight(state)
+    flush_bytes = data.draw(st.sampled_from([None, 0]), label="flush bytes")
+    with FlopCounterMode(display=False) as w_counter:
+        backward_weight(state, flush_bytes=flush_bytes)
 
     for (name, parameter), (_, expected) in zip(
         module.named_parameters(), reference.named_parameters(), strict=True

@@ -1,9 +1,9 @@
-"""W hands its weight-side gradients to the engine in several calls on large stages: never splitting a sum.
+"""``backward_weight(state, flush_bytes=N)`` hands the weight gradients to the engine in several calls:
+never splitting a sum.
 
-``WEIGHT_FLUSH_BYTES`` is 8 MiB, so the test models (kilobytes of parameters) run W in one engine call; every
-test here sets it to 0, which makes W call the engine at every flush point of the plan, and checks the
-gradients bit for bit against PyTorch's full backward, the flush points against hand-worked graphs, and the
-number of engine calls.
+By default W runs one engine call; the tests here mostly pass ``flush_bytes=0``, which makes W call the
+engine at every flush point of the plan, and check the gradients bit for bit against PyTorch's full
+backward, the flush points against hand-worked graphs, and the number of engine calls.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from unittest import mock
 import pytest
 import torch
 from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
 
 from graphkit.graph import _autograd
 from graphkit.models import zoo
@@ -40,7 +41,7 @@ def _call(module: nn.Module, inputs):
     return [output for output in outputs if output.requires_grad]
 
 
-def _full_and_split(module: nn.Module, inputs, flush_bytes: int = 0, steps: int = 2):
+def _full_and_split(module: nn.Module, inputs, flush_bytes: int | None = 0, steps: int = 2):
     """Full backward on one copy, B then W on another (W flushing at ``flush_bytes``), ``steps`` times each
     (so ``.grad`` accumulates); returns both gradient dicts and the roots of each W engine call."""
     reference = copy.deepcopy(module)
@@ -57,11 +58,8 @@ def _full_and_split(module: nn.Module, inputs, flush_bytes: int = 0, steps: int 
         fresh = _fresh(inputs)
         outputs = _call(module, fresh)
         state = backward_input(outputs, [torch.ones_like(output) for output in outputs], fresh)
-        with (
-            mock.patch.object(split_backward, "WEIGHT_FLUSH_BYTES", flush_bytes),
-            mock.patch.object(_autograd, "run_engine_backward", counting),
-        ):
-            backward_weight(state)
+        with mock.patch.object(_autograd, "run_engine_backward", counting):
+            backward_weight(state, flush_bytes=flush_bytes)
     return _grads(reference), _grads(module), calls
 
 
@@ -106,11 +104,43 @@ def test_an_mlp_may_flush_after_every_intermediate_and_its_gradients_are_bitwise
     assert calls == [2, 2, 2] * 2  # weight and bias of one layer per call, for each of the two steps
 
 
-def test_with_the_default_threshold_a_small_stage_runs_w_in_one_engine_call():
-    module, inputs = _mlp()
-    expected, actual, calls = _full_and_split(module, inputs, flush_bytes=split_backward.WEIGHT_FLUSH_BYTES)
+def test_by_default_w_runs_one_engine_call_and_a_multi_grad_hook_fires_once():
+    # 1 MiB weights: any flush threshold up to SUGGESTED_FLUSH_BYTES would split these calls
+    torch.manual_seed(0)
+    module = _Sequential(nn.Linear(512, 512), nn.Linear(512, 512), nn.Linear(512, 512))
+    inputs = {"x": torch.randn(4, 512, requires_grad=True)}
+    fired = []
+    register_multi_grad_hook(
+        tuple(module.parameters()), lambda grads: fired.append(sum(g is not None for g in grads))
+    )
+    expected, actual, calls = _full_and_split(module, inputs, flush_bytes=None, steps=1)
     _assert_bitwise(expected, actual)
-    assert calls == [6, 6]
+    assert calls == [6]
+    assert fired == [6]  # W of the module the hook is on (its full-backward twin is a copy without it)
+
+
+def test_with_flush_bytes_a_multi_grad_hook_fires_once_per_engine_call_as_documented():
+    torch.manual_seed(0)
+    module = _Sequential(nn.Linear(512, 512), nn.Linear(512, 512), nn.Linear(512, 512))
+    fired = []
+    register_multi_grad_hook(
+        tuple(module.parameters()), lambda grads: fired.append(sum(g is not None for g in grads))
+    )
+    x = torch.randn(4, 512, requires_grad=True)
+    outputs = module(x)
+    state = backward_input(outputs, torch.ones_like(outputs), x)
+    backward_weight(state, flush_bytes=split_backward.SUGGESTED_FLUSH_BYTES // 8)
+    assert fired == [2, 2, 2]
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "8MiB"])
+def test_a_flush_threshold_that_is_not_a_byte_count_is_refused(value):
+    module, inputs = _mlp()
+    outputs = module(**inputs)
+    state = backward_input(outputs, torch.ones_like(outputs), inputs)
+    with pytest.raises(ValueError, match="flush_bytes"):
+        backward_weight(state, flush_bytes=value)
+    backward_weight(state)  # the state is still usable
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -151,8 +181,7 @@ def test_post_accumulate_grad_hooks_and_tensor_hooks_fire_once_per_parameter_whe
     fresh = {name: t.detach().clone().requires_grad_() for name, t in inputs.items()}
     outputs = module(**fresh)
     state = backward_input(outputs, torch.ones_like(outputs), fresh)
-    with mock.patch.object(split_backward, "WEIGHT_FLUSH_BYTES", 0):
-        backward_weight(state)
+    backward_weight(state, flush_bytes=0)
     names = sorted(name for name, _ in module.named_parameters())
     assert sorted(accumulated) == names and sorted(seen) == names
 

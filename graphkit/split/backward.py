@@ -93,6 +93,7 @@ from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare
 
 __all__ = [
+    "SUGGESTED_FLUSH_BYTES",
     "GraphFreedError",
     "SplitError",
     "SplitState",
@@ -804,7 +805,7 @@ def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torc
     return (result,) if isinstance(result, torch.Tensor) else tuple(result)
 
 
-def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
+def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_bytes: int | None = None) -> None:
     """W phase: accumulate the parameter gradients of one microbatch into ``.grad``.
 
     Args:
@@ -817,15 +818,24 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
     ``.grad`` by AccumulateGrad (post-accumulate-grad hooks fire once each). The state is released.
     Under ``torch.inference_mode()`` W runs with ``inference_mode(False)`` inside, as B does.
 
-    Memory: W computes the weight-side gradients intermediate by intermediate and hands them to the
-    engine each time :data:`WEIGHT_FLUSH_BYTES` of them are waiting at a point where no parameter's sum
-    would be split (the plan's flush points), so it holds about that much at once - more for one large
-    gradient, for a parameter used by several intermediates (tied or reused weights: all its gradients
-    go in one call), and up to one gradient per weight-side edge when the stage also has parameter-only
-    outputs or a parameter fed both directly and through other Nodes (then W runs one engine call). It
-    frees each captured gradient and saved tensor as soon as its gradient is computed.
+        flush_bytes: None (the default): W computes every weight-side gradient, then hands them all to
+            the engine in one call. A number of bytes: W hands them over in several calls, each as soon
+            as that many are waiting at a point where no parameter's sum would be split (the plan's
+            flush points: a parameter used by several intermediates gets all its gradients in one call,
+            and a stage with parameter-only outputs or a parameter fed both directly and through other
+            Nodes keeps one call), so that W holds about that much at once instead of about one copy of
+            the parameters' gradients; the gradients stay bit for bit those of a full backward. Each call
+            is a graph task of its own, so what PyTorch runs once per graph task runs once per call:
+            ``register_multi_grad_hook`` hooks and callbacks queued with
+            ``Variable._execution_engine.queue_callback`` (how DistributedDataParallel and FSDP finish a
+            backward). Leave it None with those. On the CPU it also spares page faults when the
+            gradients are large (:data:`SUGGESTED_FLUSH_BYTES`).
+
+    Memory: W frees each captured gradient and saved tensor as soon as its gradient is computed; the
+    weight-side gradients it computed wait for their engine call (see ``flush_bytes``).
 
     Raises:
+        ValueError: ``flush_bytes`` is neither None nor an int >= 0.
         SplitError: ``state`` is not a SplitState, or was already used (the message says if that W
             failed part-way: ``.grad`` may then hold part of the microbatch's gradients); or a parameter
             stopped requiring grad since B (the state stays usable once it requires grad again).
@@ -839,6 +849,8 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
     lap = current_laps()
     if lap is not None:
         lap.start()
+    if flush_bytes is not None and not (isinstance(flush_bytes, int) and flush_bytes >= 0):
+        raise ValueError(f"flush_bytes must be None or a number of bytes >= 0, got {flush_bytes!r}")
     if not isinstance(state, SplitState):
         raise SplitError(
             f"backward_weight needs the SplitState returned by backward_input, got {type(state).__name__}; "
@@ -872,7 +884,7 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
         lap("w.checks")
     try:
         with _outside_inference_mode(), _opaque_weight_phase(state):
-            _run_weight_phase(state, retain_graph, lap)
+            _run_weight_phase(state, retain_graph, lap, flush_bytes)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
         raise
@@ -882,7 +894,9 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False) -> None:
             lap("w.release")
 
 
-def _run_weight_phase(state: SplitState, retain_graph: bool = False, lap: Any = None) -> None:
+def _run_weight_phase(
+    state: SplitState, retain_graph: bool = False, lap: Any = None, flush_bytes: int | None = None
+) -> None:
     if not state._weight_tensors or (not state._targets and not state._output_roots):
         return
     work = state._work
@@ -907,11 +921,13 @@ def _run_weight_phase(state: SplitState, retain_graph: bool = False, lap: Any = 
     ordered: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     add_root = roots.append
     add_root_grad = root_grads.append
-    # Large gradients go to the engine in several calls, each as soon as WEIGHT_FLUSH_BYTES of them are
-    # waiting at a position where no weight-only Node is fed from both sides (the plan's flush points),
-    # so W holds about that much at once instead of one gradient per weight-side edge. Parameter-only
-    # outputs and mixed parameters join the last call, so their parts are never split: one call then.
-    flush_points = state._plan.flush_points if not (mixed or state._output_roots) else ()
+    # With flush_bytes, the gradients go to the engine in several calls, each as soon as that many are
+    # waiting at a position where no weight-only Node is fed from both sides (the plan's flush points).
+    # Parameter-only outputs and mixed parameters join the last call, so their parts are never split:
+    # one call then.
+    flush_points = (
+        state._plan.flush_points if flush_bytes is not None and not (mixed or state._output_roots) else ()
+    )
     pending_bytes = 0
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
@@ -935,7 +951,7 @@ def _run_weight_phase(state: SplitState, retain_graph: bool = False, lap: Any = 
                 add_root_grad(grad)
                 pending_bytes += grad.numel() * grad.element_size()  # also for a sparse gradient
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
-            if pending_bytes >= WEIGHT_FLUSH_BYTES and position in flush_points:
+            if flush_points and pending_bytes >= flush_bytes and position in flush_points:  # type: ignore[operator]
                 if lap is not None:
                     lap("w.roots")
                 _run_weight_engine(roots, root_grads, state, retain_graph)
@@ -972,15 +988,15 @@ def _run_weight_engine(
         raise _freed_error(error) from error
 
 
-WEIGHT_FLUSH_BYTES = 8 << 20
-"""Bytes of weight-side gradients after which W runs the engine on those it has (at a plan's flush point).
+SUGGESTED_FLUSH_BYTES = 8 << 20
+"""A ``flush_bytes`` for :func:`backward_weight` on the CPU with large weights and no per-graph-task hooks.
 
 Each engine call costs tens of microseconds (six calls instead of one add 0.4 ms, 9%, to W on a 12-layer
 d=64 encoder); holding every weight gradient of a stage at once costs memory, and on the CPU page
 faults: glibc returns freed memory above its trim threshold to the system, so the next microbatch's W
 faults it in again (a stage of two 512 x 2048 MLP blocks: 4,000 faults and 14.6-16.3 ms per W in one
-call, 2,000 and 12.0-12.8 ms flushing at 1 or 8 MiB). 8 MiB keeps stages of a few million parameters
-at one call."""
+call, 2,000 and 12.0-12.8 ms flushing at 1 or 8 MiB; on one block, though, flushing after each of its
+two 4 MiB gradients faulted more than one call: the C library's heuristics decide)."""
 
 
 def _mixed_parameters(state: SplitState) -> dict[int, torch.Tensor]:
