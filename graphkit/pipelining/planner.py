@@ -621,29 +621,41 @@ def predict_recorded(
 def _free_gaps(timeline: Any) -> dict[int, list[float | None]]:
     """Per rank, after each compute action but the last: the gap before the next one if the next had
     nothing to wait for (every input it needs ended before this one did), else None."""
-    ends: dict[tuple[str, int, int], float] = {}
-    for rank in timeline.ranks:
-        for item in rank.compute_actions():
-            if item.kind in ("I", "B"):
-                ends[("G", item.stage_index, item.microbatch)] = item.end
-            ends[(item.kind, item.stage_index, item.microbatch)] = item.end
+    ends = _action_ends(timeline)
     last = timeline.num_stages - 1
     gaps: dict[int, list[float | None]] = {}
     for rank in timeline.ranks:
         actions = rank.compute_actions()
         found: list[float | None] = []
         for before, after in zip(actions, actions[1:], strict=False):
-            stage, mb = after.stage_index, after.microbatch
-            if after.kind == "F":
-                needs = [("F", stage - 1, mb)] if stage > 0 else []
-            elif after.kind == "W":
-                needs = [("I", stage, mb)]
-            else:
-                needs = [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
-            free = all(ends.get(need, math.inf) <= before.end for need in needs)
+            free = all(ends.get(need, math.inf) <= before.end for need in _inputs_of(after, last))
             found.append(after.start - before.end if free else None)
         gaps[rank.rank] = found
     return gaps
+
+
+def _action_ends(timeline: Any) -> dict[tuple[str, int, int], float]:
+    """When each compute action of a recorded step ended, keyed ``(kind, stage, microbatch)``; an I or a
+    B also as ``("G", stage, microbatch)``: the input gradient it sends."""
+    ends: dict[tuple[str, int, int], float] = {}
+    for rank in timeline.ranks:
+        for item in rank.compute_actions():
+            if item.kind in ("I", "B"):
+                ends[("G", item.stage_index, item.microbatch)] = item.end
+            ends[(item.kind, item.stage_index, item.microbatch)] = item.end
+    return ends
+
+
+def _inputs_of(item: Any, last: int) -> list[tuple[str, int, int]]:
+    """What a compute action needs computed first, as :func:`_action_ends` keys them (``last``: the
+    last stage's index): F the previous stage's F, W its own I, I or B its own F and the next stage's
+    input gradient."""
+    stage, mb = item.stage_index, item.microbatch
+    if item.kind == "F":
+        return [("F", stage - 1, mb)] if stage > 0 else []
+    if item.kind == "W":
+        return [("I", stage, mb)]
+    return [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
 
 
 def measure_runtime(timelines: Any, comm: CommModel | None = None) -> tuple[float, CommModel]:
@@ -695,14 +707,10 @@ def _runtime_gaps(
     remote: list[tuple[float, bool, float, float]],
 ) -> None:
     """Add ``timeline``'s gaps to the lists of :func:`measure_runtime`."""
-    ends: dict[tuple[str, int, int], float] = {}
-    rank_of_stage: dict[int, int] = {}
-    for rank in timeline.ranks:
-        for item in rank.compute_actions():
-            if item.kind in ("I", "B"):
-                ends[("G", item.stage_index, item.microbatch)] = item.end
-            ends[(item.kind, item.stage_index, item.microbatch)] = item.end
-            rank_of_stage[item.stage_index] = rank.rank
+    ends = _action_ends(timeline)
+    rank_of_stage = {
+        item.stage_index: rank.rank for rank in timeline.ranks for item in rank.compute_actions()
+    }
     last = timeline.num_stages - 1
 
     def sends_away(item: Any, rank: int) -> bool:
@@ -715,13 +723,7 @@ def _runtime_gaps(
     for rank in timeline.ranks:
         actions = rank.compute_actions()
         for before, after in zip(actions, actions[1:], strict=False):
-            stage, mb = after.stage_index, after.microbatch
-            if after.kind == "F":
-                needs = [("F", stage - 1, mb)] if stage > 0 else []
-            elif after.kind == "W":
-                needs = [("I", stage, mb)]
-            else:
-                needs = [("F", stage, mb)] + ([("G", stage + 1, mb)] if stage < last else [])
+            needs = _inputs_of(after, last)
             sent = sends_away(before, rank.rank)
             crossing = [need for need in needs if rank_of_stage.get(need[1], rank.rank) != rank.rank]
             if crossing:
