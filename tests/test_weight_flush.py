@@ -227,3 +227,25 @@ def test_every_zoo_model_flushing_at_every_point_is_bitwise_a_full_backward(name
     expected, actual, calls = _full_and_split(module, inputs, steps=1)
     _assert_bitwise(expected, actual)
     assert calls and sum(calls) >= len(calls)
+
+
+def test_a_multi_grad_hook_on_the_one_weight_side_tensor_fires_in_w_as_in_a_full_backward():
+    # W's engine call then has one root, the hooked tensor's own Node: without a second root the engine
+    # says that Node will not run, and a mode="all" hook expects nothing and never fires
+    fired = {}
+    for mode in ("full", "split"):
+        torch.manual_seed(0)
+        layer = nn.Linear(8, 8, bias=False)
+        x = torch.randn(4, 8, requires_grad=True)
+        transposed = layer.weight.t()
+        fired[mode] = []
+        register_multi_grad_hook(
+            [transposed], lambda grads, log=fired[mode]: log.append(grads[0].clone()), mode="all"
+        )
+        output = torch.tanh(x @ transposed)
+        if mode == "full":
+            output.backward(torch.ones_like(output))
+        else:
+            backward_weight(backward_input(output, torch.ones_like(output), x))
+    assert len(fired["full"]) == len(fired["split"]) == 1
+    assert torch.equal(fired["full"][0], fired["split"][0])

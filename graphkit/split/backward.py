@@ -981,7 +981,19 @@ def _run_weight_phase(
 def _run_weight_engine(
     roots: list[GradientEdge], root_grads: list[torch.Tensor], state: SplitState, retain_graph: bool
 ) -> None:
-    """One engine call of the W phase: accumulate ``root_grads`` from ``roots`` into the parameters."""
+    """One engine call of the W phase: accumulate ``root_grads`` from ``roots`` into the parameters.
+
+    With a single root the engine starts from that root's Node itself instead of a GraphRoot above it,
+    and then tells ``torch._C._will_engine_execute_node`` that the root's Node will not run: a
+    ``register_multi_grad_hook`` over a tensor produced there (``weight.t()`` of a bias-free Linear, the
+    stage's one weight-side intermediate) would expect no gradient and never fire, where a full backward
+    fires it. A second root, a zero gradient towards a throwaway leaf that is no input of the call (so the
+    engine runs nothing for it), keeps the GraphRoot.
+    """
+    if len(roots) == 1:
+        spare = torch.zeros((), requires_grad=True)
+        roots = [*roots, _autograd.gradient_edge(spare)]
+        root_grads = [*root_grads, torch.zeros(())]
     try:
         _autograd.run_engine_backward(roots, root_grads, state._weight_tensors, retain_graph)
     except RuntimeError as error:
