@@ -350,6 +350,9 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     assert sorted(recorded_names) == ["1F1B", "GPipe", "ZBH1"]
     assert plan.overhead == pytest.approx(0.3 * MS) and plan.comm.latency == pytest.approx(0.4 * MS)
     assert plan.comm.send_seconds == pytest.approx(0.1 * MS)
-    assert "calibrated, each schedule on the other recorded ones" in plan.overhead_source
+    assert "calibrated on the recorded schedules (each predicted from the others)" in plan.overhead_source
+    assert (
+        plan.table().splitlines()[0].startswith("zoo-pipeline:mlp: 2 ranks, 6 microbatches; model calibrated")
+    )
     for item in plan.schedules:
         assert item.predicted_seconds == pytest.approx(item.measured_seconds), item.name

@@ -278,9 +278,11 @@ class SchedulePlan:
 
     def _title(self) -> str:
         limit = f", memory limit {self.memory_limit:,.0f} B" if self.memory_limit is not None else ""
+        head = f"{self.spec or 'costs'}: {self.ranks} ranks, {self.microbatches} microbatches{limit}; model"
+        if self.overhead_source.startswith("calibrated"):
+            return f"{head} {self.overhead_source}"
         return (
-            f"{self.spec or 'costs'}: {self.ranks} ranks, {self.microbatches} microbatches{limit}; model: "
-            f"messages {self.comm.latency * 1e6:.0f} us"
+            f"{head}: messages {self.comm.latency * 1e6:.0f} us"
             + (
                 f" + bytes / {self.comm.bandwidth / 1e9:.2g} GB/s"
                 if math.isfinite(self.comm.bandwidth)
@@ -971,9 +973,9 @@ class RuntimeCalibration:
 
     def describe(self) -> str:
         return (
-            f"{self.overhead * 1e6:.0f} us per action, {self.comm.send_seconds * 1e6:.0f} us more per send, "
-            f"messages {self.comm.latency * 1e6:.0f} us (rendezvous), passes x{self.slowdown:.2f} beside the other "
-            f"ranks, {self.step_overhead * 1e3:.2f} ms per step before the first action and after the last"
+            f"{self.overhead * 1e6:.0f} us per action, +{self.comm.send_seconds * 1e6:.0f} us per send, "
+            f"messages {self.comm.latency * 1e6:.0f} us when received, passes x{self.slowdown:.2f}, "
+            f"{self.step_overhead * 1e3:.2f} ms per step outside the actions"
         )
 
 
@@ -1076,7 +1078,8 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
     pooled = calibrate_runtime(list(recorded.values()), by_count)
     plan.comm, plan.overhead = pooled.comm, pooled.overhead
     plan.overhead_source = (
-        "calibrated, each schedule on the other recorded ones; all of them: " + pooled.describe()
+        "calibrated on the recorded schedules (each predicted from the others), all of them: "
+        + pooled.describe()
     )
     predicted = {item.name: item.simulation for item in plan.schedules if item.simulation is not None}
     for position, item in enumerate(plan.timelines):
