@@ -348,6 +348,11 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
         schedules=["1F1B", "GPipe", "ZBH1"],
     )
     assert sorted(recorded_names) == ["1F1B", "GPipe", "ZBH1"]
+    recorded_names.clear()
+    # --top counts the schedules recorded besides 1F1B, wherever 1F1B ranks
+    plan_schedules("zoo-pipeline:mlp", ranks=2, microbatches=6, costs=measured, run=True, top=1)
+    assert len(recorded_names) == 2 and "1F1B" in recorded_names
+    recorded_names.clear()
     assert plan.overhead == pytest.approx(0.3 * MS) and plan.comm.latency == pytest.approx(0.4 * MS)
     assert plan.comm.send_seconds == pytest.approx(0.1 * MS)
     assert "calibrated on the recorded schedules (each predicted from the others)" in plan.overhead_source

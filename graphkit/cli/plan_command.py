@@ -56,18 +56,22 @@ def add_plan_command(commands: Any) -> None:
         "--latency",
         type=float,
         metavar="S",
-        help="seconds per message between ranks (default: with --run, calibrated on the recorded 1F1B "
-        "step; without, 100e-6)",
+        help="seconds per message between ranks (default: with --run, measured on the recorded schedules, "
+        "size included; without, 100e-6)",
     )
     plan.add_argument(
-        "--bandwidth", type=float, metavar="B/S", help="bytes per second between ranks (default 1e9)"
+        "--bandwidth",
+        type=float,
+        metavar="B/S",
+        help="bytes per second between ranks (default 1e9; with --run and no --latency, the measured "
+        "message time includes its size)",
     )
     plan.add_argument(
         "--overhead",
         type=float,
         metavar="S",
         help="seconds the runtime adds to each action on its rank (default: with --run, measured on the "
-        "recorded 1F1B step; without, 1e-3: gloo on the CPU)",
+        "recorded schedules, each predicted from the others; without, 1e-3: gloo on the CPU)",
     )
     plan.add_argument(
         "--run",
@@ -91,7 +95,11 @@ def add_plan_command(commands: Any) -> None:
     add_threads_option(plan, help="intra-op CPU threads for measuring and per recorded rank (default 1)")
     add_run_timeout_option(plan, default=600.0)
     plan.add_argument(
-        "-o", "--output", metavar="DIR", help="write best.csv, the generated schedules' CSVs and plan.json"
+        "-o",
+        "--output",
+        metavar="DIR",
+        help="write best.csv (the best predicted schedule), zbh1.csv, zbh2.csv, adaptive.csv, plan.json and, "
+        "with --run, recorded.json and timelines.html/.svg",
     )
     add_json_option(plan, help="print the plan as JSON instead of the table")
     plan.set_defaults(run=run_plan)
@@ -106,7 +114,7 @@ def run_plan(arguments: argparse.Namespace) -> int:
         raise ValueError("give a PIPELINE_SPEC or --costs FILE.json")
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
-    comm = None  # with --run: calibrated on a recorded 1F1B step; without: DEFAULT_COMM
+    comm = None  # with --run: calibrated on the recorded schedules; without: DEFAULT_COMM
     if arguments.latency is not None or arguments.bandwidth is not None:
         comm = CommModel(
             arguments.latency if arguments.latency is not None else DEFAULT_COMM.latency,
@@ -153,7 +161,9 @@ def run_plan(arguments: argparse.Namespace) -> int:
             )
         print(f"wrote {arguments.output}/timelines.html (each recorded schedule: predicted, then recorded)")
     if arguments.output:
+        recorded = " recorded.json," if plan.timelines else ""
         print(
-            f"wrote {arguments.output}/best.csv (run it as --schedule csv:{arguments.output}/best.csv) and plan.json"
+            f"wrote {arguments.output}/best.csv (the best predicted, {plan.best.name}: run it as --schedule "
+            f"csv:{arguments.output}/best.csv), zbh1.csv, zbh2.csv, adaptive.csv,{recorded} and plan.json"
         )
     return 0

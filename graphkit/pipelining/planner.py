@@ -308,14 +308,14 @@ class SchedulePlan:
         if measured and measured.get("between") is not None:
             inside = measured.get("inside")
             text += (
-                f"\nruntime overhead measured: {measured['between'] * 1e6:.0f} us between actions "
-                f"(median of {measured['gaps']} gaps with nothing to wait for)"
+                f"\nruntime gaps recorded: median {measured['between'] * 1e6:.0f} us between actions "
+                f"({measured['gaps']} gaps with nothing to wait for)"
                 + (
-                    f", {inside * 1e6:+.0f} us inside each action against graphkit costs"
+                    f", median {inside * 1e6:+.0f} us inside each action against graphkit costs"
                     if inside is not None
                     else ""
                 )
-                + f"; modelled: {self.overhead * 1e6:.0f} us"
+                + f"; modelled (means, see the title): {self.overhead * 1e6:.0f} us per action"
             )
         if self.load:
             text += f"\nload while measuring: {self.load}"
@@ -1110,9 +1110,11 @@ def _run(
 ) -> None:
     """Record 1F1B and the ``top`` best predicted schedules; fill in measured and recorded-fed predictions."""
 
-    chosen = [item for item in plan.schedules if item.simulation is not None][:top]
-    if plan.baseline not in chosen:
-        chosen.append(plan.baseline)
+    # the top best besides 1F1B, which is always recorded (the baseline of every ratio)
+    chosen = [item for item in plan.schedules if item.simulation is not None and item is not plan.baseline][
+        :top
+    ]
+    chosen.append(plan.baseline)
     load_before = _load_average()
     timelines = record_schedules(
         pipeline,
