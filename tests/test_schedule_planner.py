@@ -361,3 +361,20 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     )
     for item in plan.schedules:
         assert item.predicted_seconds == pytest.approx(item.measured_seconds), item.name
+
+
+def test_a_csv_schedule_run_with_other_microbatches_than_it_names_is_refused_before_any_rank_starts(tmp_path):
+    from graphkit.pipelining.recording import TimelineError, record_schedules
+    from graphkit.pipelining.schedules import check_microbatches
+    from graphkit.pipelining.verification import verify_pipeline
+
+    path = tmp_path / "zbh1.csv"
+    write_schedule_csv_rows = {rank: [str(a) for a in row] for rank, row in zb_h1(2, 8).items()}
+    path.write_text("\n".join(",".join(row) for row in write_schedule_csv_rows.values()) + "\n")
+    check_microbatches(f"csv:{path}", 8)
+    with pytest.raises(ValueError, match="holds the actions of 8 microbatches.*--microbatches 8"):
+        check_microbatches(f"csv:{path}", 4)
+    with pytest.raises(ValueError, match="--microbatches 8"):
+        verify_pipeline("zoo-pipeline:mlp", schedule=f"csv:{path}", microbatches=4, ranks=2)
+    with pytest.raises(TimelineError, match="--microbatches 8"):
+        record_schedules("zoo-pipeline:mlp", [f"csv:{path}"], microbatches=4, ranks=2)

@@ -50,6 +50,7 @@ from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineMode
 from graphkit.pipelining.launcher import LaunchError, free_port, process_group, run_on_processes
 from graphkit.pipelining.schedules import (
     build_schedule,
+    check_microbatches,
     common_stage_count,
     schedule_name,
     stage_count,
@@ -692,6 +693,8 @@ def record_schedules(
     names = [cls.__name__ if isinstance(cls, type) else str(cls) for cls in schedules]
     try:
         num_stages = common_stage_count(schedules, ranks, stages_per_rank)  # a bad name fails early
+        for schedule in schedules:
+            check_microbatches(schedule, microbatches)
     except ValueError as error:
         raise TimelineError(str(error)) from None
     batch_size = batch_size if batch_size is not None else DEFAULT_MICROBATCH_SIZE * microbatches

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,6 +47,7 @@ __all__ = [
     "UnknownScheduleError",
     "build_schedule",
     "GENERATED_SCHEDULES",
+    "check_microbatches",
     "common_stage_count",
     "generated_rows",
     "io_schedule_rows",
@@ -155,6 +157,34 @@ def stage_count(name: str | type, ranks: int, stages_per_rank: int = 2) -> int:
     if _is_v_shaped(canonical):
         return 2 * ranks
     return stages_per_rank * ranks
+
+
+def check_microbatches(name: str | type, microbatches: int) -> None:
+    """Refuse ``microbatches`` that a ``csv:PATH`` schedule was not written for (other schedules take any).
+
+    PyTorch's runtime otherwise stops inside the step, on one rank, with an assertion that names neither
+    the file nor the option to change.
+
+    Raises:
+        ValueError: the file's actions name microbatches 0 .. N - 1 and ``microbatches`` is not N.
+    """
+    if isinstance(name, type):
+        return
+    canonical = schedule_name(name)
+    if not canonical.startswith("csv:"):
+        return
+    numbers = {
+        int(match.group(1))
+        for row in _read_rows(Path(canonical[4:]))
+        for action in row
+        if action and (match := re.search(r"(\d+)$", action))
+    }
+    if numbers and max(numbers) + 1 != microbatches:
+        raise ValueError(
+            f"{canonical} holds the actions of {max(numbers) + 1} microbatches (0 .. {max(numbers)}), "
+            f"not {microbatches}: run it with --microbatches {max(numbers) + 1} (the count it was planned "
+            "for), or plan again for this count"
+        )
 
 
 def stage_indices(name: str | type, rank: int, ranks: int, stages_per_rank: int = 2) -> list[int]:

@@ -64,6 +64,7 @@ from graphkit.pipelining.schedules import (
     GENERATED_SCHEDULES,
     SCHEDULE_NAMES,
     build_schedule,
+    check_microbatches,
     schedule_name,
     stage_count,
     stage_indices,
@@ -337,6 +338,7 @@ def _validate(case: PipelineCase, ranks: int) -> None:
         )
     if case.microbatches < 1 or case.steps < 1:
         raise ValueError("microbatches and steps must be at least 1")
+    check_microbatches(case.schedule, case.microbatches)
 
 
 def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
