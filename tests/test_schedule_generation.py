@@ -5,10 +5,8 @@ under the same memory limit."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
-import torch
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from graphkit.pipelining.planning.actions import (
@@ -21,6 +19,7 @@ from graphkit.pipelining.planning.adaptive import adaptive_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import SCHEDULES, one_f_one_b, zb_h1
 from graphkit.pipelining.planning.simulator import simulate
+from tests.schedule_stages import fake_stage
 
 A, K = 10, 4
 UNIT = StageCost(1.0, 1.0, 1.0, activation_bytes=A, weight_bytes=K)
@@ -42,19 +41,6 @@ def unequal_costs(p: int, seed: int) -> list[StageCost]:
         )
         for _ in range(p)
     ]
-
-
-def fake_stage(index: int, num_stages: int) -> SimpleNamespace:
-    return SimpleNamespace(
-        stage_index=index,
-        num_stages=num_stages,
-        group_rank=index,
-        group_size=num_stages,
-        is_first=index == 0,
-        is_last=index == num_stages - 1,
-        submod=torch.nn.Identity(),
-        stage_index_to_group_rank=None,
-    )
 
 
 def assert_one_stage_per_rank(order, p, m, split):

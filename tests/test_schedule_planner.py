@@ -355,6 +355,8 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     recorded_names.clear()
     assert plan.overhead == pytest.approx(0.3 * MS) and plan.comm.latency == pytest.approx(0.4 * MS)
     assert plan.comm.send_seconds == pytest.approx(0.1 * MS)
+    comm = plan.to_dict()["comm"]  # plan.json records the whole calibrated link
+    assert comm["rendezvous"] is True and comm["send_seconds"] == pytest.approx(0.1 * MS)
     assert "calibrated on the recorded schedules (each predicted from the others)" in plan.overhead_source
     assert (
         plan.table().splitlines()[0].startswith("zoo-pipeline:mlp: 2 ranks, 6 microbatches; model calibrated")

@@ -14,35 +14,20 @@ Closed forms (p ranks, m microbatches, rank i = stage i, A activation bytes, K b
 from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
-from types import SimpleNamespace
 
 import pytest
-import torch
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from graphkit.pipelining.planning.actions import Action, ScheduleError, read_schedule_csv, schedule_actions
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import gpipe, one_f_one_b, zb_h1, zb_h2
 from graphkit.pipelining.planning.simulator import DeadlockError, IncompleteScheduleError, simulate
+from tests.schedule_stages import fake_stage
 
 A, K = 10, 4  # activation bytes, bytes I keeps for W
 UNIT = StageCost(1.0, 1.0, 1.0, activation_bytes=A, weight_bytes=K)
 GRID = [(p, m) for p in (2, 4, 8) for m in (4, 8, 16)]
 SVG = "{http://www.w3.org/2000/svg}"
-
-
-def fake_stage(index: int, num_stages: int, rank: int, ranks: int) -> SimpleNamespace:
-    """What PyTorch's schedule constructors read from a stage to build ``pipeline_order``."""
-    return SimpleNamespace(
-        stage_index=index,
-        num_stages=num_stages,
-        group_rank=rank,
-        group_size=ranks,
-        is_first=index == 0,
-        is_last=index == num_stages - 1,
-        submod=torch.nn.Identity(),
-        stage_index_to_group_rank=None,
-    )
 
 
 @pytest.mark.parametrize(("p", "m"), GRID)

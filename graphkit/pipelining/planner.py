@@ -86,7 +86,7 @@ DEFAULT_COMM = CommModel(latency=100e-6, bandwidth=1.0e9, rendezvous=True)
 """A documented default for messages between two gloo ranks on 127.0.0.1 (CPU): 100 microseconds and 1 GB/s,
 paid when the receiver reaches the action that needs the message (rendezvous: gloo sends once the
 receive is posted, and the runtime posts it just before that action). ``plan --run`` replaces it with a
-latency measured on its recorded 1F1B step (:func:`calibrate_runtime`). Pass your own :class:`CommModel` for
+latency measured on the recorded schedules (:func:`calibrate_runtime`). Pass your own :class:`CommModel` for
 another link (NCCL over NVLink: ~10 us, ~100 GB/s)."""
 
 DEFAULT_OVERHEAD = 1.0e-3
@@ -214,7 +214,12 @@ class SchedulePlan:
             "ranks": self.ranks,
             "microbatches": self.microbatches,
             "memory_limit": self.memory_limit,
-            "comm": {"latency": self.comm.latency, "bandwidth": self.comm.bandwidth},
+            "comm": {
+                "latency": self.comm.latency,
+                "bandwidth": self.comm.bandwidth,
+                "rendezvous": self.comm.rendezvous,
+                "send_seconds": self.comm.send_seconds,
+            },
             "overhead_seconds": self.overhead,
             "overhead_source": self.overhead_source,
             "best": self.best.run_name,

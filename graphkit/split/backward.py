@@ -724,8 +724,8 @@ def _weight_work(
     nodes: list[Node],
     captured: dict[int, tuple[torch.Tensor | None, ...]],
     cotangents: list[torch.Tensor],
-    unhooked: Container[int] = (),
-    weight_tensors: Sequence[torch.Tensor] | None = None,
+    unhooked: Container[int],
+    weight_tensors: Sequence[torch.Tensor],
 ) -> tuple[list[_WeightWork | None], dict[int, Node], list[torch.Tensor]]:
     """What W will do for each intermediate of ``plan``, from the gradients B ``captured``.
 
@@ -733,14 +733,12 @@ def _weight_work(
     index, and every captured gradient kept. Gradients that share storage with a caller's cotangent are
     copied (the caller may reuse that buffer before W); formulas read their saved tensors now.
     ``unhooked``: node indices already found free of hooked saved tensors (not checked again).
-    ``weight_tensors``: the variables of ``plan.weight_leaves``, when the caller has read them already.
+    ``weight_tensors``: the variables of ``plan.weight_leaves`` (B has read them already).
     """
     work: list[_WeightWork | None] = []
     kept_grads: list[torch.Tensor] = []
     cotangent_ranges = [_storage_range(grad) for grad in cotangents]
     # sparse parameters: their gradient layout is their Node's to choose, so that Node is called instead
-    if weight_tensors is None:
-        weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     sparse_leaves = {
         leaf
         for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
