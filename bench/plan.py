@@ -1,12 +1,13 @@
 """Does the schedule planner's prediction hold, and does its best schedule beat 1F1B? Measured, re-runnable.
 
     python bench/plan.py [--spec zoo-pipeline:mlp_wide --spec 'hf:gpt2?n_layer=4'] [--ranks 2] [--microbatches 8]
-                         [--batch-size 256] [--steps 5] [--top N] [--json] [-o DIR]
+                         [--batch-size 256] [--steps 9] [--top N] [--no-pin-cores] [--json] [-o DIR]
 
 For each spec: ``graphkit costs`` (measured here, one thread) feeds the simulator for every built-in schedule
 and graphkit's ZBH1, ZBH2 and adaptive ones (:func:`graphkit.pipelining.planner.plan_schedules`);
 then the ``--top`` best predicted (default: all) and 1F1B are recorded for real on ``--ranks`` gloo processes
-(one thread each), ``--steps`` steps each in rounds (the median kept). The table gives, per schedule, the
+(one thread each, each pinned to one core unless ``--no-pin-cores``), ``--steps`` steps each in rounds (the
+median kept). The table gives, per schedule, the
 predicted step from the costs, the measured step and their ratio, and the step predicted from the recorded
 per-action durations (what the runtime adds between actions, isolated) and its ratio to the measured one;
 ratios to 1F1B are taken within the same run. The machine's load average is printed before and after:
@@ -65,13 +66,19 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=9)
     parser.add_argument(
         "--top", type=int, default=100, help="record the N best predicted and 1F1B (default: all)"
     )
     parser.add_argument("--memory-limit", type=float, default=None)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("-o", "--output", help="a folder per spec under DIR: CSVs, plan.json, timelines")
+    parser.add_argument(
+        "--no-pin-cores",
+        dest="pin_cores",
+        action="store_false",
+        help="let the ranks float over the cores (default: each rank on one core, Linux)",
+    )
     arguments = parser.parse_args()
     torch.set_num_threads(1)
     specs = arguments.spec or ["zoo-pipeline:mlp_wide", "hf:gpt2?n_layer=4"]
@@ -90,6 +97,7 @@ def main() -> None:
             top=arguments.top,
             output=output,
             timeout_s=1800,
+            pin_cores=arguments.pin_cores,
         )
         print(plan.table())
         print()

@@ -83,6 +83,16 @@ def add_threads_option(parser: argparse.ArgumentParser, help: str, default: int 
     parser.add_argument("--threads", type=int, default=default, help=help)
 
 
+def add_pin_cores_option(parser: argparse.ArgumentParser) -> None:
+    """``--pin-cores``: each spawned rank runs on one CPU core (Linux)."""
+    parser.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help="run each spawned rank on one CPU core, with all its threads (Linux): steadier step times "
+        "on a CPU machine",
+    )
+
+
 # --- drawing -----------------------------------------------------------------------------------------------
 def add_drawing_size_options(parser: argparse.ArgumentParser) -> None:
     """How big a diagram may get: ``--collapse``, ``--max-nodes``, ``--fold | --no-fold`` and ``--timeout``."""

@@ -18,6 +18,7 @@ from graphkit.cli.options import (
     add_microbatches_option,
     add_model_device_option,
     add_model_spec,
+    add_pin_cores_option,
     add_pipeline_spec,
     add_ranks_option,
     add_run_timeout_option,
@@ -109,6 +110,7 @@ def add_recording_options(parser: argparse.ArgumentParser) -> None:
     add_ranks_option(parser, help="1: every stage in this process (default); R: R processes")
     parser.add_argument("--device", default="cpu", help="cpu (gloo, default) or cuda (NCCL)")
     add_threads_option(parser, help="intra-op CPU threads per rank (default 1)")
+    add_pin_cores_option(parser)
     add_run_timeout_option(parser, default=120.0)
     add_steps_option(
         parser,
@@ -152,6 +154,7 @@ def record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
             steps=arguments.steps,
             stages_per_rank=arguments.stages_per_rank,
             batch_size=arguments.batch_size,
+            pin_cores=arguments.pin_cores,
         )
     except TimelineError as error:  # bad schedule, stages that do not divide, a failed rank: exit 2
         raise ValueError(str(error)) from error

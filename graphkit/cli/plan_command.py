@@ -10,7 +10,13 @@ from typing import Any
 
 import torch
 
-from graphkit.cli.options import add_json_option, add_run_timeout_option, add_steps_option, add_threads_option
+from graphkit.cli.options import (
+    add_json_option,
+    add_pin_cores_option,
+    add_run_timeout_option,
+    add_steps_option,
+    add_threads_option,
+)
 
 __all__ = ["add_plan_command"]
 
@@ -93,6 +99,7 @@ def add_plan_command(commands: Any) -> None:
         help="also predict the same per-stage costs at 8, 16, 32 and 64 ranks, with M and 4 x ranks microbatches",
     )
     add_threads_option(plan, help="intra-op CPU threads for measuring and per recorded rank (default 1)")
+    add_pin_cores_option(plan)
     add_run_timeout_option(plan, default=600.0)
     plan.add_argument(
         "-o",
@@ -137,6 +144,7 @@ def run_plan(arguments: argparse.Namespace) -> int:
             output=arguments.output,
             threads=arguments.threads or 1,
             timeout_s=arguments.timeout,
+            pin_cores=arguments.pin_cores,
         )
     except TimelineError as error:  # a failed or stuck rank under --run: bad input or a too short --timeout
         raise ValueError(str(error)) from error

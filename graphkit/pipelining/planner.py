@@ -826,6 +826,7 @@ def plan_schedules(
     threads: int = 1,
     timeout_s: float = 600.0,
     repeat: int = 10,
+    pin_cores: bool = False,
 ) -> SchedulePlan:
     """Simulate every schedule that fits ``ranks`` from measured costs and rank them; optionally run the best.
 
@@ -852,6 +853,8 @@ def plan_schedules(
         output: a folder for ``best.csv`` (the best schedule's order, for ``csv:PATH``), every generated
             schedule's CSV, ``plan.json`` and, with ``run``, ``recorded.json`` (the recorded steps).
         threads, timeout_s: of the recorded run. repeat: timed microbatches per pass when measuring costs.
+        pin_cores: the recorded ranks each run on one CPU core (Linux; see
+            :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU machine.
 
     Returns:
         A :class:`SchedulePlan`, best first.
@@ -947,8 +950,16 @@ def plan_schedules(
         write_schedule_csv(plan.best.order, folder / "best.csv")
     if run:
         _run(
-            plan, pipeline, batch_size, steps, top, folder if output is not None else None, threads, timeout_s
-        )  # type: ignore[arg-type]
+            plan,
+            pipeline,  # type: ignore[arg-type]
+            batch_size,
+            steps,
+            top,
+            folder if output is not None else None,
+            threads,
+            timeout_s,
+            pin_cores,
+        )
         if calibrate:
             _calibrate(plan, two)
             if plan.best.simulation is not None:
@@ -1112,6 +1123,7 @@ def _run(
     output: Path | None,
     threads: int,
     timeout_s: float,
+    pin_cores: bool = False,
 ) -> None:
     """Record 1F1B and the ``top`` best predicted schedules; fill in measured and recorded-fed predictions."""
 
@@ -1130,6 +1142,7 @@ def _run(
         timeout_s=timeout_s,
         steps=steps,
         batch_size=batch_size,
+        pin_cores=pin_cores,
     )
     plan.load = f"{load_before} before, {_load_average()} after"
     by_count: dict[int, Sequence[StageCost]] = {plan.ranks: plan.costs}

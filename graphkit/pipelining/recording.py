@@ -651,6 +651,7 @@ def record_schedules(
     steps: int = 1,
     stages_per_rank: int = 2,
     batch_size: int | None = None,
+    pin_cores: bool = False,
 ) -> list[ScheduleTimeline]:
     """Run one recorded step of each schedule on the same pipeline, in one run; a timeline for each.
 
@@ -675,6 +676,8 @@ def record_schedules(
         stages_per_rank: stages per rank of the interleaved schedules (V schedules: always two).
         batch_size: the whole batch; None: :data:`~graphkit.models.pipeline_specs.DEFAULT_MICROBATCH_SIZE`
             rows per microbatch.
+        pin_cores: spawned ranks each run on one CPU core (``pin_cores`` of
+            :func:`~graphkit.pipelining.launcher.run_on_processes`; Linux): steadier steps on a CPU machine.
 
     Returns:
         One :class:`ScheduleTimeline` per schedule, in order.
@@ -749,8 +752,11 @@ def record_schedules(
                 group_timeout=timeout_s,
                 device=device,
                 threads=threads,
+                pin_cores=pin_cores,
             )
         except LaunchError as error:
+            if error.rank is None and pin_cores and "sched_setaffinity" in str(error):
+                raise TimelineError(str(error)) from None
             if error.rank is None:
                 raise TimelineError(
                     f"the {ranks} ranks did not finish within {timeout_s:g} s; raise timeout_s "
