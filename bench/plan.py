@@ -1,13 +1,14 @@
 """Does the schedule planner's prediction hold, and does its best schedule beat 1F1B? Measured, re-runnable.
 
-    python bench/plan.py [--spec zoo-pipeline:mlp_wide --spec 'hf:gpt2?n_layer=4'] [--ranks 2] [--microbatches 8]
-                         [--batch-size 256] [--steps 9] [--top N] [--no-pin-cores] [--json] [-o DIR]
+    python bench/plan.py [--spec zoo-pipeline:mlp_wide --spec 'hf:gpt2?n_layer=4'] [--ranks 2]
+                         [--microbatches 8] [--batch-size 256] [--steps 9] [--top N]
+                         [--pin-cores auto|on|off] [--json] [-o DIR]
 
 For each spec: ``graphkit costs`` (measured here, one thread) feeds the simulator for every built-in schedule
 and graphkit's ZBH1, ZBH2 and adaptive ones (:func:`graphkit.pipelining.planner.plan_schedules`);
 then the ``--top`` best predicted (default: all) and 1F1B are recorded for real on ``--ranks`` gloo processes
-(one thread each; each on a core of its own unless ``--no-pin-cores`` or there are fewer cores than ranks), ``--steps`` steps each in rounds (the
-median kept). The table gives, per schedule, the
+(one thread each; with ``--pin-cores auto``, the default, each on a core of its own where there is a core
+per rank), ``--steps`` steps each in rounds (the median kept). The table gives, per schedule, the
 predicted step from the costs, the measured step and their ratio, and the step predicted from the recorded
 per-action durations (what the runtime adds between actions, isolated) and its ratio to the measured one;
 ratios to 1F1B are taken within the same run. The machine's load average is printed before and after:
@@ -44,7 +45,8 @@ def replan(plan) -> None:
     for stage, cost in enumerate(costs):
         print(
             f"  stage {stage}: F {cost.forward * 1e3:.2f} ms, I {cost.backward_input * 1e3:.2f}, "
-            f"W {cost.backward_weight * 1e3:.2f}, I + W {(cost.backward_input + cost.backward_weight) * 1e3:.2f}, "
+            f"W {cost.backward_weight * 1e3:.2f}, "
+            f"I + W {(cost.backward_input + cost.backward_weight) * 1e3:.2f}, "
             f"B {cost.seconds('B') * 1e3:.2f}"
         )
     base = None
@@ -74,17 +76,17 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("-o", "--output", help="a folder per spec under DIR: CSVs, plan.json, timelines")
     parser.add_argument(
-        "--no-pin-cores",
-        dest="pin_cores",
-        action="store_false",
-        help="let the ranks float over the cores (default: each rank on one core where there are as many "
-        "cores as ranks, Linux)",
+        "--pin-cores",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="each rank on one core (Linux): auto (default) where there is a core per rank, on, off",
     )
     arguments = parser.parse_args()
-    # one rank per core steadies the steps (a 2-core machine: worst prediction error 0.09-0.18 pinned, 0.20-0.25
-    # not); with more ranks than cores the ranks time-slice anyway, and pinning them in pairs measured no better
+    # one rank per core steadies the steps (2 cores, 2 ranks: worst prediction error 0.09-0.18 pinned,
+    # 0.20-0.25 not); with more ranks than cores they time-slice anyway; pinned in pairs, no steadier
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
-    pin_cores = arguments.pin_cores and arguments.ranks <= cores
+    pin_cores = arguments.pin_cores == "on" or (arguments.pin_cores == "auto" and arguments.ranks <= cores)
+    print(f"ranks {'pinned, one core each' if pin_cores else 'not pinned'} ({cores} cores usable)\n")
     torch.set_num_threads(1)
     specs = arguments.spec or ["zoo-pipeline:mlp_wide", "hf:gpt2?n_layer=4"]
     for spec in specs:

@@ -301,7 +301,8 @@ def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(c
 
     def too_slow(spec, **keywords):
         raise LaunchError(
-            f"2 of 2 processes did not finish within {keywords['deadline']:g} s; they were ended"
+            f"2 of 2 processes did not finish within {keywords['deadline']:g} s; they were ended",
+            timed_out=True,
         )
 
     monkeypatch.setattr(checker, "verify_pipeline", too_slow)

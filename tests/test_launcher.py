@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from graphkit.cli import main as cli_main
-from graphkit.pipelining import planner, recording
+from graphkit.pipelining import launcher, planner, recording
 from graphkit.pipelining.launcher import LaunchError, run_on_processes
 
 LINUX_AFFINITY = pytest.mark.skipif(
@@ -33,12 +34,33 @@ def test_unpinned_ranks_keep_every_core_of_their_parent() -> None:
     assert run_on_processes(cores_of_this_process, (), world_size=2, deadline=120) == [cores, cores]
 
 
+@LINUX_AFFINITY
+def test_a_rank_that_cannot_be_pinned_fails_with_the_core_it_was_given(monkeypatch) -> None:
+    monkeypatch.setattr(launcher, "usable_cores", lambda: [99999])  # a core this machine does not have
+    with pytest.raises(LaunchError, match="rank 0 could not be pinned to CPU core 99999") as caught:
+        run_on_processes(cores_of_this_process, (), world_size=1, deadline=60, pin_cores=True)
+    assert caught.value.rank == 0 and not caught.value.timed_out
+
+
 def test_pinning_where_the_platform_cannot_is_refused_before_any_rank_starts(monkeypatch) -> None:
     monkeypatch.delattr(os, "sched_setaffinity", raising=False)
-    with pytest.raises(LaunchError, match="pin_cores needs os.sched_setaffinity.*run without pinning"):
+    refusal = "needs os.sched_setaffinity.*leave out --pin-cores"
+    with pytest.raises(LaunchError, match=refusal):
         run_on_processes(cores_of_this_process, (), world_size=2, deadline=5, pin_cores=True)
-    with pytest.raises(recording.TimelineError, match="pin_cores needs os.sched_setaffinity"):
+    with pytest.raises(recording.TimelineError, match=refusal):
         recording.record_schedules("zoo-pipeline:mlp", ["1F1B"], microbatches=2, ranks=2, pin_cores=True)
+    # refused before measuring any cost
+    monkeypatch.setattr(planner, "spec_costs", lambda *_a, **_k: pytest.fail("costs measured first"))
+    with pytest.raises(ValueError, match=refusal):
+        planner.plan_schedules("zoo-pipeline:mlp", ranks=2, microbatches=2, run=True, pin_cores=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_ranks_without_a_cuda_device_are_refused_before_any_rank_starts() -> None:
+    with pytest.raises(LaunchError, match="no CUDA device"):
+        run_on_processes(cores_of_this_process, (), world_size=2, deadline=5, device="cuda")
+    with pytest.raises(recording.TimelineError, match="no CUDA device"):
+        recording.record_schedules("zoo-pipeline:mlp", ["1F1B"], microbatches=2, ranks=2, device="cuda")
 
 
 def test_pin_cores_flag_reaches_the_recording(monkeypatch, tmp_path) -> None:

@@ -330,8 +330,11 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     on_machine = slowed(first_stage_as_run(measured), 1.25)
     recorded_names = []
 
-    def record(pipeline, names, **_):
+    pinned = []
+
+    def record(pipeline, names, pin_cores=False, **_):
         recorded_names.extend(names)
+        pinned.append(pin_cores)
         return [
             _machine_step(name, on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
             for name in names
@@ -348,10 +351,15 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
         schedules=["1F1B", "GPipe", "ZBH1"],
     )
     assert sorted(recorded_names) == ["1F1B", "GPipe", "ZBH1"]
+    assert pinned == [False] and plan.to_dict()["recording"] == {"steps": 3, "threads": 1, "pin_cores": False}
     recorded_names.clear()
     # --top counts the schedules recorded besides 1F1B, wherever 1F1B ranks
-    plan_schedules("zoo-pipeline:mlp", ranks=2, microbatches=6, costs=measured, run=True, top=1)
+    pinned_plan = plan_schedules(
+        "zoo-pipeline:mlp", ranks=2, microbatches=6, costs=measured, run=True, top=1, pin_cores=True
+    )
     assert len(recorded_names) == 2 and "1F1B" in recorded_names
+    assert pinned[-1] is True and pinned_plan.recording["pin_cores"] is True
+    assert "each rank pinned to one core" in pinned_plan.load
     recorded_names.clear()
     assert plan.overhead == pytest.approx(0.3 * MS) and plan.comm.latency == pytest.approx(0.4 * MS)
     assert plan.comm.send_seconds == pytest.approx(0.1 * MS)

@@ -83,13 +83,14 @@ def add_threads_option(parser: argparse.ArgumentParser, help: str, default: int 
     parser.add_argument("--threads", type=int, default=default, help=help)
 
 
-def add_pin_cores_option(parser: argparse.ArgumentParser) -> None:
-    """``--pin-cores``: each spawned rank runs on one CPU core (Linux)."""
+def add_pin_cores_option(parser: argparse.ArgumentParser, when: str = "") -> None:
+    """``--pin-cores``: each spawned rank runs on one CPU core (Linux); ``when``: a condition for the help."""
     parser.add_argument(
         "--pin-cores",
         action="store_true",
-        help="run each spawned rank on one CPU core, with all its threads (Linux): steadier step times "
-        "on a CPU machine",
+        help=f"{when}run each spawned rank on one CPU core with all its threads (Linux): steadier step times "
+        "on a CPU machine with a core per rank. With fewer cores than ranks, ranks share cores round robin; "
+        "--ranks 1 runs in this process, unpinned",
     )
 
 

@@ -313,7 +313,7 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
     except LaunchError as error:  # the ranks ran past --timeout, or one died: nothing was verified
         hint = (
             f"; raise --timeout (now {arguments.timeout:g} s) if the step is only slow"
-            if "did not finish within" in str(error)
+            if error.timed_out
             else ""
         )
         print(f"graphkit verify-pipeline: error: {error}{hint}", file=sys.stderr)

@@ -99,7 +99,7 @@ def add_plan_command(commands: Any) -> None:
         help="also predict the same per-stage costs at 8, 16, 32 and 64 ranks, with M and 4 x ranks microbatches",
     )
     add_threads_option(plan, help="intra-op CPU threads for measuring and per recorded rank (default 1)")
-    add_pin_cores_option(plan)
+    add_pin_cores_option(plan, when="with --run: ")
     add_run_timeout_option(plan, default=600.0)
     plan.add_argument(
         "-o",

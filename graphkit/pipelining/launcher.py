@@ -29,18 +29,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["LaunchError", "free_port", "local_process_group", "process_group", "run_on_processes"]
+__all__ = [
+    "LaunchError",
+    "free_port",
+    "local_process_group",
+    "process_group",
+    "run_on_processes",
+    "usable_cores",
+]
 
 
 class LaunchError(RuntimeError):
-    """A process failed, or the processes did not finish before the deadline.
+    """A process failed, the processes did not finish before the deadline, or none could start.
 
-    ``rank`` is the failed process's rank (None when the deadline passed), ``detail`` its error text.
+    ``rank`` is the failed process's rank (None otherwise), ``detail`` its error text; ``timed_out`` is
+    True when the deadline passed.
     """
 
-    def __init__(self, message: str, *, rank: int | None = None, detail: str = "") -> None:
+    def __init__(
+        self, message: str, *, rank: int | None = None, detail: str = "", timed_out: bool = False
+    ) -> None:
         super().__init__(message)
         self.rank = rank
+        self.timed_out = timed_out
         self.detail = detail or message
 
 
@@ -123,10 +134,13 @@ def _child(
     results: Any,
     core: int | None = None,
 ) -> None:
-    if core is not None:
-        os.sched_setaffinity(0, {core})
-    torch.set_num_threads(threads)
     try:
+        if core is not None:
+            try:
+                _pin_threads(core)
+            except OSError as error:
+                raise LaunchError(f"rank {rank} could not be pinned to CPU core {core}: {error}") from None
+        torch.set_num_threads(threads)
         place = torch.device(device)
         if place.type == "cuda":
             place = torch.device("cuda", rank % torch.cuda.device_count())
@@ -146,16 +160,28 @@ def _child(
     results.put((rank, *outcome))
 
 
-def _usable_cores() -> list[int]:
-    """The CPU cores this process may run on, ascending (what ``pin_cores`` deals out to the ranks).
+def _pin_threads(core: int) -> None:
+    """Run this process on ``core`` only: every thread it has now (``/proc/self/task``; a thread the
+    interpreter's start-up left) and, through the calling thread's mask, every thread it starts later
+    (the process group's, the intra-op pool's)."""
+    os.sched_setaffinity(0, {core})
+    with contextlib.suppress(OSError):  # no /proc: the calling thread's mask is what there is
+        for thread in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(thread), {core})
+
+
+def usable_cores() -> list[int]:
+    """The CPU cores this process may run on, ascending: what ``pin_cores`` deals out to the ranks.
 
     Raises:
-        LaunchError: the platform has no ``os.sched_setaffinity`` (pinning is Linux's).
+        LaunchError: the platform cannot pin a process to a core (no ``os.sched_setaffinity``: pinning is
+            Linux's). Callers check this before any costly work.
     """
     if not hasattr(os, "sched_setaffinity"):
         raise LaunchError(
-            "pin_cores needs os.sched_setaffinity, which this platform lacks (it is Linux's); run without "
-            "pinning (--pin-cores off)"
+            "pinning ranks to cores needs os.sched_setaffinity, which this platform lacks (it is Linux's); "
+            "leave out --pin-cores (pin_cores=False)"
         )
     return sorted(os.sched_getaffinity(0))
 
@@ -181,9 +207,11 @@ def run_on_processes(
         group_timeout: the process group's timeout in seconds (a collective waiting longer fails).
         device: ``cpu`` (gloo) or ``cuda`` (NCCL; rank ``r`` on GPU ``r % device_count``).
         threads: intra-op CPU threads per process (1 keeps ranks from competing for cores).
-        pin_cores: run rank ``r`` on one CPU core only, the ``r``-th of those this process may use (round
-            robin when there are fewer cores than ranks), with all its threads: the process group's message
-            threads then wait for their own rank's core instead of taking another rank's (Linux only).
+        pin_cores: run rank ``r`` on one CPU core only, the ``r``-th of :func:`usable_cores` (round robin
+            when there are fewer cores than ranks: ranks then share cores), with all its threads (with
+            ``threads`` > 1 they share that core too): the process group's message threads then wait for
+            their own rank's core instead of taking another rank's (Linux only; for CPU ranks: it does not
+            know which cores sit next to which GPU).
             On a 2-core machine with 2 gloo ranks (``bench/plan.py``, GPT-2 stages): steadier steps
             (step-to-step variation 16% -> 14%) and the planner's worst error over ten schedules 0.09 to
             0.18 in five runs, against 0.20 to 0.25 in four unpinned ones. With more ranks than cores the
@@ -194,9 +222,15 @@ def run_on_processes(
 
     Raises:
         LaunchError: a rank raised (the message holds its traceback; ``rank`` says which), exited without a
-            result, or the deadline passed; ``pin_cores`` where the platform cannot pin a process to a core.
+            result, or the deadline passed; ``pin_cores`` where the platform cannot pin a process to a core
+            (before any rank starts) or a rank could not be pinned; ``cuda`` without a CUDA device.
     """
-    cores = _usable_cores() if pin_cores else None
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise LaunchError(
+            f"device {device} was asked for, but this machine has no CUDA device torch can use; run on "
+            "the CPU (gloo) or on a machine with GPUs"
+        )
+    cores = usable_cores() if pin_cores else None
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
     port = free_port()
@@ -221,7 +255,8 @@ def run_on_processes(
                 first = f"; first failure: rank {failures[0][0]}: {failures[0][1]}" if failures else ""
                 raise LaunchError(
                     f"{world_size - len(collected)} of {world_size} processes did not finish within "
-                    f"{deadline:g} s; they were ended{first}"
+                    f"{deadline:g} s; they were ended{first}",
+                    timed_out=True,
                 )
             try:
                 rank, status, value = results.get(timeout=min(remaining, 0.5))
@@ -248,6 +283,9 @@ def run_on_processes(
             rank, text = failures[0]
             raise LaunchError(f"rank {rank}: {text}", rank=rank, detail=text)
         return [collected[rank] for rank in range(world_size)]
+    except BaseException:  # also Ctrl-C in the parent: end the children at once, not after 5 s each
+        failures.append((-1, "the parent stopped"))
+        raise
     finally:
         for child in children:
             child.join(timeout=max(0.0, min(5.0, end - time.monotonic())) if not failures else 0.5)

@@ -44,6 +44,7 @@ from typing import Any
 
 from graphkit.measure.costs import spec_costs
 from graphkit.models.specs import SpecError
+from graphkit.pipelining.launcher import LaunchError, usable_cores
 from graphkit.pipelining.planning.actions import Action, ScheduleError, write_schedule_csv
 from graphkit.pipelining.planning.adaptive import adaptive_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
@@ -154,6 +155,8 @@ class SchedulePlan:
     timelines: list[Any] = field(default_factory=list, repr=False)
     measured_overhead: dict[str, Any] | None = None
     overhead_source: str = "given"
+    # with run: how the steps were recorded (steps per schedule, threads per rank, ranks pinned to cores)
+    recording: dict[str, Any] | None = None
 
     def by_name(self, name: str) -> PlannedSchedule:
         for item in self.schedules:
@@ -225,6 +228,7 @@ class SchedulePlan:
             "best": self.best.run_name,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
+            "recording": self.recording,
             "costs": [asdict(cost) for cost in self.measured_costs or self.costs],
             "stage_costs": None if self.stage_costs is None else [asdict(cost) for cost in self.stage_costs],
             "schedules": self.rows(),
@@ -853,15 +857,18 @@ def plan_schedules(
         output: a folder for ``best.csv`` (the best schedule's order, for ``csv:PATH``), every generated
             schedule's CSV, ``plan.json`` and, with ``run``, ``recorded.json`` (the recorded steps).
         threads, timeout_s: of the recorded run. repeat: timed microbatches per pass when measuring costs.
-        pin_cores: the recorded ranks each run on one CPU core (Linux; see
-            :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU machine.
+        pin_cores: with ``run``, the recorded ranks each run on one CPU core (Linux; see
+            :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU
+            machine with a core per rank. The output's load line and ``plan.json`` (``recording``) say so.
 
     Returns:
         A :class:`SchedulePlan`, best first.
 
     Raises:
-        ValueError: neither a pipeline nor costs, costs for a number of stages that does not fit, or
-            ``run`` without a pipeline spec.
+        ValueError: neither a pipeline nor costs, costs for a number of stages that does not fit,
+            ``run`` without a pipeline spec, or ``pin_cores`` where the platform cannot pin (checked first).
+        graphkit.pipelining.recording.TimelineError: with ``run``, a recorded rank failed or the run
+            passed ``timeout_s``.
     """
     if pipeline is None and costs is None:
         raise ValueError("plan_schedules needs a pipeline spec or costs")
@@ -869,6 +876,11 @@ def plan_schedules(
         raise ValueError("run=True records the schedules: give the pipeline as a spec string")
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"ranks and microbatches must be at least 1, got {ranks} and {microbatches}")
+    if run and pin_cores and ranks > 1:
+        try:
+            usable_cores()  # refused now, not after minutes of measuring costs
+        except LaunchError as error:
+            raise ValueError(str(error)) from None
     batch_size = batch_size if batch_size is not None else 8 * microbatches
     if costs is None:
         try:
@@ -1145,6 +1157,11 @@ def _run(
         pin_cores=pin_cores,
     )
     plan.load = f"{load_before} before, {_load_average()} after"
+    plan.recording = {"steps": steps, "threads": threads, "pin_cores": pin_cores}
+    if pin_cores:
+        plan.load += "; each rank pinned to one core" + (
+            " (ranks sharing cores: fewer cores than ranks)" if plan.ranks > len(usable_cores()) else ""
+        )
     by_count: dict[int, Sequence[StageCost]] = {plan.ranks: plan.costs}
     if plan.stage_costs is not None:
         by_count[2 * plan.ranks] = plan.stage_costs

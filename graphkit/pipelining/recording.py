@@ -47,7 +47,13 @@ from torch import nn
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineModel, load_pipeline_spec
-from graphkit.pipelining.launcher import LaunchError, free_port, process_group, run_on_processes
+from graphkit.pipelining.launcher import (
+    LaunchError,
+    free_port,
+    process_group,
+    run_on_processes,
+    usable_cores,
+)
 from graphkit.pipelining.schedules import (
     build_schedule,
     check_microbatches,
@@ -677,13 +683,15 @@ def record_schedules(
         batch_size: the whole batch; None: :data:`~graphkit.models.pipeline_specs.DEFAULT_MICROBATCH_SIZE`
             rows per microbatch.
         pin_cores: spawned ranks each run on one CPU core (``pin_cores`` of
-            :func:`~graphkit.pipelining.launcher.run_on_processes`; Linux): steadier steps on a CPU machine.
+            :func:`~graphkit.pipelining.launcher.run_on_processes`; Linux): steadier steps on a CPU machine
+            with a core per rank. With ``ranks=1`` nothing is spawned and nothing pinned.
 
     Returns:
         One :class:`ScheduleTimeline` per schedule, in order.
 
     Raises:
-        TimelineError: bad arguments, a rank failed (its error text is included) or the deadline passed.
+        TimelineError: bad arguments, a rank failed (its error text is included) or the deadline passed;
+            ``pin_cores`` where the platform cannot pin (before any rank starts).
         graphkit.models.specs.SpecError: the pipeline spec does not load, or its batch does not split
             into ``microbatches``.
     """
@@ -700,6 +708,11 @@ def record_schedules(
             check_microbatches(schedule, microbatches)
     except ValueError as error:
         raise TimelineError(str(error)) from None
+    if pin_cores and ranks > 1:
+        try:
+            usable_cores()  # a platform that cannot pin is refused before any rank starts
+        except LaunchError as error:
+            raise TimelineError(str(error)) from None
     batch_size = batch_size if batch_size is not None else DEFAULT_MICROBATCH_SIZE * microbatches
     stage_class = stage_class if stage_class is not None else STAGE_CLASSES[stage]
     _resolve_stage_class(stage_class)  # fail early on a class that cannot be imported
@@ -755,13 +768,13 @@ def record_schedules(
                 pin_cores=pin_cores,
             )
         except LaunchError as error:
-            if error.rank is None and pin_cores and "sched_setaffinity" in str(error):
-                raise TimelineError(str(error)) from None
-            if error.rank is None:
+            if error.timed_out:
                 raise TimelineError(
                     f"the {ranks} ranks did not finish within {timeout_s:g} s; raise timeout_s "
                     "(--timeout on the command line), or look for a rank stuck in a receive"
                 ) from None
+            if error.rank is None:  # none could start (a CUDA device asked for where there is none)
+                raise TimelineError(str(error)) from None
             raise TimelineError(f"rank {error.rank} failed: {error.detail}") from None
     timelines = []
     for position in range(len(names)):
