@@ -4,6 +4,7 @@
     python bench/pipeline.py --schedule InterleavedZeroBubble --repeat 20
     python bench/pipeline.py --ranks 1 --device cuda   # all stages on one GPU (one process)
     python bench/pipeline.py --spec zoo-pipeline:mlp_wide --batch 64   # any pipeline spec instead
+    python bench/pipeline.py --pin-cores            # each rank on one CPU core (Linux): steadier steps
 
 The model is ``--layers`` ``nn.TransformerEncoderLayer`` (``--width``, 4 heads, feed-forward 4 x width,
 no dropout) cut into ``2 x ranks`` stages, float32, a batch of ``--microbatches`` x ``--batch`` sequences
@@ -128,6 +129,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1, help="intra-op CPU threads per rank")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda with --ranks 1")
+    parser.add_argument(
+        "--pin-cores", action="store_true", help="run each rank on one CPU core (Linux): steadier steps"
+    )
     arguments = parser.parse_args()
     if arguments.spec is None and arguments.layers % (2 * arguments.ranks):
         parser.error(f"--layers must be a multiple of 2 x ranks = {2 * arguments.ranks}")
@@ -137,7 +141,13 @@ def main() -> None:
     else:
         if arguments.device != "cpu":
             parser.error("several ranks run on CPU (gloo) here; use --ranks 1 on a GPU")
-        per_rank = run_on_processes(time_steps, (arguments,), world_size=arguments.ranks, deadline=1800)
+        per_rank = run_on_processes(
+            time_steps,
+            (arguments,),
+            world_size=arguments.ranks,
+            deadline=1800,
+            pin_cores=arguments.pin_cores,
+        )
     # a step lasts as long as its slowest rank
     steps = {
         name: [max(rank[name][index] for rank in per_rank) for index in range(arguments.repeat)]
