@@ -541,3 +541,14 @@ def test_an_output_that_is_no_tensor_is_named_not_dropped_silently(capsys, tmp_p
     summary = json.loads((tmp_path / "report" / "report.json").read_text())["summary"]
     assert summary["skipped_outputs"] == [{"name": "count", "type": "int"}]
     assert "count</code> (int)" in (tmp_path / "report" / "index.html").read_text()
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_status_130(capsys, monkeypatch):
+    from graphkit.pipelining import recording
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recording, "record_schedules", interrupted)
+    status, _, err = run(capsys, "compare-schedules", "zoo-pipeline:mlp", "--ranks", "2")
+    assert status == 130 and err.strip() == "graphkit compare-schedules: interrupted"

@@ -106,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     try:
         return arguments.run(arguments)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks it started are ended on the way out (run_on_processes)
+        print(f"graphkit {arguments.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as error:
         frame = model_frame(error)
         if frame is not None:  # the spec's own model raised (a wrong shape in its forward, ...): bad input
