@@ -247,6 +247,7 @@ def run_on_processes(
         child.start()
     collected: dict[int, Any] = {}
     failures: list[tuple[int, str]] = []
+    stopped = False  # by a failure, the deadline or the parent's own exception: end the children at once
     end = time.monotonic() + deadline
     try:
         while len(collected) + len(failures) < world_size:
@@ -284,11 +285,11 @@ def run_on_processes(
             raise LaunchError(f"rank {rank}: {text}", rank=rank, detail=text)
         return [collected[rank] for rank in range(world_size)]
     except BaseException:  # also Ctrl-C in the parent: end the children at once, not after 5 s each
-        failures.append((-1, "the parent stopped"))
+        stopped = True
         raise
     finally:
         for child in children:
-            child.join(timeout=max(0.0, min(5.0, end - time.monotonic())) if not failures else 0.5)
+            child.join(timeout=0.5 if stopped else max(0.0, min(5.0, end - time.monotonic())))
         for child in children:
             if child.is_alive():
                 child.terminate()

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import csv
 import math
-import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +37,14 @@ from typing import Any
 
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.pipelining.planning import adaptive_schedule, gpipe, one_f_one_b, zb_h1, zb_h2
+from graphkit.pipelining.planning import (
+    adaptive_schedule,
+    gpipe,
+    one_f_one_b,
+    read_schedule_csv,
+    zb_h1,
+    zb_h2,
+)
 from graphkit.pipelining.planning.cost_model import StageCost
 from graphkit.pipelining.timelines import compute_labels
 
@@ -166,19 +172,15 @@ def check_microbatches(name: str | type, microbatches: int) -> None:
     the file nor the option to change.
 
     Raises:
-        ValueError: the file's actions name microbatches 0 .. N - 1 and ``microbatches`` is not N.
+        ValueError: the file's actions name microbatches 0 .. N - 1 and ``microbatches`` is not N; a cell
+            that is no action (:class:`~graphkit.pipelining.planning.actions.ScheduleError`).
     """
     if isinstance(name, type):
         return
     canonical = schedule_name(name)
     if not canonical.startswith("csv:"):
         return
-    numbers = {
-        int(match.group(1))
-        for row in _read_rows(Path(canonical[4:]))
-        for action in row
-        if action and (match := re.search(r"(\d+)$", action))
-    }
+    numbers = {action.microbatch for row in read_schedule_csv(canonical[4:]).values() for action in row}
     if numbers and max(numbers) + 1 != microbatches:
         raise ValueError(
             f"{canonical} holds the actions of {max(numbers) + 1} microbatches (0 .. {max(numbers)}), "
