@@ -38,6 +38,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 __all__ = [
+    "ACCUMULATE_GRAD_CLASS",
     "FREED_GRAPH_REASON",
     "HOOKED_SAVED_TENSORS_REASON",
     "GradientMetadata",
@@ -94,6 +95,11 @@ class SavedTensorInfo:
     shape: tuple[int, ...]
     dtype: str
     bytes: int
+
+
+ACCUMULATE_GRAD_CLASS: type = getattr(getattr(torch._C, "_functions", None), "AccumulateGrad", type(None))
+"""The class of AccumulateGrad Nodes (``torch._C._functions.AccumulateGrad``), for a ``type(node) is`` test
+in hot loops; ``NoneType`` (matching no Node) on a PyTorch that does not expose it."""
 
 
 def is_accumulate_grad(node: Node) -> bool:

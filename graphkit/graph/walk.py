@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from torch.autograd.graph import Node
 
+from graphkit.graph._autograd import ACCUMULATE_GRAD_CLASS
+
 __all__ = ["NodeWalk", "walk_nodes"]
 
 
@@ -57,7 +59,8 @@ def walk_nodes(roots: Iterable[Node], stop: set[Node]) -> NodeWalk:
     position = 0
     while position < len(nodes):
         consumer = nodes[position]
-        if consumer not in stop:
+        # an AccumulateGrad Node (a leaf) has no next_functions: not asking spares a read of a cold Node
+        if type(consumer) is not ACCUMULATE_GRAD_CLASS and consumer not in stop:
             input_nr = 0
             for producer, output_nr in consumer.next_functions:
                 if producer is not None:

@@ -34,6 +34,7 @@ its tensors in a plain tuple.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -57,6 +58,9 @@ class _Unsupported(Exception):
 
 
 _STRIDED = torch.strided
+
+tensor_version = attrgetter("_version")
+"""``tensor._version`` (the version counter in-place operations bump), as a C-level callable for ``map``."""
 
 
 def _saved(node: Node, name: str) -> torch.Tensor:
@@ -143,7 +147,8 @@ def _matrix_operands(
 
 def _addmm(node: Node, wanted: tuple[int, ...]) -> tuple[WeightGradient, tuple[torch.Tensor, ...]]:
     # next_functions: (self = bias, mat1, mat2)
-    _real_output(node)
+    if wanted == (0,):
+        _real_output(node)  # otherwise a saved operand is read, and _saved refuses a complex one
     alpha, beta = node._saved_alpha, node._saved_beta
     mat1, mat2, column_major_mat1, column_major_mat2 = _matrix_operands(node, wanted, "mat1", "mat2", 1)
 
@@ -398,10 +403,10 @@ class PreparedWeightGradient:
     def __init__(self, compute: WeightGradient, tensors: tuple[torch.Tensor, ...]) -> None:
         self._compute = compute
         self.tensors = tensors
-        self._versions = tuple([tensor._version for tensor in tensors])
+        self._versions = tuple(map(tensor_version, tensors))
 
     def __call__(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-        if tuple([tensor._version for tensor in self.tensors]) != self._versions:
+        if tuple(map(tensor_version, self.tensors)) != self._versions:
             self._refuse_changed()
         return self._compute(grads, self.tensors)
 
