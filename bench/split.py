@@ -1,13 +1,18 @@
 """Benchmark graphkit's split backward (B + W) against a full backward and PyTorch's own split.
 
     python bench/split.py [--repeat N] [--json] [--device cpu|cuda] [--threads N] [--clock wall|cpu]
-                          [--only NAME ...]
+                          [--only NAME ...] [--runs N]
 
 For every model: median wall time of the full backward, B, W and B+W over repeated microbatches after
 warm-up, FLOPs per phase, autograd-engine calls in W, the bytes kept alive between B and W (and that
 figure over what W needs), and the saved bytes of the whole stage graph; then the same split through
 ``torch.distributed.pipelining._backward`` in the same run. Ratios are against the full backward
 measured in the same run.
+
+``--runs N`` measures everything in N fresh processes, one after another, and prints per model the row
+of the run whose B+W ratio is the median, with the lowest and highest ratio of the N runs: on a 2-core
+machine the same code differs by up to 5% between processes (where a process's memory lands decides how
+cold the Nodes it walks are), more than within one run.
 
 On a small shared CPU machine the multi-threaded figures move between runs (a full backward's
 parallel kernels wait for a busy second core, a Python-heavy split waits less), so ``--threads 1``
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import sys
 import textwrap
 import time
@@ -27,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from graphkit.measure.benchmark import HEADER, LEGEND, benchmark_split, format_row
+from graphkit.measure.benchmark import HEADER, LEGEND, SplitBenchmark, benchmark_split, format_row
 from graphkit.models import zoo
 
 
@@ -129,10 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--only", nargs="*", help="model names to run (default: all)")
     parser.add_argument("--threads", type=int, help="intra-op CPU threads (default: PyTorch's choice)")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="measure in this many fresh processes and print each model's median run, with the range",
+    )
     add_clock_option(parser)
     arguments = parser.parse_args(argv)
     set_threads(parser, arguments.threads)
     clock = clock_of(parser, arguments)
+    if arguments.runs < 1:
+        parser.error(f"--runs must be at least 1, got {arguments.runs}")
+    if arguments.runs > 1:
+        return _median_of_runs(sys.argv[1:] if argv is None else argv, arguments)
     results = {}
     if not arguments.json:
         print(HEADER)
@@ -156,6 +173,58 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(textwrap.fill(LEGEND, width=110))
     return 0
+
+
+def _without_runs(argv: list[str]) -> list[str]:
+    """``argv`` less its ``--runs`` option (``--runs N`` or ``--runs=N``)."""
+    kept: list[str] = []
+    skip = False
+    for argument in argv:
+        if skip:
+            skip = False
+        elif argument == "--runs":
+            skip = True
+        elif not argument.startswith("--runs="):
+            kept.append(argument)
+    return kept
+
+
+def _median_of_runs(argv: list[str], arguments: argparse.Namespace) -> int:
+    """Run this script ``arguments.runs`` times in fresh processes (``--json``) and print, per model, the
+    run whose B+W ratio is the median (the lower middle one for an even count), with the ratios' range."""
+    command = [sys.executable, __file__, *_without_runs(argv)]
+    if "--json" not in command:
+        command.append("--json")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for _ in range(arguments.runs):
+        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        for name, result in json.loads(output[output.index("{") :]).items():
+            runs.setdefault(name, []).append(result)
+    medians = {}
+    if not arguments.json:
+        print(f"{HEADER}  runs: B+W lowest-highest")
+    for name, results in runs.items():
+        ratios = sorted(result["ratio"] for result in results)
+        middle = statistics.median_low(ratios)
+        chosen = next(result for result in results if result["ratio"] == middle)
+        medians[name] = {**chosen, "runs": len(results), "ratio_low": ratios[0], "ratio_high": ratios[-1]}
+        if not arguments.json:
+            print(f"{format_row(name, _from_dict(chosen))}  {ratios[0]:.2f}-{ratios[-1]:.2f}x", flush=True)
+    if arguments.json:
+        print(json.dumps(medians, indent=1))
+    else:
+        print(
+            textwrap.fill(LEGEND + f"; runs: the row is the median of {arguments.runs} processes", width=110)
+        )
+    return 0
+
+
+def _from_dict(data: dict[str, Any]) -> SplitBenchmark:
+    """A :class:`SplitBenchmark` back from its ``to_dict()`` (the extra entries in ``extra``)."""
+    names = set(SplitBenchmark.__dataclass_fields__) - {"extra"}
+    fields = {key: value for key, value in data.items() if key in names}
+    extra = {key: value for key, value in data.items() if key not in names and key != "ratio"}
+    return SplitBenchmark(**fields, extra=extra)
 
 
 if __name__ == "__main__":

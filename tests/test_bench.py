@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -121,3 +123,29 @@ def test_graphkit_bench_explains_every_column_under_its_table(capsys):
     for column in ("B+W:", "Beng:", "FLOPs:", "Wc:", "kept MiB:", "/need:", "graph MiB:", "pytorch:"):
         assert column in legend_text
     assert max(len(line) for line in legend) <= 110
+
+
+def _bench_split_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "split.py"
+    spec = importlib.util.spec_from_file_location("bench_split", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_split_bench_runs_rebuilds_a_result_from_its_dict_and_drops_its_own_option():
+    bench = _bench_split_script()
+    module = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+    result = benchmark_split(module, (torch.randn(4, 8, requires_grad=True),), repeat=1, warmup=0)
+    rebuilt = bench._from_dict(json.loads(json.dumps(result.to_dict())))
+    assert rebuilt.to_dict() == result.to_dict()
+    assert bench.format_row("m", rebuilt) == bench.format_row("m", result)
+    assert bench._without_runs(["--threads", "1", "--runs", "3", "--only", "a", "--runs=2"]) == [
+        "--threads",
+        "1",
+        "--only",
+        "a",
+    ]
