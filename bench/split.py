@@ -127,8 +127,9 @@ def built_models(models: dict, only: list[str] | None) -> Iterator[tuple[str, nn
 
 
 def main(argv: list[str] | None = None) -> int:
+    # no abbreviations: --runs is taken out of the children's arguments by its full name
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -196,8 +197,15 @@ def _median_of_runs(argv: list[str], arguments: argparse.Namespace) -> int:
     if "--json" not in command:
         command.append("--json")
     runs: dict[str, list[dict[str, Any]]] = {}
-    for _ in range(arguments.runs):
-        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    for run in range(arguments.runs):
+        # the children's standard error comes through (skipped models, errors)
+        child = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        if child.returncode != 0:
+            print(
+                f"run {run + 1} of {arguments.runs} failed (exit status {child.returncode})", file=sys.stderr
+            )
+            return child.returncode
+        output = child.stdout
         for name, result in json.loads(output[output.index("{") :]).items():
             runs.setdefault(name, []).append(result)
     medians = {}

@@ -7,9 +7,8 @@
 alternating in one run), the full backward, B and W, and each piece of them in microseconds, timed with
 ``time.perf_counter`` around the pieces (:mod:`graphkit.split.laps`, no profiler): B's argument checks
 (``args``), Node walk (``walk``), plan lookup (``plan``), run-once and checkpoint scans (``opaque``), hook
-registration and removal with each weight formula's saved-tensor reads, done in the same pass over the
-intermediates (``hooks``), custom-Function flags (``cfn``), engine call (``eng``), W's work list from the
-captured gradients (``work``), state building (``state``), output watch (``watch``) and the rest
+registration and removal (``hooks``), custom-Function flags (``cfn``), engine call (``eng``), weight
+formula preparation (``prep``), state building (``state``), output watch (``watch``) and the rest
 (``other``); W's checks, direct Node calls (``calls``), formulas (``form``: their kernels included), root
 building (``roots``), engine call (``eng``), release and the rest. ``Bpy/eng``: B's time outside its engine
 call over that engine call; ``Wpy``: W's time outside its formulas and engine call, over the full backward.
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 B_PIECES = (
     ("args", "b.arguments"), ("walk", "b.walk"), ("plan", "b.plan"), ("opaque", "b.opaque"),
-    ("hooks", "b.hooks"), ("cfn", "b.custom_functions"), ("eng", "b.engine"), ("work", "b.work"),
+    ("hooks", "b.hooks"), ("cfn", "b.custom_functions"), ("eng", "b.engine"), ("prep", "b.formulas"),
     ("state", "b.state"), ("watch", "b.watch"), ("other", "b.other"),
 )  # fmt: skip
 W_PIECES = (

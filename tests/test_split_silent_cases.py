@@ -7,7 +7,10 @@
 - stage-input gradients with other strides than a full backward's ``.grad`` (LSTM over a
   ``PackedSequence``, fft);
 - a module full backward hook on a module wholly on the weight side: runs once, in W, exactly (as the
-  docs say).
+  docs say);
+- an activation whose ``.data`` a hook replaces during B, before the Node that saved it runs (restoring
+  an offloaded activation): W must read the new data, so the formulas read saved tensors after B's
+  engine call, never before.
 """
 
 from __future__ import annotations
@@ -182,3 +185,29 @@ def test_a_full_backward_hook_on_a_module_wholly_on_the_weight_side_runs_once_in
     assert torch.equal(split_grad, full_grad)
     assert all(torch.equal(ours, theirs) for ours, theirs in zip(split_params, full_params, strict=True))
     assert len(split_seen) == len(full_seen) == 1 and torch.equal(split_seen[0], full_seen[0])
+
+
+@pytest.mark.parametrize("restore", ["scaled", "offloaded"])
+def test_an_activation_replaced_during_b_reaches_w_as_in_a_full_backward(restore: str) -> None:
+    def run(split: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        first, second = nn.Linear(4, 5), nn.Linear(5, 3)
+        inputs = torch.randn(6, 4, requires_grad=True)
+        hidden = torch.tanh(first(inputs))
+        kept = hidden.data.clone()
+        output = second(hidden)
+        if restore == "offloaded":
+            hidden.data = torch.empty(0)  # offloaded after the forward: the hook below brings it back
+
+        def hook(_grad: torch.Tensor) -> None:
+            hidden.data = kept * 2 if restore == "scaled" else kept
+
+        output.register_hook(hook)
+        if split:
+            backward_weight(backward_input(output, torch.ones_like(output), inputs))
+        else:
+            output.backward(torch.ones_like(output))
+        return [parameter.grad for parameter in (*first.parameters(), *second.parameters())]
+
+    for split_grad, full_grad in zip(run(True), run(False), strict=True):
+        assert torch.equal(split_grad, full_grad)

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -519,24 +519,13 @@ def _backward_input(
     checkpoints = _checkpointed_regions(nodes, hooked, recompute)
     if lap is not None:
         lap("b.opaque")
-    unhooked = plan.saving_positions.difference(hooked) if hooked else plan.saving_positions
-    sparse_leaves = _sparse_leaves(plan, weight_tensors)
-    # the formulas read their saved tensors in the same pass as the hooks, while each Node is in cache
-    rules: list[PreparedWeightGradient | None] = []
-    add_rule = rules.append
     try:
-        for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):
-            node = nodes[index]
+        for index, _ in plan.intermediates:
             capture = partial(_capture_received, captured, index)
-            handles.append(_register_posthook(node, capture))
+            handles.append(_register_posthook(nodes[index], capture))
             others = _autograd.post_hooks_beside(handles[-1], capture)
             if others and index not in run_once_positions:
-                raise _post_hook_error(node, others)
-            add_rule(
-                None
-                if sparse_leaves and any(target in sparse_leaves for _, target, _ in edges)
-                else prepare(node, weight_input_nrs, unhooked=index in unhooked)
-            )
+                raise _post_hook_error(nodes[index], others)
         if lap is not None:
             lap("b.hooks")
         if stage_inputs and closure_outputs:
@@ -571,9 +560,12 @@ def _backward_input(
     if lap is not None:
         lap("b.hooks")
 
-    work, targets, kept_grads = _weight_work(plan, nodes, captured, [grad for _, grad in pairs], rules)
+    unhooked = plan.saving_positions.difference(hooked) if hooked else plan.saving_positions
+    work, targets, kept_grads = _weight_work(
+        plan, nodes, captured, [grad for _, grad in pairs], unhooked, weight_tensors
+    )
     if lap is not None:
-        lap("b.work")
+        lap("b.formulas")
     if run_once is not None:
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
@@ -731,37 +723,34 @@ def _use_kept_gradients(plan: BackwardPlan, work: list[_WeightWork | None], run_
         )
 
 
-def _sparse_leaves(plan: BackwardPlan, weight_tensors: Sequence[torch.Tensor]) -> set[int]:
-    """The sparse parameters among ``plan``'s leaf targets (``weight_tensors``: the variables of
-    ``plan.weight_leaves``): their gradient layout is their Node's to choose, so W calls that Node."""
-    return {
-        leaf
-        for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
-        if tensor.layout != torch.strided and leaf in plan.leaf_targets
-    }
-
-
 def _weight_work(
     plan: BackwardPlan,
     nodes: list[Node],
     captured: dict[int, tuple[torch.Tensor | None, ...]],
     cotangents: list[torch.Tensor],
-    rules: list[PreparedWeightGradient | None],
+    unhooked: Container[int],
+    weight_tensors: Sequence[torch.Tensor],
 ) -> tuple[list[_WeightWork | None], dict[int, Node], list[torch.Tensor]]:
     """What W will do for each intermediate of ``plan``, from the gradients B ``captured``.
 
     Returns the work per intermediate (None where no gradient arrived), the targets it feeds by node
     index, and every captured gradient kept. Gradients that share storage with a caller's cotangent are
-    copied (the caller may reuse that buffer before W). ``rules``: per intermediate, the formula
-    :func:`~graphkit.split.weight_rules.prepare` made of its saved tensors before the engine call, or
-    None where W calls the Node instead.
+    copied (the caller may reuse that buffer before W); formulas read their saved tensors now.
+    ``unhooked``: node indices already found free of hooked saved tensors (not checked again).
+    ``weight_tensors``: the variables of ``plan.weight_leaves`` (B has read them already).
     """
     work: list[_WeightWork | None] = []
     kept_grads: list[torch.Tensor] = []
     cotangent_ranges = [_storage_range(grad) for grad in cotangents]
+    # sparse parameters: their gradient layout is their Node's to choose, so that Node is called instead
+    sparse_leaves = {
+        leaf
+        for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
+        if tensor.layout != torch.strided and leaf in plan.leaf_targets
+    }
     mixed_leaves = plan.mixed_leaves
     targets: dict[int, Node] = {}
-    for (index, edges), rule in zip(plan.intermediates, rules, strict=True):
+    for (index, edges), weight_input_nrs in zip(plan.intermediates, plan.weight_input_nrs, strict=True):
         grads_received = captured.get(index)
         if grads_received is None:
             work.append(None)  # no gradient reached this intermediate: nothing flows to its weights either
@@ -785,13 +774,18 @@ def _weight_work(
                 break
         kept_grads += kept
         node = nodes[index]
+        # a rule reads the saved tensors now, so the state need not keep the Node (and the graph above it)
+        rule = (
+            None
+            if sparse_leaves and any(target in sparse_leaves for _, target, _ in edges)
+            else prepare(node, weight_input_nrs, unhooked=index in unhooked)
+        )
         versions = tuple(map(tensor_version, kept))
         sequence_nr = (
             _autograd.sequence_number(node)
             if mixed_leaves and any(target in mixed_leaves for _, target, _ in edges)
             else -1
         )
-        # with a rule, the state need not keep the Node (and the graph above it)
         work.append(
             _WeightWork(
                 grads_received, edges, rule, None if rule is not None else node, versions, sequence_nr
