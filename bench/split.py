@@ -217,7 +217,10 @@ def _median_of_runs(argv: list[str], arguments: argparse.Namespace) -> int:
         chosen = next(result for result in results if result["ratio"] == middle)
         medians[name] = {**chosen, "runs": len(results), "ratio_low": ratios[0], "ratio_high": ratios[-1]}
         if not arguments.json:
-            print(f"{format_row(name, _from_dict(chosen))}  {ratios[0]:.2f}-{ratios[-1]:.2f}x", flush=True)
+            print(
+                f"{format_row(name, SplitBenchmark.from_dict(chosen))}  {ratios[0]:.2f}-{ratios[-1]:.2f}x",
+                flush=True,
+            )
     if arguments.json:
         print(json.dumps(medians, indent=1))
     else:
@@ -225,14 +228,6 @@ def _median_of_runs(argv: list[str], arguments: argparse.Namespace) -> int:
             textwrap.fill(LEGEND + f"; runs: the row is the median of {arguments.runs} processes", width=110)
         )
     return 0
-
-
-def _from_dict(data: dict[str, Any]) -> SplitBenchmark:
-    """A :class:`SplitBenchmark` back from its ``to_dict()`` (the extra entries in ``extra``)."""
-    names = set(SplitBenchmark.__dataclass_fields__) - {"extra"}
-    fields = {key: value for key, value in data.items() if key in names}
-    extra = {key: value for key, value in data.items() if key not in names and key != "ratio"}
-    return SplitBenchmark(**fields, extra=extra)
 
 
 if __name__ == "__main__":

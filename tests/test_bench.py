@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 from torch import nn
 
 from graphkit.graph.tensors import GraphkitInputError
-from graphkit.measure.benchmark import account_split_time, benchmark_split, count_engine_calls
+from graphkit.measure.benchmark import (
+    SplitBenchmark,
+    account_split_time,
+    benchmark_split,
+    count_engine_calls,
+)
 from graphkit.models import zoo
+
+
+def _bench_script(name: str) -> ModuleType:
+    """The script ``bench/<name>.py``, loaded as a module (the bench folder is no package)."""
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
 
 
 def test_engine_call_counter_counts_backward_and_grad():
@@ -81,13 +98,7 @@ def test_time_account_refuses_no_repeats():
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*reentrant activation checkpoint")
 def test_checkpointing_bench_counts_forwards_flops_and_memory_for_every_variant():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "checkpointing.py"
-    spec = importlib.util.spec_from_file_location("bench_checkpointing", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench_script("checkpointing")
     rows = {name: bench.measure(name, width=16, repeat=1) for name in bench.VARIANTS}
     forwards = {
         name: (row["forwards_full"], row["forwards_b"], row["forwards_w"]) for name, row in rows.items()
@@ -125,22 +136,11 @@ def test_graphkit_bench_explains_every_column_under_its_table(capsys):
     assert max(len(line) for line in legend) <= 110
 
 
-def _bench_split_script():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "split.py"
-    spec = importlib.util.spec_from_file_location("bench_split", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
 def test_split_bench_runs_rebuilds_a_result_from_its_dict_and_drops_its_own_option():
-    bench = _bench_split_script()
+    bench = _bench_script("split")
     module = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
     result = benchmark_split(module, (torch.randn(4, 8, requires_grad=True),), repeat=1, warmup=0)
-    rebuilt = bench._from_dict(json.loads(json.dumps(result.to_dict())))
+    rebuilt = SplitBenchmark.from_dict(json.loads(json.dumps(result.to_dict())))
     assert rebuilt.to_dict() == result.to_dict()
     assert bench.format_row("m", rebuilt) == bench.format_row("m", result)
     assert bench._without_runs(["--threads", "1", "--runs", "3", "--only", "a", "--runs=2"]) == [

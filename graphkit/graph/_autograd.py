@@ -104,6 +104,8 @@ in hot loops; ``NoneType`` (matching no Node) on a PyTorch that does not expose 
 
 def is_accumulate_grad(node: Node) -> bool:
     """True for the AccumulateGrad node of a leaf tensor that requires grad."""
+    if ACCUMULATE_GRAD_CLASS is not type(None):
+        return type(node) is ACCUMULATE_GRAD_CLASS
     return type(node).__name__ == "AccumulateGrad"
 
 

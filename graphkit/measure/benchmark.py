@@ -93,6 +93,14 @@ class SplitBenchmark:
         data["ratio"] = self.ratio
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SplitBenchmark:
+        """The result back from :meth:`to_dict` (its JSON included): entries that are no field go to ``extra``."""
+        names = set(cls.__dataclass_fields__) - {"extra"}
+        fields = {key: value for key, value in data.items() if key in names}
+        extra = {key: value for key, value in data.items() if key not in names and key != "ratio"}
+        return cls(**fields, extra=extra)
+
 
 @contextlib.contextmanager
 def count_engine_calls() -> Iterator[list[int]]:
