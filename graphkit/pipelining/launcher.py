@@ -96,14 +96,20 @@ def process_group(
         os.environ["GLOO_SOCKET_IFNAME"] = interface  # keep gloo on 127.0.0.1
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
+    gloo = torch.device(device).type != "cuda"
     dist.init_process_group(
-        backend="nccl" if torch.device(device).type == "cuda" else "gloo",
+        backend="gloo" if gloo else "nccl",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     try:
+        if gloo:
+            # gloo returns from joining once this rank's own connections stand: a rank whose work is
+            # short could leave (closing them) while a slower peer still connects its full mesh, which
+            # then fails with "Connection closed by peer"; nobody starts before everyone has joined
+            dist.barrier()
         yield
     finally:
         dist.destroy_process_group()
