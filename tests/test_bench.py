@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -26,6 +28,7 @@ def _bench_script(name: str) -> ModuleType:
     path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # as an import does: dataclasses look their module up there
     spec.loader.exec_module(bench)
     return bench
 
@@ -149,3 +152,48 @@ def test_split_bench_runs_rebuilds_a_result_from_its_dict_and_drops_its_own_opti
         "--only",
         "a",
     ]
+
+
+def _layer_norm_stack() -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 4, bias=False))
+    return module, torch.randn(6, 8, requires_grad=True)
+
+
+def test_split_floor_gives_the_gradients_of_a_full_backward():
+    floor = _bench_script("split_floor")
+    module, x = _layer_norm_stack()
+    cotangent = torch.randn(6, 4)
+    module(x).backward(cotangent)
+    expected = [p.grad.clone() for p in module.parameters()]
+    expected_input = x.grad.clone()
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+
+    output = module(x)
+    work = floor._prepare_floor([output], [cotangent], (x,))
+    assert len(work.rules) == 3  # both Linear layers and the LayerNorm
+    (input_grad,), captured = floor._floor_b(work)
+    assert torch.equal(input_grad, expected_input)
+    assert x.grad is None and all(p.grad is None for p in module.parameters())  # B accumulates nothing
+    floor._floor_w(work, captured)
+    for parameter, gradient in zip(module.parameters(), expected, strict=True):
+        assert torch.equal(parameter.grad, gradient)
+
+
+def test_split_floor_compares_every_run_with_graphkits_split():
+    floor = _bench_script("split_floor")
+    module, x = _layer_norm_stack()
+    result = floor.floor_split(module, (x,), repeat=2, warmup=0, clock=time.perf_counter)
+    assert result.exact and result.intermediates == 3
+    assert min(result.full_s, result.floor_b_s, result.floor_w_s, result.graphkit_b_s) > 0
+    assert all(p.grad is None for p in module.parameters())
+
+
+def test_split_floor_refuses_an_intermediate_without_a_formula():
+    floor = _bench_script("split_floor")
+    weight = nn.Parameter(torch.randn(5, 3))
+    x = torch.randn(4, 3, requires_grad=True)
+    output = torch.cdist(x, weight)  # CdistBackward0: graphkit calls the Node in W, the floor has no formula
+    with pytest.raises(floor.FloorUnsupported, match="no weight formula for CdistBackward0"):
+        floor._prepare_floor([output], [torch.ones_like(output)], (x,))
