@@ -1215,29 +1215,53 @@ def test_a_state_dropped_without_w_removes_its_hooks():
 
 
 # --- saved tensors modified in place between B and W -------------------------------------------------------
+def _eval_batch_norm_stage() -> nn.Module:
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).double()
+    with torch.no_grad():
+        module[1].running_var.uniform_(0.5, 2)
+    return module.eval()
+
+
 @pytest.mark.parametrize("modified", ["running_var", "weight"])
 def test_an_eval_batch_norm_tensor_changed_in_place_before_w_raises_like_a_full_backward(modified):
-    def build():
-        torch.manual_seed(0)
-        module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).double()
-        with torch.no_grad():
-            module[1].running_var.uniform_(0.5, 2)
-        return module.eval()
-
+    # a hook on the batch norm's weight keeps its reductions in W (B would run the hook twice), so W
+    # reads the batch norm's saved tensors and must refuse changed ones
     x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
-    module = build()
+    module = _eval_batch_norm_stage()
     out = module(x)
     with torch.no_grad():
         getattr(module[1], modified).mul_(2)  # another microbatch's update, an optimizer step
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward(torch.ones_like(out))  # the oracle refuses too
-    module = build()
+    module = _eval_batch_norm_stage()
+    module[1].weight.register_hook(lambda grad: grad)
     out = module(x)
     state = backward_input(out, torch.ones_like(out), [x])
+    assert state._finished_roots == []
     with torch.no_grad():
         getattr(module[1], modified).mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         backward_weight(state)
+
+
+@pytest.mark.parametrize("modified", ["running_var", "weight"])
+def test_an_eval_batch_norm_changed_in_place_after_b_keeps_the_gradients_b_finished(modified):
+    # without hooks, B computes the batch norm's weight and bias gradients in its own Node call, from
+    # the tensors as they were then; W reads nothing of the batch norm, so a change after B is harmless
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    cotangent = torch.randn(5, 4, dtype=torch.float64)
+    oracle = _eval_batch_norm_stage()
+    oracle(x).backward(cotangent)
+    module = _eval_batch_norm_stage()
+    state = backward_input(module(x), cotangent, [x])
+    assert len(state._finished_roots) == 2  # the batch norm's weight and bias
+    with torch.no_grad():
+        getattr(module[1], modified).mul_(2)
+    backward_weight(state)
+    for name, parameter in oracle.named_parameters():
+        assert torch.equal(module.get_parameter(name).grad, parameter.grad), name
+    assert torch.equal(state.input_grads[0], x.grad)
 
 
 # --- a Tensor-subclass stage input --------------------------------------------------------------------------

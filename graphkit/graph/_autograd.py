@@ -109,6 +109,15 @@ def is_accumulate_grad(node: Node) -> bool:
     return type(node).__name__ == "AccumulateGrad"
 
 
+def has_tensor_hooks(tensor: torch.Tensor) -> bool:
+    """True when ``tensor.register_hook`` (or ``register_multi_grad_hook``) put a hook on ``tensor``.
+
+    Reads the private ``Tensor._backward_hooks`` (the dict ``register_hook`` fills; None until then).
+    Hooks registered from C++ do not show there.
+    """
+    return bool(tensor._backward_hooks)
+
+
 def is_custom_function(node: Node) -> bool:
     """True for the backward Node of a Python ``torch.autograd.Function``."""
     return isinstance(node, BackwardCFunction)

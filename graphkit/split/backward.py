@@ -173,6 +173,8 @@ class SplitState:
     _work: list[_WeightWork | None] = field(repr=False)
     _targets: dict[int, Node] = field(repr=False)
     _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
+    # the normalization parameters' gradients B computed (BackwardPlan.reductions_in_b), as W's roots
+    _finished_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
     _weight_tensors: list[torch.Tensor] = field(repr=False)
     # Kept only when a custom Function's Node must be called in W: a Python Node object refers to its
     # C++ Node weakly, and only the graph above it keeps that (and its ctx) alive. An empty anchor
@@ -194,9 +196,10 @@ class SplitState:
         return self._used
 
     def captured_tensors(self) -> list[torch.Tensor]:
-        """The gradients captured at intermediates and for parameter-only outputs, kept for W."""
+        """The gradients captured at intermediates and for parameter-only outputs, and the normalization
+        parameters' gradients B computed, kept for W."""
         tensors = [grad for work in self._work if work is not None for grad in work.grads if grad is not None]
-        return tensors + [grad for _, grad in self._output_roots]
+        return tensors + [grad for _, grad in self._output_roots] + [grad for _, grad in self._finished_roots]
 
     def captured_bytes(self) -> int:
         """Bytes of :meth:`captured_tensors` (each storage counted once)."""
@@ -224,7 +227,11 @@ class SplitState:
 
     def weight_side_nodes(self) -> list[Node]:
         """The Nodes W's engine call starts from: weight-side targets and parameter-only outputs' Nodes."""
-        return list(self._targets.values()) + [edge.node for edge, _ in self._output_roots]
+        return (
+            list(self._targets.values())
+            + [edge.node for edge, _ in self._output_roots]
+            + [edge.node for edge, _ in self._finished_roots]
+        )
 
     def weight_tensors(self) -> list[torch.Tensor]:
         """The parameters (weight leaves) W accumulates into."""
@@ -241,6 +248,7 @@ class SplitState:
         self._work = []
         self._targets = {}
         self._output_roots = []
+        self._finished_roots = []
         self._weight_tensors = []
         self._keep_alive = ()
         if self._checkpoints is not None:
@@ -413,6 +421,10 @@ def backward_input(
 
     Returns:
         A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
+        Layer, group and batch norm's weight and bias gradients, reductions over the pass that gives the
+        input gradient (:data:`~graphkit.split.backward_plan.REDUCTIONS_IN_B`), are computed here by the
+        Node's own call and kept for W, unless such a parameter has tensor hooks (they would run in B; W
+        then computes them).
         No ``.grad`` is touched - except by a reentrant checkpoint (``use_reentrant=True``), whose nested
         backward gives the parameters inside it their ``.grad`` in B (with a warning; see
         :mod:`graphkit.split.run_once`). Until W, a pre-hook on each output's Node notes any other
@@ -504,11 +516,20 @@ def _backward_input(
         else:
             closure_outputs.append((tensor, grad))
 
+    finishing = plan.reductions_in_b
+    if (
+        finishing is not None
+        and stage_inputs
+        and closure_outputs
+        and _may_finish_in_b(finishing, nodes, output_roots)
+    ):
+        plan = finishing
     # a Node post-hook receives the gradients the Node received, after the tensor hooks of its outputs
     # and its pre-hooks ran (the engine's captures for ``inputs=GradientEdge`` come before them)
     captured: dict[int, tuple[torch.Tensor | None, ...]] = {}
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
+    finished_grads: tuple[torch.Tensor | None, ...] = ()
     handles = []
     # the gradients custom Function backwards receive in B, after the engine materialized them
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
@@ -541,8 +562,16 @@ def _backward_input(
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
                     [grad for _, grad in closure_outputs],
-                    stage_inputs,
+                    [
+                        *stage_inputs,
+                        *(GradientEdge(nodes[target], nr) for target, nr in plan.captured_targets),
+                    ]
+                    if plan.captured_targets
+                    else stage_inputs,
                 )
+                if plan.captured_targets:
+                    finished_grads = grads[len(stage_inputs) :]
+                    grads = grads[: len(stage_inputs)]
                 if lap is not None:
                     lap("b.engine")
             if lap is not None:
@@ -564,6 +593,7 @@ def _backward_input(
     work, targets, kept_grads = _weight_work(
         plan, nodes, captured, [grad for _, grad in pairs], unhooked, weight_tensors
     )
+    finished_roots = _finished_roots(plan, nodes, finished_grads) if finished_grads else []
     if lap is not None:
         lap("b.formulas")
     if run_once is not None:
@@ -576,12 +606,13 @@ def _backward_input(
     state = SplitState(
         input_grads=input_grads,
         input_names=tuple(name for name, _ in inputs_by_name),
-        num_intermediates=sum(1 for item in work if item is not None),
+        num_intermediates=sum(1 for item in work if item is not None) + _count_finished(plan, finished_grads),
         num_node_calls=sum(1 for item in work if item is not None and item.node is not None),
         _plan=plan,
         _work=work,
         _targets=targets,
         _output_roots=output_roots,
+        _finished_roots=finished_roots,
         _weight_tensors=weight_tensors,
         _keep_alive=_anchor_outputs([tensor for tensor, _ in pairs])
         if any(
@@ -606,6 +637,46 @@ def _only_in_weight_phase(index: dict[Node, int], weight_only: bytearray, node: 
     """Whether only W runs ``node`` (the weight-only subgraph, parameters' AccumulateGrad Nodes included)."""
     position = index.get(node)
     return position is not None and bool(weight_only[position])
+
+
+def _may_finish_in_b(
+    plan: BackwardPlan, nodes: list[Node], output_roots: list[tuple[GradientEdge, torch.Tensor]]
+) -> bool:
+    """Whether B may capture the gradients of ``plan.captured_targets`` at their AccumulateGrad Nodes.
+
+    The engine's capture of a Node it does not run comes after that Node's tensor pre-hooks: a hook
+    registered on such a parameter (``register_hook``, ``register_multi_grad_hook``) would run in B and
+    again in W, so a parameter with Python tensor hooks keeps its reduction in W for this microbatch, as
+    does a stage with parameter-only outputs (their root would meet the captured sum on one Node).
+    Hooks on the AccumulateGrad Node itself (DDP's, FSDP's) and post-accumulate-grad hooks run in W
+    either way.
+    """
+    if output_roots:
+        return False
+    return not any(_autograd.has_tensor_hooks(nodes[target].variable) for target, _ in plan.captured_targets)
+
+
+def _finished_roots(
+    plan: BackwardPlan, nodes: list[Node], finished_grads: tuple[torch.Tensor | None, ...]
+) -> list[tuple[GradientEdge, torch.Tensor]]:
+    """W's roots for the gradients B computed (one per parameter; none where no gradient flowed). The
+    normalization kernels return new tensors, so none of them shares storage with a cotangent."""
+    return [
+        (GradientEdge(nodes[target], output_nr), grad)
+        for (target, output_nr), grad in zip(plan.captured_targets, finished_grads, strict=True)
+        if grad is not None
+    ]
+
+
+def _count_finished(plan: BackwardPlan, finished_grads: tuple[torch.Tensor | None, ...]) -> int:
+    """The intermediates B finished (all their weight-side gradients computed in B) that received one."""
+    if not finished_grads:
+        return 0
+    return sum(
+        1
+        for feeds in plan.finished_intermediates
+        if any(finished_grads[position] is not None for position in feeds)
+    )
 
 
 def _multi_grad_hook_error() -> SplitError:
@@ -899,7 +970,9 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
 def _run_weight_phase(
     state: SplitState, retain_graph: bool = False, lap: Any = None, flush_bytes: int | None = None
 ) -> None:
-    if not state._weight_tensors or (not state._targets and not state._output_roots):
+    if not state._weight_tensors or (
+        not state._targets and not state._output_roots and not state._finished_roots
+    ):
         return
     work = state._work
     targets = state._targets
@@ -912,8 +985,9 @@ def _run_weight_phase(
     # produces them: the engine sums several roots on one edge and reduces each to the edge's shape and
     # dtype (validate_outputs), and tensor hooks on a target (a parameter's hook, a hook on ``W.t()``)
     # see the summed gradient, as in a full backward.
-    roots: list[GradientEdge] = []
-    root_grads: list[torch.Tensor] = []
+    # the gradients B computed go with the first call: each is its parameter's whole gradient
+    roots: list[GradientEdge] = [edge for edge, _ in state._finished_roots]
+    root_grads: list[torch.Tensor] = [grad for _, grad in state._finished_roots]
     # A parameter also fed through the weight-only subgraph (a bias also used through view or .to())
     # gets each direct contribution through a host Node of its own (_OrderedGradient) that carries the
     # intermediate's sequence number: as roots they would all reach it before anything the weight-only

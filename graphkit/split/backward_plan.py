@@ -26,12 +26,14 @@ from graphkit.split.run_once import run_once_kind
 
 __all__ = [
     "PLAN_CACHE_SIZE",
+    "REDUCTIONS_IN_B",
     "BackwardPlan",
     "cached_plan",
     "input_closure_flags",
     "opaque_positions_of",
     "plan_of",
     "reach",
+    "with_reductions_in_b",
 ]
 
 
@@ -63,6 +65,14 @@ class BackwardPlan:
     # filled on first use by custom_functions_in_input_phase: whether any Node is a custom Function's
     # (Node classes are part of the structure)
     has_custom_functions: bool | None = None
+    # the same split with the reductions B finishes itself (see REDUCTIONS_IN_B and with_reductions_in_b),
+    # or None when the graph has none; B uses it for a microbatch where those parameters have no hooks
+    reductions_in_b: BackwardPlan | None = None
+    # in such a plan: (target index, output_nr) of every parameter whose gradient B captures at its
+    # AccumulateGrad Node, and, per intermediate left with no weight-side edge for W, the positions
+    # in ``captured_targets`` it feeds
+    captured_targets: tuple[tuple[int, int], ...] = ()
+    finished_intermediates: tuple[tuple[int, ...], ...] = ()
 
 
 _CACHE: dict[Any, BackwardPlan] = {}
@@ -128,7 +138,7 @@ def plan_of(walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int] = f
     targets = {target for _, edges in intermediates for _, target, _ in edges}
     flush_points = weight_flush_points(intermediates, weight_only, walk.edges())
     leaf_targets = frozenset(target for target in targets if _autograd.is_accumulate_grad(walk.nodes[target]))
-    return BackwardPlan(
+    plan = BackwardPlan(
         intermediates,
         leaves,
         weight_only,
@@ -138,6 +148,80 @@ def plan_of(walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int] = f
             leaf for leaf in leaf_targets if any(weight_only[consumer] for consumer in consumers[leaf])
         ),
         flush_points,
+    )
+    plan.reductions_in_b = with_reductions_in_b(plan, walk)
+    return plan
+
+
+REDUCTIONS_IN_B: dict[str, frozenset[int]] = {
+    # next_functions: (input, weight, bias)
+    "NativeLayerNormBackward0": frozenset({1, 2}),
+    "NativeGroupNormBackward0": frozenset({1, 2}),
+    "NativeBatchNormBackward0": frozenset({1, 2}),
+}
+"""Per intermediate class: the ``next_functions`` positions whose gradients B computes itself.
+
+A normalization's weight and bias gradients are reductions over the same pass through the activations
+that gives its input gradient, and its backward kernel computes them together. B lets the Node compute
+them in its own call and captures them at the parameters' AccumulateGrad Nodes; left to W, they would
+cost a second normalization backward over activations that left the cache, and the activations would
+have to stay alive until W. The zero-bubble paper's implementation defers only the Linear layers' weight
+GEMMs (``WeightGradStore`` in sail-sg/zero-bubble-pipeline-parallelism), so normalization layers run
+their whole backward in B there too. Measured and left out: a Linear's or convolution's bias, which
+W sums in one kernel either way (on the CPU B + W got no faster, a 48-layer MLP about 5% slower).
+"""
+
+
+def with_reductions_in_b(plan: BackwardPlan, walk: NodeWalk) -> BackwardPlan | None:
+    """``plan`` with the parameters fed only through :data:`REDUCTIONS_IN_B` edges finished in B.
+
+    A parameter qualifies when it is a leaf (its AccumulateGrad Node is the edge's target), not fed
+    through the weight-only subgraph too, and every edge into it from any intermediate is such a
+    reduction: the engine then sums all of its contributions within B's call, in a full backward's
+    order, and W hands the sum to its AccumulateGrad Node as one root. Returns None when none qualifies.
+    The returned plan has those edges removed from its intermediates (an intermediate left with none is
+    no longer one for W), its own flush points, and the captures in ``captured_targets``.
+    """
+    nodes = walk.nodes
+    candidate: dict[int, bool] = {}
+    for index, edges in plan.intermediates:
+        reducing = REDUCTIONS_IN_B.get(type(nodes[index]).__name__, frozenset())
+        for input_nr, target, _ in edges:
+            eligible = (
+                input_nr in reducing and target in plan.leaf_targets and target not in plan.mixed_leaves
+            )
+            candidate[target] = candidate.get(target, True) and eligible
+    finished = {target for target, eligible in candidate.items() if eligible}
+    if not finished:
+        return None
+    captured_targets: list[tuple[int, int]] = []
+    position_of: dict[tuple[int, int], int] = {}
+    intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]] = []
+    finished_intermediates: list[tuple[int, ...]] = []
+    for index, edges in plan.intermediates:
+        feeds = []
+        for _, target, output_nr in edges:
+            if target in finished:
+                key = (target, output_nr)
+                if key not in position_of:
+                    position_of[key] = len(captured_targets)
+                    captured_targets.append(key)
+                feeds.append(position_of[key])
+        remaining = tuple(edge for edge in edges if edge[1] not in finished)
+        if remaining:
+            intermediates.append((index, remaining))
+        else:
+            finished_intermediates.append(tuple(feeds))
+    return BackwardPlan(
+        intermediates,
+        plan.weight_leaves,
+        plan.weight_only,
+        [tuple(input_nr for input_nr, _, _ in edges) for _, edges in intermediates],
+        frozenset(target for target in plan.leaf_targets if target not in finished),
+        plan.mixed_leaves,
+        weight_flush_points(intermediates, plan.weight_only, walk.edges()),
+        captured_targets=tuple(captured_targets),
+        finished_intermediates=tuple(finished_intermediates),
     )
 
 
