@@ -10,7 +10,8 @@ and a *floor split* of the same graph that keeps only the work no exact B/W spli
   intermediate receives through the engine's own captures (``inputs=GradientEdge(...)``, as
   ``torch.autograd.grad`` takes them): no walk, no plan lookup, no Python hooks, no scans;
 - floor W: graphkit's weight formulas on those gradients (their saved tensors read before the timing),
-  then one engine call accumulating the results into ``.grad``: no checks, no release.
+  then one engine call accumulating the results, and the normalizations' weight gradients B computed
+  (captured at their AccumulateGrad Nodes, as graphkit's B does), into ``.grad``: no checks, no release.
 
 What the floor leaves out is what makes graphkit's split exact on every graph (the walk that proves the
 cached plan fits this microbatch, the hooks that see a gradient after tensor hooks changed it, the scans
@@ -78,7 +79,7 @@ class _FloorWork:
     stage_inputs: list[torch.Tensor]
     captures: list[GradientEdge]  # one per forward output of each intermediate, in plan order
     outputs_per_intermediate: list[int]
-    rules: list[Any]  # graphkit's prepared weight formulas, one per intermediate
+    rules: list[Any]  # graphkit's prepared weight formulas, one per intermediate (None: B's own gradient)
     root_edges: list[list[GradientEdge]]  # per intermediate: its weight-side edges' targets
     weight_tensors: list[torch.Tensor]
 
@@ -95,6 +96,7 @@ def _prepare_floor(outputs: list[torch.Tensor], grads: list[torch.Tensor], prepa
     walk = walk_nodes((output.grad_fn for output in outputs), input_nodes)
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     plan = cached_plan(walk, input_nodes, frozenset(), input_positions)
+    plan = plan.reductions_in_b or plan  # as graphkit's B: normalizations' weight gradients in B
     if plan.mixed_leaves:
         raise FloorUnsupported("parameters fed both directly and through weight-only Nodes")
     if any(plan.weight_only[walk.index[output.grad_fn]] for output in outputs):
@@ -111,6 +113,12 @@ def _prepare_floor(outputs: list[torch.Tensor], grads: list[torch.Tensor], prepa
         counts.append(count)
         rules.append(rule)
         roots.append([GradientEdge(nodes[target], output_nr) for _, target, output_nr in edges])
+    # the gradients B computes itself, captured at the parameters' AccumulateGrad Nodes: one root each
+    for target, output_nr in plan.captured_targets:
+        captures.append(GradientEdge(nodes[target], output_nr))
+        counts.append(1)
+        rules.append(None)
+        roots.append([GradientEdge(nodes[target], output_nr)])
     weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
     return _FloorWork(outputs, grads, stage_inputs, captures, counts, rules, roots, weight_tensors)
 
@@ -135,7 +143,7 @@ def _floor_w(work: _FloorWork, captured: list[tuple[torch.Tensor | None, ...]]) 
         for rule, edges, grads in zip(work.rules, work.root_edges, captured, strict=True):
             if all(grad is None for grad in grads):
                 continue
-            for edge, grad in zip(edges, rule(grads), strict=True):
+            for edge, grad in zip(edges, grads if rule is None else rule(grads), strict=True):
                 if grad is not None:
                     roots.append(edge)
                     root_grads.append(grad)
