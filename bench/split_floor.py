@@ -45,9 +45,8 @@ from split import MODELS, add_clock_option, built_models, clock_of, set_threads 
 from graphkit.graph import _autograd  # noqa: E402
 from graphkit.graph.tensors import flatten_tensors  # noqa: E402
 from graphkit.graph.walk import walk_nodes  # noqa: E402
-from graphkit.measure.benchmark import _cotangents  # noqa: E402
+from graphkit.measure.benchmark import microbatch_forward  # noqa: E402
 from graphkit.measure.timing import timed  # noqa: E402
-from graphkit.measure.verification import call_stage, fresh_inputs  # noqa: E402
 from graphkit.split import backward_input, backward_weight  # noqa: E402
 from graphkit.split.backward_plan import cached_plan  # noqa: E402
 from graphkit.split.weight_rules import prepare  # noqa: E402
@@ -159,15 +158,7 @@ def floor_split(
     Raises:
         FloorUnsupported: the model's plan has what the floor does not model.
     """
-    parameters = [p for p in module.parameters() if p.requires_grad]
-    device = parameters[0].device if parameters else torch.device("cpu")
-
-    def forward() -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
-        for parameter in parameters:
-            parameter.grad = None
-        prepared = fresh_inputs(inputs, device=device)
-        pairs = _cotangents(call_stage(module, prepared), 0)
-        return prepared, [t for t, _ in pairs], [g for _, g in pairs]
+    parameters, device, forward = microbatch_forward(module, inputs)
 
     def grads_now() -> list[torch.Tensor | None]:
         return [None if p.grad is None else p.grad.clone() for p in parameters]

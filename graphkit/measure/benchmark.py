@@ -591,6 +591,31 @@ class SplitBreakdown:
         return total - sum(self.pieces.get(name, 0.0) for name in own)
 
 
+def microbatch_forward(
+    module: torch.nn.Module, inputs: Any
+) -> tuple[
+    list[torch.Tensor], torch.device, Callable[[], tuple[Any, list[torch.Tensor], list[torch.Tensor]]]
+]:
+    """What a benchmark needs to run one microbatch after another through a stage.
+
+    Returns the stage's parameters that require grad, their device (the CPU for a stage without
+    any), and ``forward()``: it resets those parameters' ``.grad`` to None, runs the stage on fresh
+    copies of ``inputs`` (positional tuple or keyword dict, moved to that device) and returns the
+    prepared inputs, the outputs that require grad and a fixed random cotangent for each (seed 0).
+    """
+    parameters = [p for p in module.parameters() if p.requires_grad]
+    device = parameters[0].device if parameters else torch.device("cpu")
+
+    def forward() -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
+        for parameter in parameters:
+            parameter.grad = None
+        prepared = fresh_inputs(inputs, device=device)
+        pairs = _cotangents(call_stage(module, prepared), 0)
+        return prepared, [t for t, _ in pairs], [g for _, g in pairs]
+
+    return parameters, device, forward
+
+
 def breakdown_split(
     module: torch.nn.Module,
     inputs: Any,
@@ -606,16 +631,7 @@ def breakdown_split(
     """
     if repeat < 1:
         raise GraphkitInputError(f"repeat must be at least 1, got {repeat}")
-    parameters = [p for p in module.parameters() if p.requires_grad]
-    device = parameters[0].device if parameters else torch.device("cpu")
-
-    def forward() -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
-        for parameter in parameters:
-            parameter.grad = None
-        prepared = fresh_inputs(inputs, device=device)
-        pairs = _cotangents(call_stage(module, prepared), 0)
-        return prepared, [t for t, _ in pairs], [g for _, g in pairs]
-
+    parameters, device, forward = microbatch_forward(module, inputs)
     full, b, w, pieces = [], [], [], []
     intermediates = 0
     for _ in range(warmup + repeat):
