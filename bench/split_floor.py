@@ -113,7 +113,7 @@ def _prepare_floor(outputs: list[torch.Tensor], grads: list[torch.Tensor], prepa
         rules.append(rule)
         roots.append([GradientEdge(nodes[target], output_nr) for _, target, output_nr in edges])
     # the gradients B computes itself, captured at the parameters' AccumulateGrad Nodes: one root each
-    for target, output_nr in plan.captured_targets:
+    for target, output_nr in plan.computed_in_b:
         captures.append(GradientEdge(nodes[target], output_nr))
         counts.append(1)
         rules.append(None)

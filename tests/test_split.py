@@ -1238,7 +1238,7 @@ def test_an_eval_batch_norm_tensor_changed_in_place_before_w_raises_like_a_full_
     module[1].weight.register_hook(lambda grad: grad)
     out = module(x)
     state = backward_input(out, torch.ones_like(out), [x])
-    assert state._finished_roots == []
+    assert state._computed_in_b == []
     with torch.no_grad():
         getattr(module[1], modified).mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
@@ -1255,7 +1255,7 @@ def test_an_eval_batch_norm_changed_in_place_after_b_keeps_the_gradients_b_finis
     oracle(x).backward(cotangent)
     module = _eval_batch_norm_stage()
     state = backward_input(module(x), cotangent, [x])
-    assert len(state._finished_roots) == 2  # the batch norm's weight and bias
+    assert len(state._computed_in_b) == 2  # the batch norm's weight and bias
     with torch.no_grad():
         getattr(module[1], modified).mul_(2)
     backward_weight(state)

@@ -15,6 +15,7 @@ from torch import nn
 from graphkit import backward_input, backward_weight
 from graphkit.graph import _autograd
 from graphkit.graph.walk import walk_nodes
+from graphkit.split.backward import SplitError
 from graphkit.split.backward_plan import cached_plan
 
 
@@ -26,7 +27,7 @@ def _split_and_full(stage: nn.Module, x: torch.Tensor, cotangent: torch.Tensor):
     x_split = x.clone().requires_grad_()
     state = backward_input(stage(x_split), cotangent, [x_split])
     assert all(parameter.grad is None for parameter in stage.parameters())  # B leaves .grad alone
-    finished = len(state._finished_roots)
+    finished = len(state._computed_in_b)
     input_grad = state.input_grads[0]
     backward_weight(state)
     return reference, finished, input_grad, x_reference.grad
@@ -76,8 +77,8 @@ def test_the_plan_leaves_the_normalizations_out_of_w():
     assert finishing is not None
     left = sorted(type(walk.nodes[index]).__name__ for index, _ in finishing.intermediates)
     assert left == ["AddBackward0", "AddmmBackward0", "MmBackward0"]
-    assert len(finishing.captured_targets) == 4
-    assert len(finishing.finished_intermediates) == 2  # LayerNorm and GroupNorm
+    assert len(finishing.computed_in_b) == 4
+    assert len(finishing.done_in_b) == 2  # LayerNorm and GroupNorm
     before = sorted(type(walk.nodes[index]).__name__ for index, _ in plan.intermediates)
     assert before == sorted([*left, "NativeGroupNormBackward0", "NativeLayerNormBackward0"])
 
@@ -99,7 +100,7 @@ def test_a_hook_on_a_finished_parameter_runs_once_and_keeps_its_reduction_in_w()
     assert len(calls) == 1
     x_split = x.clone().requires_grad_()
     state = backward_input(stage(x_split), cotangent, [x_split])
-    assert state._finished_roots == []  # one hooked parameter: this microbatch keeps every reduction in W
+    assert state._computed_in_b == []  # one hooked parameter: this microbatch keeps every reduction in W
     assert len(calls) == 1  # not run in B
     backward_weight(state)
     assert len(calls) == 2  # once, in W
@@ -149,6 +150,24 @@ def test_a_convolution_and_batch_norm_stage_accumulates_across_microbatches_exac
         reference(x.clone().requires_grad_()).backward(cotangent)
         x_split = x.clone().requires_grad_()
         state = backward_input(stage(x_split), cotangent, [x_split])
-        assert len(state._finished_roots) == 2  # batch norm's weight and bias
+        assert len(state._computed_in_b) == 2  # batch norm's weight and bias
         backward_weight(state)
     _assert_same_gradients(stage, reference)
+
+
+def test_a_hook_registered_on_a_normalization_weight_while_b_runs_is_refused():
+    # a hook on a later activation registers a hook on the LayerNorm's weight during B: the engine's
+    # capture may run it in B and W would run it again (twice the gradient), so B refuses
+    torch.manual_seed(0)
+    stage = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Tanh(), nn.Linear(8, 8))
+    x = torch.randn(4, 8, requires_grad=True)
+    output = stage[3](stage[2](stage[1](stage[0](x))))
+
+    def register_late(grad: torch.Tensor) -> torch.Tensor:
+        stage[1].weight.register_hook(lambda weight_grad: weight_grad * 2)
+        return grad
+
+    output.register_hook(register_late)
+    with pytest.raises(SplitError, match="registered on a normalization parameter while B ran"):
+        backward_input(output, torch.ones_like(output), [x])
+    assert all(parameter.grad is None for parameter in stage.parameters())

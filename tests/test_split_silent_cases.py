@@ -10,7 +10,9 @@
   docs say);
 - an activation whose ``.data`` a hook replaces during B, before the Node that saved it runs (restoring
   an offloaded activation): W must read the new data, so the formulas read saved tensors after B's
-  engine call, never before.
+  engine call, never before;
+- a parameter that is a stage output and also feeds intermediates (bfloat16): W hands the output's
+  cotangent to its Node first, as a full backward's GraphRoot does.
 """
 
 from __future__ import annotations
@@ -211,3 +213,28 @@ def test_an_activation_replaced_during_b_reaches_w_as_in_a_full_backward(restore
 
     for split_grad, full_grad in zip(run(True), run(False), strict=True):
         assert torch.equal(split_grad, full_grad)
+
+
+@pytest.mark.parametrize("tied", ["layer_norm", "multiplication"])
+def test_a_parameter_that_is_an_output_and_feeds_intermediates_sums_its_cotangent_first(tied: str) -> None:
+    # a full backward's GraphRoot hands the parameter's own cotangent to its AccumulateGrad Node before
+    # any intermediate runs; W once added it last, which bfloat16 shows
+    torch.manual_seed(0)
+    if tied == "layer_norm":
+        norm = nn.LayerNorm(8)
+        stage = nn.Sequential(nn.Linear(8, 8), norm, nn.Tanh(), nn.Linear(8, 8), norm).to(torch.bfloat16)
+        parameter = norm.weight
+    else:
+        parameter = nn.Parameter(torch.randn(8, dtype=torch.bfloat16))
+
+        def stage(x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(x * parameter) * parameter
+
+    cotangents = [torch.randn(64, 8, dtype=torch.bfloat16), torch.randn(8, dtype=torch.bfloat16) * 100]
+    x = torch.randn(64, 8, dtype=torch.bfloat16)
+    torch.autograd.backward([stage(x.clone().requires_grad_()), parameter], cotangents)
+    expected = parameter.grad.clone()
+    parameter.grad = None
+    x_split = x.clone().requires_grad_()
+    backward_weight(backward_input([stage(x_split), parameter], cotangents, [x_split]))
+    assert torch.equal(parameter.grad, expected)

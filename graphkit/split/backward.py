@@ -148,8 +148,9 @@ class _WeightWork:
 class SplitState:
     """What the B phase leaves for the W phase of one microbatch. Single use.
 
-    It holds only what the W phase needs: the gradients captured at intermediates, the saved tensors
-    the weight-side formulas read (:mod:`graphkit.split.weight_rules`) or, for ops without a formula, the
+    It holds only what the W phase needs: the gradients captured at intermediates, the normalization
+    parameters' gradients B computed (:data:`~graphkit.split.backward_plan.REDUCTIONS_IN_B`), the saved
+    tensors the weight-side formulas read (:mod:`graphkit.split.weight_rules`) or, for ops without a formula, the
     intermediate Node itself, and the weight-only Nodes the gradients enter. Once the caller drops the
     stage outputs, the rest of the input path's graph is freed - except what a kept Node reaches
     through its ``next_functions``, and, when W must call a custom Function's Node, the whole graph (a
@@ -161,7 +162,8 @@ class SplitState:
         input_grads: gradient of each tensor in ``flatten_tensors(inputs)`` (None where the input needs no
             grad or receives none).
         input_names: the names of those inputs.
-        num_intermediates: intermediates whose gradient was captured.
+        num_intermediates: intermediates that received a gradient (captured for W, or with all their
+            weight-side gradients computed in B).
         num_node_calls: intermediates without a weight-side formula, whose Node the W phase calls.
     """
 
@@ -174,7 +176,7 @@ class SplitState:
     _targets: dict[int, Node] = field(repr=False)
     _output_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
     # the normalization parameters' gradients B computed (BackwardPlan.reductions_in_b), as W's roots
-    _finished_roots: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
+    _computed_in_b: list[tuple[GradientEdge, torch.Tensor]] = field(repr=False)
     _weight_tensors: list[torch.Tensor] = field(repr=False)
     # Kept only when a custom Function's Node must be called in W: a Python Node object refers to its
     # C++ Node weakly, and only the graph above it keeps that (and its ctx) alive. An empty anchor
@@ -199,7 +201,7 @@ class SplitState:
         """The gradients captured at intermediates and for parameter-only outputs, and the normalization
         parameters' gradients B computed, kept for W."""
         tensors = [grad for work in self._work if work is not None for grad in work.grads if grad is not None]
-        return tensors + [grad for _, grad in self._output_roots] + [grad for _, grad in self._finished_roots]
+        return tensors + [grad for _, grad in self._output_roots] + [grad for _, grad in self._computed_in_b]
 
     def captured_bytes(self) -> int:
         """Bytes of :meth:`captured_tensors` (each storage counted once)."""
@@ -230,7 +232,7 @@ class SplitState:
         return (
             list(self._targets.values())
             + [edge.node for edge, _ in self._output_roots]
-            + [edge.node for edge, _ in self._finished_roots]
+            + [edge.node for edge, _ in self._computed_in_b]
         )
 
     def weight_tensors(self) -> list[torch.Tensor]:
@@ -248,7 +250,7 @@ class SplitState:
         self._work = []
         self._targets = {}
         self._output_roots = []
-        self._finished_roots = []
+        self._computed_in_b = []
         self._weight_tensors = []
         self._keep_alive = ()
         if self._checkpoints is not None:
@@ -423,8 +425,9 @@ def backward_input(
         A single-use :class:`SplitState`; ``state.input_grads`` aligns with ``flatten_tensors(inputs)``.
         Layer, group and batch norm's weight and bias gradients, reductions over the pass that gives the
         input gradient (:data:`~graphkit.split.backward_plan.REDUCTIONS_IN_B`), are computed here by the
-        Node's own call and kept for W, unless such a parameter has tensor hooks (they would run in B; W
-        then computes them).
+        Node's own call and kept for W (which adds them to ``.grad``) - unless such a parameter has
+        tensor hooks (the capture would run them in B), the stage has parameter-only outputs, or no
+        stage input requires grad: W then computes them from the Nodes' saved tensors.
         No ``.grad`` is touched - except by a reentrant checkpoint (``use_reentrant=True``), whose nested
         backward gives the parameters inside it their ``.grad`` in B (with a warning; see
         :mod:`graphkit.split.run_once`). Until W, a pre-hook on each output's Node notes any other
@@ -435,6 +438,8 @@ def backward_input(
             structure or keys differ from the outputs', ``params`` holding a tensor that is not a leaf.
         GraphFreedError: the graph was already freed by an earlier backward.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
+        SplitError: a hook registered a tensor hook on a normalization parameter whose gradient B
+            computes while B ran (it might run twice); register parameter hooks before or after B.
 
     Under ``torch.inference_mode()`` B runs as a full backward does there, with ``inference_mode(False)``
     inside (so the gradients, and the parameters' ``.grad`` in W, are ordinary tensors).
@@ -516,20 +521,20 @@ def _backward_input(
         else:
             closure_outputs.append((tensor, grad))
 
-    finishing = plan.reductions_in_b
+    variant = plan.reductions_in_b
     if (
-        finishing is not None
+        variant is not None
         and stage_inputs
         and closure_outputs
-        and _may_finish_in_b(finishing, nodes, output_roots)
+        and _may_compute_in_b(variant, nodes, output_roots)
     ):
-        plan = finishing
+        plan = variant
     # a Node post-hook receives the gradients the Node received, after the tensor hooks of its outputs
     # and its pre-hooks ran (the engine's captures for ``inputs=GradientEdge`` come before them)
     captured: dict[int, tuple[torch.Tensor | None, ...]] = {}
 
     input_grads_by_id: dict[int, torch.Tensor | None] = {}
-    finished_grads: tuple[torch.Tensor | None, ...] = ()
+    grads_computed_in_b: tuple[torch.Tensor | None, ...] = ()
     handles = []
     # the gradients custom Function backwards receive in B, after the engine materialized them
     materialized: dict[int, tuple[torch.Tensor | None, ...]] = {}
@@ -564,13 +569,13 @@ def _backward_input(
                     [grad for _, grad in closure_outputs],
                     [
                         *stage_inputs,
-                        *(GradientEdge(nodes[target], nr) for target, nr in plan.captured_targets),
+                        *(GradientEdge(nodes[target], nr) for target, nr in plan.computed_in_b),
                     ]
-                    if plan.captured_targets
+                    if plan.computed_in_b
                     else stage_inputs,
                 )
-                if plan.captured_targets:
-                    finished_grads = grads[len(stage_inputs) :]
+                if plan.computed_in_b:
+                    grads_computed_in_b = grads[len(stage_inputs) :]
                     grads = grads[: len(stage_inputs)]
                 if lap is not None:
                     lap("b.engine")
@@ -593,7 +598,9 @@ def _backward_input(
     work, targets, kept_grads = _weight_work(
         plan, nodes, captured, [grad for _, grad in pairs], unhooked, weight_tensors
     )
-    finished_roots = _finished_roots(plan, nodes, finished_grads) if finished_grads else []
+    roots_computed_in_b = (
+        _roots_computed_in_b(plan, nodes, grads_computed_in_b) if grads_computed_in_b else []
+    )
     if lap is not None:
         lap("b.formulas")
     if run_once is not None:
@@ -606,13 +613,14 @@ def _backward_input(
     state = SplitState(
         input_grads=input_grads,
         input_names=tuple(name for name, _ in inputs_by_name),
-        num_intermediates=sum(1 for item in work if item is not None) + _count_finished(plan, finished_grads),
+        num_intermediates=sum(1 for item in work if item is not None)
+        + _count_done_in_b(plan, grads_computed_in_b),
         num_node_calls=sum(1 for item in work if item is not None and item.node is not None),
         _plan=plan,
         _work=work,
         _targets=targets,
         _output_roots=output_roots,
-        _finished_roots=finished_roots,
+        _computed_in_b=roots_computed_in_b,
         _weight_tensors=weight_tensors,
         _keep_alive=_anchor_outputs([tensor for tensor, _ in pairs])
         if any(
@@ -639,43 +647,52 @@ def _only_in_weight_phase(index: dict[Node, int], weight_only: bytearray, node: 
     return position is not None and bool(weight_only[position])
 
 
-def _may_finish_in_b(
+def _may_compute_in_b(
     plan: BackwardPlan, nodes: list[Node], output_roots: list[tuple[GradientEdge, torch.Tensor]]
 ) -> bool:
-    """Whether B may capture the gradients of ``plan.captured_targets`` at their AccumulateGrad Nodes.
+    """Whether B may capture the gradients of ``plan.computed_in_b`` at their AccumulateGrad Nodes.
 
     The engine's capture of a Node it does not run comes after that Node's tensor pre-hooks: a hook
     registered on such a parameter (``register_hook``, ``register_multi_grad_hook``) would run in B and
     again in W, so a parameter with Python tensor hooks keeps its reduction in W for this microbatch, as
     does a stage with parameter-only outputs (their root would meet the captured sum on one Node).
     Hooks on the AccumulateGrad Node itself (DDP's, FSDP's) and post-accumulate-grad hooks run in W
-    either way.
+    either way. Tensor hooks added from C++ do not show (:func:`graphkit.graph._autograd.has_tensor_hooks`).
     """
     if output_roots:
         return False
-    return not any(_autograd.has_tensor_hooks(nodes[target].variable) for target, _ in plan.captured_targets)
+    return not any(_autograd.has_tensor_hooks(nodes[target].variable) for target, _ in plan.computed_in_b)
 
 
-def _finished_roots(
-    plan: BackwardPlan, nodes: list[Node], finished_grads: tuple[torch.Tensor | None, ...]
+def _roots_computed_in_b(
+    plan: BackwardPlan, nodes: list[Node], grads_computed_in_b: tuple[torch.Tensor | None, ...]
 ) -> list[tuple[GradientEdge, torch.Tensor]]:
     """W's roots for the gradients B computed (one per parameter; none where no gradient flowed). The
-    normalization kernels return new tensors, so none of them shares storage with a cotangent."""
+    normalization kernels return new tensors, so none of them shares storage with a cotangent.
+
+    Raises:
+        SplitError: one of those parameters got a tensor hook during B (from another hook): the
+            engine's capture may have run it in B already, and W would run it again.
+    """
+    if any(_autograd.has_tensor_hooks(nodes[target].variable) for target, _ in plan.computed_in_b):
+        raise SplitError(
+            "a tensor hook was registered on a normalization parameter while B ran (from another hook); "
+            "B computes these parameters' gradients itself and may have run the hook already, so W would "
+            "run it twice: register parameter hooks before backward_input or after it returned"
+        )
     return [
         (GradientEdge(nodes[target], output_nr), grad)
-        for (target, output_nr), grad in zip(plan.captured_targets, finished_grads, strict=True)
+        for (target, output_nr), grad in zip(plan.computed_in_b, grads_computed_in_b, strict=True)
         if grad is not None
     ]
 
 
-def _count_finished(plan: BackwardPlan, finished_grads: tuple[torch.Tensor | None, ...]) -> int:
+def _count_done_in_b(plan: BackwardPlan, grads_computed_in_b: tuple[torch.Tensor | None, ...]) -> int:
     """The intermediates B finished (all their weight-side gradients computed in B) that received one."""
-    if not finished_grads:
+    if not grads_computed_in_b:
         return 0
     return sum(
-        1
-        for feeds in plan.finished_intermediates
-        if any(finished_grads[position] is not None for position in feeds)
+        1 for feeds in plan.done_in_b if any(grads_computed_in_b[position] is not None for position in feeds)
     )
 
 
@@ -971,7 +988,7 @@ def _run_weight_phase(
     state: SplitState, retain_graph: bool = False, lap: Any = None, flush_bytes: int | None = None
 ) -> None:
     if not state._weight_tensors or (
-        not state._targets and not state._output_roots and not state._finished_roots
+        not state._targets and not state._output_roots and not state._computed_in_b
     ):
         return
     work = state._work
@@ -985,9 +1002,14 @@ def _run_weight_phase(
     # produces them: the engine sums several roots on one edge and reduces each to the edge's shape and
     # dtype (validate_outputs), and tensor hooks on a target (a parameter's hook, a hook on ``W.t()``)
     # see the summed gradient, as in a full backward.
-    # the gradients B computed go with the first call: each is its parameter's whole gradient
-    roots: list[GradientEdge] = [edge for edge, _ in state._finished_roots]
-    root_grads: list[torch.Tensor] = [grad for _, grad in state._finished_roots]
+    # Parameter-only outputs' roots come first: a full backward's GraphRoot hands their cotangents to
+    # their Nodes before any intermediate runs, so a parameter that is also fed by intermediates sums
+    # its output's cotangent first (bit for bit in bfloat16). The gradients B computed go with the first
+    # call (each is its parameter's whole gradient; a stage with parameter-only outputs has none).
+    roots: list[GradientEdge] = [edge for edge, _ in state._output_roots]
+    root_grads: list[torch.Tensor] = [grad for _, grad in state._output_roots]
+    roots += [edge for edge, _ in state._computed_in_b]
+    root_grads += [grad for _, grad in state._computed_in_b]
     # A parameter also fed through the weight-only subgraph (a bias also used through view or .to())
     # gets each direct contribution through a host Node of its own (_OrderedGradient) that carries the
     # intermediate's sequence number: as roots they would all reach it before anything the weight-only
@@ -1004,7 +1026,7 @@ def _run_weight_phase(
     flush_points = (
         state._plan.flush_points if flush_bytes is not None and not (mixed or state._output_roots) else ()
     )
-    pending_bytes = 0
+    pending_bytes = sum(grad.numel() * grad.element_size() for grad in root_grads) if flush_points else 0
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
         for position, item in enumerate(work):
             if item is None:
@@ -1037,9 +1059,6 @@ def _run_weight_phase(
                 pending_bytes = 0
                 if lap is not None:
                     lap("w.engine")
-    for edge, grad in state._output_roots:
-        roots.append(edge)
-        root_grads.append(grad)
     for sequence_nr, variable, grad in ordered:
         with torch.enable_grad():
             host = _OrderedGradient.apply(grad, variable)

@@ -65,14 +65,15 @@ class BackwardPlan:
     # filled on first use by custom_functions_in_input_phase: whether any Node is a custom Function's
     # (Node classes are part of the structure)
     has_custom_functions: bool | None = None
-    # the same split with the reductions B finishes itself (see REDUCTIONS_IN_B and with_reductions_in_b),
-    # or None when the graph has none; B uses it for a microbatch where those parameters have no hooks
+    # the same split with the normalizations' weight gradients computed in B (REDUCTIONS_IN_B,
+    # with_reductions_in_b), or None when the graph has none; B uses it for a microbatch where those
+    # parameters have no tensor hooks
     reductions_in_b: BackwardPlan | None = None
-    # in such a plan: (target index, output_nr) of every parameter whose gradient B captures at its
-    # AccumulateGrad Node, and, per intermediate left with no weight-side edge for W, the positions
-    # in ``captured_targets`` it feeds
-    captured_targets: tuple[tuple[int, int], ...] = ()
-    finished_intermediates: tuple[tuple[int, ...], ...] = ()
+    # in such a plan: (target index, output_nr) of every parameter whose gradient B computes, captured
+    # at its AccumulateGrad Node; and per intermediate whose weight-side edges all lead to such
+    # parameters (so W has nothing left to do for it), the positions in ``computed_in_b`` it feeds
+    computed_in_b: tuple[tuple[int, int], ...] = ()
+    done_in_b: tuple[tuple[int, ...], ...] = ()
 
 
 _CACHE: dict[Any, BackwardPlan] = {}
@@ -173,14 +174,15 @@ W sums in one kernel either way (on the CPU B + W got no faster, a 48-layer MLP 
 
 
 def with_reductions_in_b(plan: BackwardPlan, walk: NodeWalk) -> BackwardPlan | None:
-    """``plan`` with the parameters fed only through :data:`REDUCTIONS_IN_B` edges finished in B.
+    """``plan`` with the gradients of the parameters fed only through :data:`REDUCTIONS_IN_B` edges
+    computed in B.
 
     A parameter qualifies when it is a leaf (its AccumulateGrad Node is the edge's target), not fed
     through the weight-only subgraph too, and every edge into it from any intermediate is such a
     reduction: the engine then sums all of its contributions within B's call, in a full backward's
     order, and W hands the sum to its AccumulateGrad Node as one root. Returns None when none qualifies.
     The returned plan has those edges removed from its intermediates (an intermediate left with none is
-    no longer one for W), its own flush points, and the captures in ``captured_targets``.
+    no longer one for W), its own flush points, and the captures in ``computed_in_b``.
     """
     nodes = walk.nodes
     candidate: dict[int, bool] = {}
@@ -194,24 +196,24 @@ def with_reductions_in_b(plan: BackwardPlan, walk: NodeWalk) -> BackwardPlan | N
     finished = {target for target, eligible in candidate.items() if eligible}
     if not finished:
         return None
-    captured_targets: list[tuple[int, int]] = []
+    computed_in_b: list[tuple[int, int]] = []
     position_of: dict[tuple[int, int], int] = {}
     intermediates: list[tuple[int, tuple[tuple[int, int, int], ...]]] = []
-    finished_intermediates: list[tuple[int, ...]] = []
+    done_in_b: list[tuple[int, ...]] = []
     for index, edges in plan.intermediates:
         feeds = []
         for _, target, output_nr in edges:
             if target in finished:
                 key = (target, output_nr)
                 if key not in position_of:
-                    position_of[key] = len(captured_targets)
-                    captured_targets.append(key)
+                    position_of[key] = len(computed_in_b)
+                    computed_in_b.append(key)
                 feeds.append(position_of[key])
         remaining = tuple(edge for edge in edges if edge[1] not in finished)
         if remaining:
             intermediates.append((index, remaining))
         else:
-            finished_intermediates.append(tuple(feeds))
+            done_in_b.append(tuple(feeds))
     return BackwardPlan(
         intermediates,
         plan.weight_leaves,
@@ -220,8 +222,8 @@ def with_reductions_in_b(plan: BackwardPlan, walk: NodeWalk) -> BackwardPlan | N
         frozenset(target for target in plan.leaf_targets if target not in finished),
         plan.mixed_leaves,
         weight_flush_points(intermediates, plan.weight_only, walk.edges()),
-        captured_targets=tuple(captured_targets),
-        finished_intermediates=tuple(finished_intermediates),
+        computed_in_b=tuple(computed_in_b),
+        done_in_b=tuple(done_in_b),
     )
 
 
