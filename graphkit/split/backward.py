@@ -522,12 +522,13 @@ def _backward_input(
             closure_outputs.append((tensor, grad))
 
     variant = plan.reductions_in_b
-    if (
-        variant is not None
-        and stage_inputs
-        and closure_outputs
-        and _may_compute_in_b(variant, nodes, output_roots)
-    ):
+    # the parameters whose gradients B would compute (read from their cold AccumulateGrad Nodes once)
+    parameters_computed_in_b = (
+        [nodes[target].variable for target, _ in variant.computed_in_b]
+        if variant is not None and stage_inputs and closure_outputs and not output_roots
+        else []
+    )
+    if parameters_computed_in_b and not any(map(_autograd.has_tensor_hooks, parameters_computed_in_b)):
         plan = variant
     # a Node post-hook receives the gradients the Node received, after the tensor hooks of its outputs
     # and its pre-hooks ran (the engine's captures for ``inputs=GradientEdge`` come before them)
@@ -599,7 +600,9 @@ def _backward_input(
         plan, nodes, captured, [grad for _, grad in pairs], unhooked, weight_tensors
     )
     roots_computed_in_b = (
-        _roots_computed_in_b(plan, nodes, grads_computed_in_b) if grads_computed_in_b else []
+        _roots_computed_in_b(plan, nodes, grads_computed_in_b, parameters_computed_in_b)
+        if grads_computed_in_b
+        else []
     )
     if lap is not None:
         lap("b.formulas")
@@ -647,34 +650,28 @@ def _only_in_weight_phase(index: dict[Node, int], weight_only: bytearray, node: 
     return position is not None and bool(weight_only[position])
 
 
-def _may_compute_in_b(
-    plan: BackwardPlan, nodes: list[Node], output_roots: list[tuple[GradientEdge, torch.Tensor]]
-) -> bool:
-    """Whether B may capture the gradients of ``plan.computed_in_b`` at their AccumulateGrad Nodes.
-
-    The engine's capture of a Node it does not run comes after that Node's tensor pre-hooks: a hook
-    registered on such a parameter (``register_hook``, ``register_multi_grad_hook``) would run in B and
-    again in W, so a parameter with Python tensor hooks keeps its reduction in W for this microbatch, as
-    does a stage with parameter-only outputs (their root would meet the captured sum on one Node).
-    Hooks on the AccumulateGrad Node itself (DDP's, FSDP's) and post-accumulate-grad hooks run in W
-    either way. Tensor hooks added from C++ do not show (:func:`graphkit.graph._autograd.has_tensor_hooks`).
-    """
-    if output_roots:
-        return False
-    return not any(_autograd.has_tensor_hooks(nodes[target].variable) for target, _ in plan.computed_in_b)
-
-
 def _roots_computed_in_b(
-    plan: BackwardPlan, nodes: list[Node], grads_computed_in_b: tuple[torch.Tensor | None, ...]
+    plan: BackwardPlan,
+    nodes: list[Node],
+    grads_computed_in_b: tuple[torch.Tensor | None, ...],
+    parameters: list[torch.Tensor],
 ) -> list[tuple[GradientEdge, torch.Tensor]]:
     """W's roots for the gradients B computed (one per parameter; none where no gradient flowed). The
     normalization kernels return new tensors, so none of them shares storage with a cotangent.
 
+    B computes them only where none of ``parameters`` (those of ``plan.computed_in_b``) has a tensor
+    hook: the engine's capture of a Node it does not run comes after that Node's tensor pre-hooks, so a
+    hook on such a parameter (``register_hook``, ``register_multi_grad_hook``) would run in B and again
+    in W. A stage with parameter-only outputs keeps them in W too (their root would meet the captured
+    sum on one Node). Hooks on the AccumulateGrad Node itself (DDP's, FSDP's) and post-accumulate-grad
+    hooks run in W either way; tensor hooks added from C++ do not show
+    (:func:`graphkit.graph._autograd.has_tensor_hooks`).
+
     Raises:
-        SplitError: one of those parameters got a tensor hook during B (from another hook): the
-            engine's capture may have run it in B already, and W would run it again.
+        SplitError: one of ``parameters`` got a tensor hook during B (from another hook): the engine's
+            capture may have run it in B already, and W would run it again.
     """
-    if any(_autograd.has_tensor_hooks(nodes[target].variable) for target, _ in plan.computed_in_b):
+    if any(map(_autograd.has_tensor_hooks, parameters)):
         raise SplitError(
             "a tensor hook was registered on a normalization parameter while B ran (from another hook); "
             "B computes these parameters' gradients itself and may have run the hook already, so W would "
