@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+from unittest import mock
 
 import pytest
 import torch
@@ -319,6 +320,62 @@ def test_restricting_params_leaves_the_others_alone_and_computes_nothing_for_the
             torch.testing.assert_close(parameter.grad, expected[name])
         else:
             assert parameter.grad is None
+
+
+def _weight_only_product_graph(with_bias: bool):
+    """tanh(x @ (w1 * w2) @ w3 + bias), float64: w1 * w2 is a weight-only Node reaching two leaves."""
+    generator = torch.Generator().manual_seed(0)
+    w1, w2, w3 = (
+        torch.randn(3, 3, dtype=torch.float64, generator=generator, requires_grad=True) for _ in "123"
+    )
+    bias = torch.randn(3, dtype=torch.float64, generator=generator, requires_grad=True) if with_bias else None
+    x = torch.randn(4, 3, dtype=torch.float64, generator=generator, requires_grad=True)
+    cotangent = torch.randn(4, 3, dtype=torch.float64, generator=generator)
+
+    def forward() -> torch.Tensor:
+        product = x @ (w1 * w2) @ w3
+        return torch.tanh(product if bias is None else product + bias)
+
+    return forward, x, cotangent, [w1, w2, w3] if bias is None else [w1, w2, w3, bias]
+
+
+@pytest.mark.parametrize("left_out_by", ["params", "requires_grad", None])
+def test_a_weight_only_node_that_also_feeds_a_left_out_parameter_leaves_that_parameter_alone(left_out_by):
+    # W's engine call starts above w1 * w2, so it must still be told which leaves to accumulate into
+    # when w2 is left out; with nothing left out it runs without inputs= (a full backward is the oracle)
+    forward, x, cotangent, (w1, w2, w3, bias) = _weight_only_product_graph(with_bias=True)
+    expected = torch.autograd.grad(forward(), [w1, w3, bias, x, w2], cotangent)
+    output = forward()
+    if left_out_by == "params":
+        state = backward_input(output, cotangent, x, params=[w1, w3, bias])
+    else:
+        if left_out_by == "requires_grad":
+            w2.requires_grad_(False)
+        state = backward_input(output, cotangent, x)
+    backward_weight(state)
+    if left_out_by is None:
+        assert torch.equal(w2.grad, expected[4])
+    else:
+        assert w2.grad is None
+    computed = [w1.grad, w3.grad, bias.grad, state.input_grads[0]]
+    for actual, wanted in zip(computed, expected[:4], strict=True):
+        assert torch.equal(actual, wanted)
+
+
+@pytest.mark.parametrize("left_out", [False, True])
+def test_without_the_private_engine_entry_the_split_falls_back_to_the_public_calls(left_out):
+    # a PyTorch without torch.autograd.graph._engine_run_backward: B and W use torch.autograd.grad and
+    # torch.autograd.backward (inputs=None where W's call needs none)
+    forward, x, cotangent, (w1, w2, w3) = _weight_only_product_graph(with_bias=False)
+    expected = torch.autograd.grad(forward(), [w1, w3, x, w2], cotangent)
+    output = forward()
+    with mock.patch.object(torch.autograd.graph, "_engine_run_backward", None):
+        state = backward_input(output, cotangent, x, params=[w1, w3] if left_out else None)
+        backward_weight(state)
+    assert torch.equal(w1.grad, expected[0])
+    assert torch.equal(w3.grad, expected[1])
+    assert torch.equal(state.input_grads[0], expected[2])
+    assert w2.grad is None if left_out else torch.equal(w2.grad, expected[3])
 
 
 def test_weight_phase_twice_is_an_error():

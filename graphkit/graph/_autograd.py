@@ -425,12 +425,13 @@ def run_engine_backward(
     checks each root gradient against its edge in C++ (``validate_outputs``: it sums a broadcast
     gradient down to the edge's shape, casts its dtype, and raises on a shape it cannot reduce), so a
     wrong gradient fails loudly. Uses the private ``torch.autograd.graph._engine_run_backward``; falls
-    back to the public call where it is missing. ``keep_graph``: as ``retain_graph``.
+    back to the public call where it is missing. ``keep_graph``: as ``retain_graph``. Empty ``inputs``:
+    every leaf the roots reach, as ``torch.autograd.backward`` without ``inputs=``.
     """
     engine_call = getattr(torch.autograd.graph, "_engine_run_backward", None)
     if engine_call is None:
         torch.autograd.backward(
-            list(roots), grad_tensors=list(grads), inputs=list(inputs), retain_graph=keep_graph
+            list(roots), grad_tensors=list(grads), inputs=list(inputs) or None, retain_graph=keep_graph
         )
         return
     engine_call(

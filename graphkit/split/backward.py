@@ -191,6 +191,9 @@ class SplitState:
     _checkpoints: CheckpointedRegions | None = field(default=None, repr=False)
     # reentrant checkpoints and compiled regions W still runs (run_once.py)
     _run_once: RunOnceNodes | None = field(default=None, repr=False)
+    # every leaf W's engine call reaches is one of _weight_tensors (no parameter left out by params= or
+    # by requires_grad), so that call needs no inputs= (see _run_weight_engine)
+    _reaches_only_weights: bool = field(default=False, repr=False)
 
     @property
     def used(self) -> bool:
@@ -634,6 +637,7 @@ def _backward_input(
         _checkpoints=checkpoints,
         # W runs what B did not (a stage without inputs that require grad runs them all in W)
         _run_once=run_once if run_once is not None and not run_once.all_ran() else None,
+        _reaches_only_weights=not excluded,
     )
     _mark_materialized(plan, work, materialized)
     if lap is not None:
@@ -1083,12 +1087,20 @@ def _run_weight_engine(
     fires it. A second root, a zero gradient towards a throwaway leaf that is no input of the call (so the
     engine runs nothing for it), keeps the GraphRoot.
     """
+    inputs = state._weight_tensors
     if len(roots) == 1:
         spare = torch.zeros((), requires_grad=True)
         roots = [*roots, _autograd.gradient_edge(spare)]
         root_grads = [*root_grads, torch.zeros(())]
+    elif state._reaches_only_weights and state._checkpoints is None and state._run_once is None:
+        # Every Node the roots reach is weight-only and every leaf it reaches is a weight: the engine
+        # runs the same Nodes and accumulates into the same leaves without inputs=, and skips building
+        # its per-Node execution flags (init_to_execute in torch/csrc/autograd/engine.cpp), a traversal
+        # of the weight-only graph: W 4448 -> 4304 us on a 12-layer d=64 encoder, 2282 -> 2139 us on a
+        # 48-layer MLP (one thread, alternating in one process).
+        inputs = ()
     try:
-        _autograd.run_engine_backward(roots, root_grads, state._weight_tensors, retain_graph)
+        _autograd.run_engine_backward(roots, root_grads, inputs, retain_graph)
     except RuntimeError as error:
         raise _freed_error(error) from error
 
