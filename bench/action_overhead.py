@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     for rank in timeline["ranks"]:
         for action in rank["actions"]:
             if action["phase"] == "run" and action["kind"] in ("F", "I", "W", "B"):
-                key = (action["stage_index"], action["kind"])
+                key = (action["stage"], action["kind"])
                 durations.setdefault(key, []).append(action["end"] - action["start"])
     costs = spec_costs(
         arguments.spec,

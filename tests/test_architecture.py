@@ -1,9 +1,10 @@
-"""The package's layout: folders by layer, imports one way, no module shadowing an exported function.
+"""The package's layout: folders by layer, imports one way, no module shadowing an exported function, and
+one home for schedules as data.
 
 Layers, lowest first: ``graph`` and ``models`` (side by side, independent of each other), ``analysis``,
-``split``, ``drawing``, the package's public API (``graphkit/__init__.py``, ``graphkit/pipelining.py``), then
-the command line on top: the ``graphkit/cli/`` package and its entry point ``graphkit/__main__.py``, which
-nothing else imports. A module-level import never points from a lower layer to a higher one; inside a
+``split``, ``measure``, ``pipelining``, ``drawing``, ``apps``, the package's public API
+(``graphkit/__init__.py``), then the command line on top: the ``graphkit/cli/`` package and its entry
+point ``graphkit/__main__.py``, which nothing else imports. A module-level import never points from a lower layer to a higher one; inside a
 function, only the display hooks (``_repr_*`` methods of graphs and groups) may reach for drawing. Below the
 command line, graphkit modules import each other at module level only (a cycle is restructured, not hidden
 in a function): the exceptions are those display hooks and the lazy ``__getattr__`` of
@@ -323,3 +324,62 @@ def test_import_graphkit_stays_light():
     )
     result = run_python(script)
     assert result.stdout.strip() == "[]"
+
+
+SCHEDULE_DATA = PACKAGE / "pipelining" / "planning"
+
+
+def schedule_data_outside_planning(path: Path) -> list[str]:
+    """What ``path`` does that only ``pipelining/planning/`` may: define an action record (a class with
+    ``kind``, ``microbatch`` and ``stage`` or ``stage_index`` fields) or read and write CSV files (the
+    ``csv`` module: schedule CSVs have one reader and one writer)."""
+    if SCHEDULE_DATA in path.parents:
+        return []
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ClassDef):
+            fields = {
+                item.target.id
+                for item in node.body
+                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+            }
+            if {"kind", "microbatch"} <= fields and fields & {"stage", "stage_index"}:
+                found.append(f"line {node.lineno}: class {node.name} is an action record")
+        elif isinstance(node, ast.Import) and any(alias.name == "csv" for alias in node.names):
+            found.append(f"line {node.lineno}: imports csv")
+        elif isinstance(node, ast.ImportFrom) and node.module == "csv":
+            found.append(f"line {node.lineno}: imports from csv")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_only_planning_defines_action_records_or_reads_schedule_csv(path: Path):
+    assert schedule_data_outside_planning(path) == []
+
+
+def test_the_schedule_data_checker_reports_records_and_csv_outside_planning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    fake_package = tmp_path / "graphkit"
+    (fake_package / "pipelining" / "planning").mkdir(parents=True)
+    source = (
+        "import csv\n"
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class Step:\n"
+        "    stage_index: int\n"
+        "    kind: str\n"
+        "    microbatch: int\n"
+        "class Other:\n"
+        "    kind: str\n"
+    )
+    outside = fake_package / "pipelining" / "recorder.py"
+    inside = fake_package / "pipelining" / "planning" / "actions.py"
+    outside.write_text(source)
+    inside.write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "SCHEDULE_DATA", fake_package / "pipelining" / "planning")
+    assert schedule_data_outside_planning(outside) == [
+        "line 1: imports csv",
+        "line 4: class Step is an action record",
+    ]
+    assert schedule_data_outside_planning(inside) == []

@@ -487,7 +487,7 @@ def test_verify_pipeline_timeline_draws_the_checked_step(
     from collections import Counter
 
     from graphkit.cli import main
-    from graphkit.pipelining.recording import ScheduleTimeline
+    from graphkit.pipelining.planning import ScheduleTimeline
 
     svg, data = tmp_path / "checked.svg", tmp_path / "checked.json"
     command = ["verify-pipeline", "zoo-pipeline:mlp", "--schedule", "ZBVZeroBubble", "--microbatches", "4"]
@@ -499,7 +499,7 @@ def test_verify_pipeline_timeline_draws_the_checked_step(
     (rank,) = timeline.ranks
     assert timeline.schedule == "ScheduleZBVZeroBubble" and rank.stages == [0, 1]
     assert rank.compute_order() == rank.expected_order  # the schedule's own action list
-    counts = Counter((action.stage_index, action.kind) for action in rank.compute_actions())
+    counts = Counter((action.stage, action.kind) for action in rank.compute_actions())
     assert counts == {(stage, kind): 4 for stage in (0, 1) for kind in "FIW"}  # one step recorded: the last
     assert main([*command, "--json", "--timeline", str(tmp_path / "again.html")]) == 0
     payload = json.loads(capsys.readouterr().out)

@@ -21,14 +21,8 @@ from graphkit.models.pipeline_specs import mlp_pipeline
 from graphkit.models.specs import SpecError
 from graphkit.pipelining import recording as schedule_recording
 from graphkit.pipelining.launcher import local_process_group
-from graphkit.pipelining.recording import (
-    COMPUTE_KINDS,
-    ScheduleRecorder,
-    ScheduleTimeline,
-    TimelineError,
-    record_schedules,
-    schedule_on_rank,
-)
+from graphkit.pipelining.planning import COMPUTE_KINDS, ScheduleTimeline, TimelineError
+from graphkit.pipelining.recording import ScheduleRecorder, record_schedules, schedule_on_rank
 from graphkit.pipelining.schedules import common_stage_count, stage_count, stage_indices
 
 MULTI_STAGE = ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
@@ -69,7 +63,7 @@ def test_every_schedule_runs_the_same_modules_placed_as_pytorch_places_them():
     assert placement("Interleaved1F1B", 2) == (4, [[0, 2], [1, 3]])
     modules = [nn.Linear(2, 2) for _ in range(4)]
     chained = schedule_recording.chained_stage_modules(modules, 2, 2, "1F1B")
-    assert [list(part.parts) for part in chained] == [modules[:2], modules[2:]]
+    assert [list(part.stages) for part in chained] == [modules[:2], modules[2:]]
     with pytest.raises(TimelineError, match="do not divide"):
         schedule_recording.chained_stage_modules(modules[:3], 2, 1, "ZBVZeroBubble")
 
@@ -97,9 +91,7 @@ def test_recorded_compute_order_is_the_schedules_own_action_list(recorded_in_pro
 def test_every_microbatch_runs_forward_and_backward_once_per_stage(recorded_in_process):
     for timeline in recorded_in_process:
         (rank,) = timeline.ranks
-        counts = Counter(
-            (action.stage_index, action.microbatch, action.kind) for action in rank.compute_actions()
-        )
+        counts = Counter((action.stage, action.microbatch, action.kind) for action in rank.compute_actions())
         for stage in rank.stages:
             for microbatch in range(4):
                 assert counts[(stage, microbatch, "F")] == 1

@@ -8,13 +8,7 @@ import json
 
 import pytest
 
-from graphkit.pipelining.planner import (
-    BUILT_IN_SCHEDULES,
-    costs_from_json,
-    merge_stage_costs,
-    plan_schedules,
-    what_if_table,
-)
+from graphkit.pipelining.planner import BUILT_IN_SCHEDULES, plan_schedules
 from graphkit.pipelining.planning import (
     Action,
     StageCost,
@@ -25,6 +19,8 @@ from graphkit.pipelining.planning import (
     zb_h1,
     zb_h2,
 )
+from graphkit.pipelining.planning.cost_model import costs_from_json, merge_stage_costs
+from graphkit.pipelining.schedule_plan import what_if_table
 from graphkit.pipelining.schedules import (
     GENERATED_SCHEDULES,
     SCHEDULE_NAMES,
@@ -77,19 +73,19 @@ def test_every_schedule_simulates_deadlock_free(name, ranks, microbatches):
         return
     order = schedule_order(name, ranks, microbatches)
     result = simulate(order, UNIT, microbatches=microbatches, name=name)  # raises on a deadlock or a gap
-    assert len(result.actions) == sum(map(len, order.values()))
+    assert len(result.actions) == sum(map(len, order.rows))
 
 
 @pytest.mark.parametrize(("ranks", "microbatches"), [(2, 4), (4, 8), (8, 16)])
 def test_generated_orders_are_the_zb_papers(ranks, microbatches):
-    assert schedule_order("ZBH1", ranks, microbatches) == {
+    assert schedule_order("ZBH1", ranks, microbatches).labels() == {
         r: [str(a) for a in row] for r, row in zb_h1(ranks, microbatches).items()
     }
-    assert schedule_order("ZBH2", ranks, microbatches) == {
+    assert schedule_order("ZBH2", ranks, microbatches).labels() == {
         r: [str(a) for a in row] for r, row in zb_h2(ranks, microbatches).items()
     }
     adaptive = adaptive_schedule(UNIT, ranks, microbatches)
-    assert schedule_order("Adaptive", ranks, microbatches) == {
+    assert schedule_order("Adaptive", ranks, microbatches).labels() == {
         r: [str(a) for a in row] for r, row in adaptive.items()
     }
 
@@ -130,7 +126,7 @@ def test_plan_ranks_every_schedule_and_writes_the_best_as_a_runnable_csv(tmp_pat
     assert plan.best.predicted_seconds == min(steps)
     assert plan.by_name("ZBH1").predicted_seconds < plan.baseline.predicted_seconds
     best = read_schedule_csv(tmp_path / "best.csv")
-    assert {rank: [str(a) for a in row] for rank, row in best.items()} == plan.best.order
+    assert best == plan.best.order.actions()
     saved = json.loads((tmp_path / "plan.json").read_text())
     assert saved["schedules"][0]["schedule"] == plan.best.name
     assert saved["schedules"][0]["peak_memory_bytes"] == list(plan.best.simulation.peak_memory_bytes)
@@ -219,7 +215,7 @@ def test_generated_schedules_are_exact_over_two_gloo_ranks_for_two_and_four_stag
 
 @pytest.mark.slow
 def test_the_simulator_fed_recorded_durations_predicts_the_recorded_step_within_10_percent():
-    from graphkit.pipelining.planner import DEFAULT_COMM, predict_recorded
+    from graphkit.pipelining.planning.calibration import DEFAULT_COMM, predict_recorded
     from graphkit.pipelining.recording import record_schedules
 
     def errors() -> dict[str, float]:
@@ -246,11 +242,11 @@ def test_the_simulator_fed_recorded_durations_predicts_the_recorded_step_within_
 
 
 def test_recorded_gaps_with_nothing_to_wait_for_are_the_runtimes_overhead():
-    from graphkit.pipelining.planner import predict_recorded, runtime_overhead
-    from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
+    from graphkit.pipelining.planning import Action, RankTimeline, ScheduleTimeline, TimedAction
+    from graphkit.pipelining.planning.calibration import predict_recorded, runtime_overhead
 
     def rank(index, actions, step):
-        recorded = [RecordedAction(kind, stage, 0, start, end) for kind, stage, start, end in actions]
+        recorded = [TimedAction(Action(stage, kind, 0), start, end) for kind, stage, start, end in actions]
         return RankTimeline(index, [index], recorded, step, None)
 
     timeline = ScheduleTimeline(
@@ -305,7 +301,7 @@ def _machine_step(name, costs, overhead, latency, ranks=2, microbatches=6, send=
 
 
 def test_measure_runtime_reads_back_the_overhead_send_cost_and_latency_a_step_was_made_with():
-    from graphkit.pipelining.planner import calibrate_runtime, measure_runtime
+    from graphkit.pipelining.planning.calibration import calibrate_runtime, measure_runtime
 
     costs = [StageCost(1.0, 0.75, 0.5, full_backward=1.25), StageCost(1.5, 1.0, 0.5, full_backward=1.5)]
     for overhead, latency, send in ((0.25, 0.5, 0.0), (0.1, 0.0, 0.2), (0.0, 0.3, 0.05)):
@@ -324,7 +320,7 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     # the measured costs: plan_schedules(run=True) calibrates each schedule on the others recorded with it
     # and must then predict every recorded step exactly (they come from the same machine)
     from graphkit.pipelining import planner
-    from graphkit.pipelining.planner import first_stage_as_run, slowed
+    from graphkit.pipelining.planning.cost_model import first_stage_as_run, slowed
 
     measured = costs_from_json(costs_json(2, f=2 * MS, i=1.5 * MS, w=1 * MS))
     on_machine = slowed(first_stage_as_run(measured), 1.25)
@@ -332,7 +328,8 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
 
     pinned = []
 
-    def record(pipeline, names, pin_cores=False, **_):
+    def record(pipeline, schedules, pin_cores=False, **_):
+        names = [schedule_name(schedule) for schedule in schedules]  # generated ones come as their orders
         recorded_names.extend(names)
         pinned.append(pin_cores)
         return [

@@ -19,7 +19,7 @@ from graphkit.drawing.timeline import (
     timeline_svg,
     write_timeline,
 )
-from graphkit.pipelining.recording import RankTimeline, RecordedAction, ScheduleTimeline
+from graphkit.pipelining.planning import Action, RankTimeline, ScheduleTimeline, TimedAction
 
 GOLDEN = Path(__file__).parent / "golden" / "timeline_two_ranks.svg"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -29,20 +29,20 @@ def hand_made_timeline() -> ScheduleTimeline:
     """Two ranks, one microbatch through two stages, in milliseconds that are easy to add up."""
     ms = 1e-3
     rank0 = [
-        RecordedAction("F", 0, 0, 0 * ms, 2 * ms),
-        RecordedAction("SEND_F", 0, 0, 2 * ms, 2.2 * ms, "issue"),
-        RecordedAction("RECV_B", 0, 0, 2.2 * ms, 2.3 * ms, "issue"),
-        RecordedAction("RECV_B", 0, 0, 2.3 * ms, 6 * ms, "wait", 4096),
-        RecordedAction("I", 0, 0, 6 * ms, 8 * ms, memory_bytes=8192),
-        RecordedAction("W", 0, 0, 8 * ms, 9 * ms, memory_bytes=0),
+        TimedAction(Action(0, "F", 0), 0 * ms, 2 * ms),
+        TimedAction(Action(0, "SEND_F", 0), 2 * ms, 2.2 * ms, "issue"),
+        TimedAction(Action(0, "RECV_B", 0), 2.2 * ms, 2.3 * ms, "issue"),
+        TimedAction(Action(0, "RECV_B", 0), 2.3 * ms, 6 * ms, "wait", 4096),
+        TimedAction(Action(0, "I", 0), 6 * ms, 8 * ms, memory_bytes=8192),
+        TimedAction(Action(0, "W", 0), 8 * ms, 9 * ms, memory_bytes=0),
     ]
     rank1 = [
-        RecordedAction("RECV_F", 1, 0, 0 * ms, 0.1 * ms, "issue"),
-        RecordedAction("RECV_F", 1, 0, 0.1 * ms, 2.4 * ms, "wait"),
-        RecordedAction("F", 1, 0, 2.4 * ms, 4 * ms),
-        RecordedAction("I", 1, 0, 4 * ms, 6 * ms),
-        RecordedAction("SEND_B", 1, 0, 6 * ms, 6.1 * ms, "issue"),
-        RecordedAction("W", 1, 0, 6.1 * ms, 7 * ms),
+        TimedAction(Action(1, "RECV_F", 0), 0 * ms, 0.1 * ms, "issue"),
+        TimedAction(Action(1, "RECV_F", 0), 0.1 * ms, 2.4 * ms, "wait"),
+        TimedAction(Action(1, "F", 0), 2.4 * ms, 4 * ms),
+        TimedAction(Action(1, "I", 0), 4 * ms, 6 * ms),
+        TimedAction(Action(1, "SEND_B", 0), 6 * ms, 6.1 * ms, "issue"),
+        TimedAction(Action(1, "W", 0), 6.1 * ms, 7 * ms),
     ]
     return ScheduleTimeline(
         "ScheduleHandMade",

@@ -138,7 +138,8 @@ def add_recording_options(parser: argparse.ArgumentParser) -> None:
 
 def record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
     """One recorded timeline per schedule name, with the options of :func:`add_recording_options`."""
-    from graphkit.pipelining.recording import TimelineError, record_schedules
+    from graphkit.pipelining.planning.timelines import TimelineError
+    from graphkit.pipelining.recording import record_schedules
 
     try:
         return record_schedules(

@@ -113,9 +113,11 @@ def add_plan_command(commands: Any) -> None:
 
 
 def run_plan(arguments: argparse.Namespace) -> int:
-    from graphkit.pipelining.planner import DEFAULT_COMM, plan_schedules, what_if_table
+    from graphkit.pipelining.planner import plan_schedules
+    from graphkit.pipelining.planning.calibration import DEFAULT_COMM
     from graphkit.pipelining.planning.cost_model import CommModel
-    from graphkit.pipelining.recording import TimelineError
+    from graphkit.pipelining.planning.timelines import TimelineError
+    from graphkit.pipelining.schedule_plan import what_if_table
 
     if arguments.spec is None and arguments.costs is None:
         raise ValueError("give a PIPELINE_SPEC or --costs FILE.json")

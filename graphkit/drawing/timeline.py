@@ -29,7 +29,8 @@ from graphkit.drawing.labels import format_bytes
 from graphkit.drawing.palette import FONT, SECONDARY_TEXT
 from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError
 from graphkit.drawing.templating import environment
-from graphkit.pipelining.recording import COMPUTE_KINDS, RecordedAction, ScheduleTimeline
+from graphkit.pipelining.planning.actions import TimedAction
+from graphkit.pipelining.planning.timelines import ScheduleTimeline
 
 __all__ = [
     "KIND_COLOURS",
@@ -151,11 +152,11 @@ def _percent(fraction: float) -> str:
     return f"{100 * fraction:.1f}%"
 
 
-def _action_title(action: RecordedAction, rank: int) -> str:
+def _action_title(action: TimedAction, rank: int) -> str:
     what = {"run": "", "issue": " (issued)", "wait": " (waited for)"}[action.phase]
     memory = "" if action.memory_bytes is None else f", memory {format_bytes(max(action.memory_bytes, 0))}"
     return (
-        f"rank {rank}: {action.label}{what} - stage {action.stage_index}, microbatch {action.microbatch}, "
+        f"rank {rank}: {action.label}{what} - stage {action.stage}, microbatch {action.microbatch}, "
         f"{action.start * 1e3:.3f}-{action.end * 1e3:.3f} ms{memory}"
     )
 
@@ -260,11 +261,11 @@ def _layout(timelines: list[ScheduleTimeline]) -> _Layout:
                 width = max((action.end - action.start) * scale, 0.6)
                 data = {
                     "kind": action.kind,
-                    "stage": str(action.stage_index),
+                    "stage": str(action.stage),
                     "microbatch": str(action.microbatch),
                     "phase": action.phase,
                 }
-                if action.kind in COMPUTE_KINDS:
+                if action.is_compute:
                     label = action.label if width >= 7.5 * len(action.label) else ""
                     boxes.append(
                         _Box(

@@ -17,7 +17,10 @@ With the tracing frontend (``pipeline()`` then ``build_stage``) the one import i
 (``pipeline``, ``pipe_split`` and ``SplitPoint`` are PyTorch's own objects, re-exported unchanged; only
 ``build_stage`` is graphkit's.)
 
-The one home of graphkit's ``torch.distributed.pipelining`` integration, a module per idea:
+The one home of graphkit's ``torch.distributed.pipelining`` integration, a module per idea, in two wings
+that barely touch.
+
+The drop-in runtime (what a user's training runs):
 
 - :mod:`~graphkit.pipelining.stage`: :class:`PipelineStage`, PyTorch's stage whose I (input-gradient
   backward, B in the ZB paper) and W actions run graphkit's B and W phases, and :func:`build_stage`
@@ -28,17 +31,23 @@ The one home of graphkit's ``torch.distributed.pipelining`` integration, a modul
 - :mod:`~graphkit.pipelining.data_parallel`: DDP / FSDP2 settings around B and W;
 - :mod:`~graphkit.pipelining.gradient_scaling`: a parameter that stages on one rank share, divided by
   the number of microbatches once per step;
-- :mod:`~graphkit.pipelining.schedules`: the one schedule vocabulary: names, classes, stage placement,
-  stage counts, building a schedule, CSV schedules;
+- :mod:`~graphkit.pipelining.tracing_frontend`: :func:`trace_pipeline`, a pipeline spec's stage modules
+  composed into one model (:class:`StageChain`) and cut by ``pipeline()`` (:class:`TracedPipeline`).
+
+The schedules (choosing, running, recording and checking them):
+
+- :mod:`~graphkit.pipelining.planning`: the one home of schedules as data - the action record, parsed
+  schedules and their CSV files, costs, generators, the simulator, timelines, calibration (no torch);
+- :mod:`~graphkit.pipelining.schedules`: schedule names, classes, stage placement, stage counts, building
+  a schedule over this rank's stages;
 - :mod:`~graphkit.pipelining.launcher`: the one way to start ranks: free port, process group, deadline,
   ending only the processes it started;
-- :mod:`~graphkit.pipelining.tracing_frontend`: :func:`trace_pipeline`, a pipeline spec's stage modules
-  composed into one model (:class:`StageChain`) and cut by ``pipeline()`` (:class:`TracedPipeline`);
 - :mod:`~graphkit.pipelining.recording`: what a real schedule step ran on every rank, and when;
 - :mod:`~graphkit.pipelining.verification`: :func:`verify_pipeline`, a real schedule step against a full
   backward (``graphkit verify-pipeline``);
-- :mod:`~graphkit.pipelining.planning`: schedules simulated from per-stage costs, and ZB-H1, ZB-H2 and
-  adaptive schedules generated from them.
+- :mod:`~graphkit.pipelining.schedule_plan`: the planner's answer as data (:class:`SchedulePlan`);
+- :mod:`~graphkit.pipelining.planner`: ``graphkit plan``: measure costs, simulate every schedule, rank
+  them, record the best and calibrate (orchestration only).
 
 The pipeline specs every pipeline command takes (:class:`PipelineModel`, :func:`load_pipeline_spec`,
 :func:`load_stage_or_pipeline`) come from :mod:`graphkit.models.pipeline_specs` and are re-exported here.

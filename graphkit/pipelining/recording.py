@@ -47,6 +47,7 @@ from torch import nn
 from torch.distributed.pipelining import schedules as torch_schedules
 
 from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineModel, load_pipeline_spec
+from graphkit.models.stage_chain import StageChain
 from graphkit.pipelining.launcher import (
     LaunchError,
     free_port,
@@ -54,32 +55,24 @@ from graphkit.pipelining.launcher import (
     run_on_processes,
     usable_cores,
 )
+from graphkit.pipelining.planning.actions import Action, TimedAction, compute_actions
+from graphkit.pipelining.planning.timelines import RankTimeline, ScheduleTimeline, TimelineError
 from graphkit.pipelining.schedules import (
+    Schedule,
     build_schedule,
     check_microbatches,
     common_stage_count,
+    resolve_schedule,
     schedule_name,
     stage_count,
     stage_indices,
 )
-from graphkit.pipelining.timelines import (
-    COMPUTE_KINDS,
-    RankTimeline,
-    RecordedAction,
-    ScheduleTimeline,
-    TimelineError,
-    compute_labels,
-)
 
 __all__ = [
-    "COMPUTE_KINDS",
     "STAGE_CLASSES",
-    "RankTimeline",
-    "RecordedAction",
     "ScheduleRecorder",
-    "ScheduleTimeline",
-    "TimelineError",
     "chained_stage_modules",
+    "resolve_stage_class",
     "memory_probe",
     "record_rank_step",
     "record_schedules",
@@ -162,7 +155,8 @@ class ScheduleRecorder:
         memory: a function returning memory in use in bytes, sampled when each action ends; or None.
         clock: seconds, monotonic (``time.perf_counter``).
 
-    After the block, :attr:`actions` holds :class:`RecordedAction` in the order they started, times
+    After the block, :attr:`actions` holds a :class:`~graphkit.pipelining.planning.actions.TimedAction` for
+    each action, in the order they ended, times
     relative to :meth:`start` (or to entering the block). One recorder at a time per process.
 
     Raises:
@@ -178,13 +172,13 @@ class ScheduleRecorder:
         self.stages = list(stages)
         self.memory = memory
         self.clock = clock
-        self.actions: list[RecordedAction] = []
+        self.actions: list[TimedAction] = []
         self._origin = 0.0
         self._memory_origin = 0
         self._saved: list[tuple[Any, str, Any]] = []
         self._module_saved: list[tuple[str, Any]] = []
-        self._op_tags: dict[int, tuple[Any, str, int, int]] = {}
-        self._work_tags: dict[int, tuple[Any, list[tuple[str, int, int]]]] = {}
+        self._op_tags: dict[int, tuple[Any, Action]] = {}
+        self._work_tags: dict[int, tuple[Any, list[Action]]] = {}
         for stage in self.stages:
             missing = [
                 name for name in (*_STAGE_METHODS, *_OPS_METHODS) if not callable(getattr(stage, name, None))
@@ -272,17 +266,8 @@ class ScheduleRecorder:
             try:
                 return original(*args, **kwargs)
             finally:
-                self.actions.append(
-                    RecordedAction(
-                        kind,
-                        int(stage.stage_index),
-                        int(bound.arguments[chunk_argument]),
-                        start,
-                        self.now(),
-                        "run",
-                        self._memory_now(),
-                    )
-                )
+                action = Action(int(stage.stage_index), kind, int(bound.arguments[chunk_argument]))
+                self.actions.append(TimedAction(action, start, self.now(), "run", self._memory_now()))
 
         return recorded
 
@@ -292,7 +277,7 @@ class ScheduleRecorder:
         def tagged(chunk_id: int, *args: Any, **kwargs: Any) -> Any:
             ops = original(chunk_id, *args, **kwargs)
             for op in ops:
-                self._op_tags[id(op)] = (op, kind, int(stage.stage_index), int(chunk_id))
+                self._op_tags[id(op)] = (op, Action(int(stage.stage_index), kind, int(chunk_id)))
             return ops
 
         return tagged
@@ -302,13 +287,12 @@ class ScheduleRecorder:
             start = self.now()
             works = original(p2p_ops, *args, **kwargs)
             end = self.now()
-            tags: list[tuple[str, int, int]] = []
+            tags: list[Action] = []
             for op in p2p_ops:
                 found = self._op_tags.pop(id(op), None)
-                if found is not None and (found[1], found[2], found[3]) not in tags:
-                    tags.append((found[1], found[2], found[3]))
-            for kind, stage_index, microbatch in tags:
-                self.actions.append(RecordedAction(kind, stage_index, microbatch, start, end, "issue", None))
+                if found is not None and found[1] not in tags:
+                    tags.append(found[1])
+            self.actions += [TimedAction(action, start, end, "issue", None) for action in tags]
             for work in works or []:
                 self._work_tags[id(work)] = (work, tags)
             return works
@@ -320,15 +304,14 @@ class ScheduleRecorder:
             start = self.now()
             result = original(works, *args, **kwargs)
             end = self.now()
-            tags: list[tuple[str, int, int]] = []
+            tags: list[Action] = []
             for work in works or []:
                 found = self._work_tags.pop(id(work), None)
                 for tag in found[1] if found is not None else ():
                     if tag not in tags:
                         tags.append(tag)
             memory = self._memory_now()
-            for kind, stage_index, microbatch in tags:
-                self.actions.append(RecordedAction(kind, stage_index, microbatch, start, end, "wait", memory))
+            self.actions += [TimedAction(action, start, end, "wait", memory) for action in tags]
             return result
 
         return wait
@@ -348,7 +331,7 @@ def schedule_compute_order(schedule: Any, rank: int) -> list[str]:
     order = getattr(schedule, "pipeline_order_with_comms", None) or getattr(schedule, "pipeline_order", None)
     if not order or rank not in order:
         return []
-    return compute_labels(order[rank])
+    return [str(action) for action in compute_actions(order[rank])]
 
 
 def schedule_comm_order(schedule: Any, rank: int) -> list[str]:
@@ -369,20 +352,6 @@ def schedule_comm_order(schedule: Any, rank: int) -> list[str]:
 
 
 # --- building stages and schedules ------------------------------------------------------------------------
-class _Chain(nn.Module):
-    """Consecutive pipeline stages run as one: each one's outputs are the next one's positional inputs."""
-
-    def __init__(self, modules: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.parts = nn.ModuleList(modules)
-
-    def forward(self, *args: Any) -> Any:
-        result: Any = args
-        for part in self.parts:
-            result = part(*(result if isinstance(result, tuple) else (result,)))
-        return result
-
-
 def chained_stage_modules(
     modules: Sequence[nn.Module], num_stages: int, ranks: int, schedule: str
 ) -> list[nn.Module]:
@@ -401,7 +370,7 @@ def chained_stage_modules(
     chained = []
     for stage_index in range(num_stages):
         parts = list(modules[stage_index * per_stage : (stage_index + 1) * per_stage])
-        chained.append(parts[0] if len(parts) == 1 else _Chain(parts))
+        chained.append(parts[0] if len(parts) == 1 else StageChain(parts))
     return chained
 
 
@@ -412,7 +381,7 @@ STAGE_CLASSES = {
 """The stage classes by the names of ``--stage``: graphkit's (the default) and PyTorch's own."""
 
 
-def _resolve_stage_class(stage_class: str | type | None) -> Any:
+def resolve_stage_class(stage_class: str | type | None) -> Any:
     """The class for ``graphkit`` (or None), ``torch``, ``package.module:Class`` or a class.
 
     Raises:
@@ -434,7 +403,7 @@ def _resolve_stage_class(stage_class: str | type | None) -> Any:
 
 def schedule_on_rank(
     modules: Sequence[nn.Module],
-    schedule: str | type,
+    schedule: Schedule,
     microbatches: int,
     rank: int,
     ranks: int,
@@ -460,7 +429,7 @@ def schedule_on_rank(
     except ValueError as error:
         raise TimelineError(str(error)) from None
     chained = chained_stage_modules(modules, num_stages, ranks, schedule_name(schedule))
-    factory = _resolve_stage_class(stage_class)
+    factory = resolve_stage_class(stage_class)
     stages = [factory(chained[index].to(device), index, num_stages, device) for index in mine]
     return build_schedule(schedule, stages, microbatches, loss_fn, ranks=ranks), stages
 
@@ -468,7 +437,7 @@ def schedule_on_rank(
 # --- running ----------------------------------------------------------------------------------------------
 def _prepare_schedule(
     pipeline: Any,
-    name: str,
+    name: Schedule,
     microbatches: int,
     rank: int,
     ranks: int,
@@ -567,7 +536,7 @@ def _record_step(
 
 def _record_rank(
     pipeline: Any,
-    schedules: Sequence[str],
+    schedules: Sequence[Schedule],
     microbatches: int,
     rank: int,
     ranks: int,
@@ -609,7 +578,7 @@ def _record_rank(
         # _PipelineScheduleRuntime, so they keep the name they were asked for
         label = type(built).__name__
         if type(built) is torch_schedules._PipelineScheduleRuntime:
-            label = schedule_name(name) if isinstance(name, str) else label
+            label = label if isinstance(name, type) else schedule_name(name)
         results.append((label, stages[0].num_stages, chosen, method))
     del prepared, rounds
     gc.collect()
@@ -622,7 +591,7 @@ def _load(spec: Any, num_stages: int, batch_size: int) -> PipelineModel:
 
 
 def _record_spawned_rank(
-    spec: str, schedules: list[str], microbatches: int, device: str, options: dict[str, Any]
+    spec: str, schedules: list[Schedule], microbatches: int, device: str, options: dict[str, Any]
 ) -> list[tuple[str, int, RankTimeline, str]]:
     """What one spawned rank runs (:func:`~graphkit.pipelining.launcher.run_on_processes` has joined it to
     the group and set its threads and device)."""
@@ -663,14 +632,19 @@ def record_schedules(
 
     Args:
         pipeline: a pipeline spec (:mod:`graphkit.models.pipeline_specs`), built with
-            :func:`pipeline_stage_count` stages and ``batch_size`` rows, under seed 0 on every rank; or
+            as many stages as every schedule runs
+            (:func:`~graphkit.pipelining.schedules.common_stage_count`) and ``batch_size`` rows, under seed 0
+            on every rank; or
             (``ranks=1`` only) a function as a spec takes, or a loaded
             :class:`~graphkit.models.pipeline_specs.PipelineModel` with that many stages.
-        schedules: names (``"1F1B"``, ``"Interleaved1F1B"``, ``"ZBVZeroBubble"``, ...) or classes of
-            ``torch.distributed.pipelining`` schedules.
+        schedules: names (``"1F1B"``, ``"Interleaved1F1B"``, ``"ZBVZeroBubble"``, ``"csv:PATH"``, ...),
+            classes of ``torch.distributed.pipelining`` schedules, or
+            :class:`~graphkit.pipelining.planning.actions.ScheduleOrder` objects (passed to the ranks as
+            they are; a ``csv:PATH`` is read here, once).
         microbatches: microbatches per step; the batch is split into them along dimension 0.
         ranks: 1 runs every stage in this process (a world-size-1 gloo group); more spawns that many
-            processes on 127.0.0.1, each running its stages (see :func:`stage_assignment`).
+            processes on 127.0.0.1, each running its stages (placed as
+            :func:`~graphkit.pipelining.schedules.stage_indices` says).
         device: ``cpu`` (gloo) or ``cuda`` (NCCL, rank ``r`` on GPU ``r % device_count``).
         threads: intra-op CPU threads per rank (1 keeps ranks from competing for cores).
         timeout_s: the process group's timeout, and the deadline of the whole run in seconds; past it,
@@ -701,10 +675,10 @@ def record_schedules(
         )
     if stage not in STAGE_CLASSES:
         raise TimelineError(f"stage must be one of {', '.join(STAGE_CLASSES)}, got {stage!r}")
-    names = [cls.__name__ if isinstance(cls, type) else str(cls) for cls in schedules]
     try:
-        num_stages = common_stage_count(schedules, ranks, stages_per_rank)  # a bad name fails early
-        for schedule in schedules:
+        names = [resolve_schedule(schedule) for schedule in schedules]  # a bad name or file fails early
+        num_stages = common_stage_count(names, ranks, stages_per_rank)
+        for schedule in names:
             check_microbatches(schedule, microbatches)
     except ValueError as error:
         raise TimelineError(str(error)) from None
@@ -715,7 +689,7 @@ def record_schedules(
             raise TimelineError(str(error)) from None
     batch_size = batch_size if batch_size is not None else DEFAULT_MICROBATCH_SIZE * microbatches
     stage_class = stage_class if stage_class is not None else STAGE_CLASSES[stage]
-    _resolve_stage_class(stage_class)  # fail early on a class that cannot be imported
+    resolve_stage_class(stage_class)  # fail early on a class that cannot be imported
     device = torch.device(device)
     if ranks == 1:
         loaded = pipeline if isinstance(pipeline, PipelineModel) else _load(pipeline, num_stages, batch_size)
@@ -726,7 +700,7 @@ def record_schedules(
                 recorded = [
                     _record_rank(
                         loaded,
-                        list(schedules),
+                        names,
                         microbatches,
                         0,
                         1,
@@ -776,13 +750,14 @@ def record_schedules(
             if error.rank is None:  # none could start (a CUDA device asked for where there is none)
                 raise TimelineError(str(error)) from None
             raise TimelineError(f"rank {error.rank} failed: {error.detail}") from None
-    timelines = []
-    for position in range(len(names)):
-        per_rank = [recorded[rank][position] for rank in range(ranks)]
-        name, schedule_stages, _, method = per_rank[0]
-        timelines.append(
-            ScheduleTimeline(
-                name, microbatches, schedule_stages, [item[2] for item in per_rank], str(device), method
-            )
+    return [
+        ScheduleTimeline.merge(
+            [
+                ScheduleTimeline(name, microbatches, num_stages, [rank_timeline], str(device), method)
+                for name, num_stages, rank_timeline, method in (
+                    recorded[rank][position] for rank in range(ranks)
+                )
+            ]
         )
-    return timelines
+        for position in range(len(names))
+    ]

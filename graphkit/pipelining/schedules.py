@@ -10,8 +10,13 @@ case ignored (``1F1B``, ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble`
   messages; :mod:`graphkit.pipelining.planning.generation`);
 - ``Adaptive``: the ZB paper's adaptive scheduler (:func:`~graphkit.pipelining.planning.adaptive_schedule`)
   with F, I and W costing the same and no memory limit; ``graphkit plan`` builds it from measured costs and a
-  memory limit and writes it as a CSV, run as ``csv:PATH``;
-- ``csv:PATH``: a user's CSV file (its stage placement is read from the file).
+  memory limit and passes that order down as it is (and writes it as a CSV, which ``csv:PATH`` runs);
+- ``csv:PATH``: a user's CSV file (its stage placement is read from the file);
+- a :class:`~graphkit.pipelining.planning.actions.ScheduleOrder`: a schedule as data, run as it is.
+
+The generated ones come from the one registry, :mod:`graphkit.pipelining.planning.registry`. A ``csv:PATH``
+name is read once, into a :class:`~graphkit.pipelining.planning.actions.ScheduleOrder`, by
+:func:`resolve_schedule`; every function here takes the name, the class or the order.
 
 Where the stages live (as PyTorch's own ``generate_stage_to_rank_mapping`` places them):
 
@@ -28,7 +33,6 @@ known names.
 
 from __future__ import annotations
 
-import csv
 import math
 import tempfile
 from collections.abc import Callable, Sequence
@@ -37,27 +41,20 @@ from typing import Any
 
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.pipelining.planning import (
-    adaptive_schedule,
-    gpipe,
-    one_f_one_b,
-    read_schedule_csv,
-    zb_h1,
-    zb_h2,
-)
-from graphkit.pipelining.planning.cost_model import StageCost
-from graphkit.pipelining.timelines import compute_labels
+from graphkit.pipelining.planning.actions import ScheduleOrder
+from graphkit.pipelining.planning.generation import gpipe, one_f_one_b
+from graphkit.pipelining.planning.registry import GENERATED_SCHEDULES, generated_order, is_generated
 
 __all__ = [
+    "GENERATED_SCHEDULES",
     "SCHEDULE_NAMES",
     "UnknownScheduleError",
     "build_schedule",
-    "GENERATED_SCHEDULES",
     "check_microbatches",
     "common_stage_count",
-    "generated_rows",
     "io_schedule_rows",
     "is_single_stage",
+    "resolve_schedule",
     "schedule_class",
     "schedule_name",
     "schedule_order",
@@ -65,12 +62,13 @@ __all__ = [
     "stage_indices",
 ]
 
-GENERATED_SCHEDULES = ("ZBH1", "ZBH2", "Adaptive")
-"""graphkit's generated schedules: one stage per rank, separate I and W actions, run from a CSV."""
+Schedule = str | type | ScheduleOrder
+"""What names a schedule here: a name, a ``torch.distributed.pipelining`` class, or a parsed order."""
 
 SCHEDULE_NAMES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV")
 """The schedules with separate I and W actions over several stages per rank, whose W graphkit's split runs
-(``csv:PATH`` too); :data:`GENERATED_SCHEDULES` are the ones with one stage per rank."""
+(``csv:PATH`` too); ``GENERATED_SCHEDULES`` (:mod:`graphkit.pipelining.planning.registry`) are the ones with
+one stage per rank."""
 
 _V_SHAPED = frozenset({"ZBVZeroBubble", "DualPipeV"})
 
@@ -97,14 +95,17 @@ def _is_schedule(value: Any) -> bool:
     )
 
 
-def schedule_name(name: str | type) -> str:
+def schedule_name(name: Schedule) -> str:
     """The canonical name of a schedule (``"ZBVZeroBubble"``, ``"1F1B"``, ``"CSV"``, ``"csv:PATH"``).
 
-    ``name`` is a name (case and a ``Schedule`` prefix ignored) or a schedule class.
+    ``name`` is a name (case and a ``Schedule`` prefix ignored), a schedule class, or a
+    :class:`~graphkit.pipelining.planning.actions.ScheduleOrder` (its own name).
 
     Raises:
         UnknownScheduleError: an unknown name (the message lists the known ones).
     """
+    if isinstance(name, ScheduleOrder):
+        return name.name
     if isinstance(name, type):
         return name.__name__.removeprefix("Schedule")
     if name.lower().startswith("csv:"):
@@ -119,97 +120,116 @@ def schedule_name(name: str | type) -> str:
     )
 
 
-def schedule_class(name: str | type) -> type:
-    """The ``torch.distributed.pipelining`` class that runs schedule ``name`` (CSV ones:
-    ``_PipelineScheduleRuntime``).
+def resolve_schedule(name: Schedule) -> str | type | ScheduleOrder:
+    """``name`` made ready to pass down: a ``csv:PATH`` name read into its
+    :class:`~graphkit.pipelining.planning.actions.ScheduleOrder` (the one place that parses it); a class or
+    an order as they are; any other name canonical.
+
+    Raises:
+        UnknownScheduleError: as :func:`schedule_name`.
+        ScheduleError: the CSV file cannot be read, or a cell is no action (the message names the file).
+    """
+    if isinstance(name, ScheduleOrder | type):
+        return name
+    canonical = schedule_name(name)
+    if canonical.startswith("csv:"):
+        return ScheduleOrder.from_csv(canonical[4:])
+    return canonical
+
+
+def schedule_class(name: Schedule) -> type:
+    """The ``torch.distributed.pipelining`` class that runs schedule ``name`` (CSV ones, graphkit's generated
+    ones and orders: ``_PipelineScheduleRuntime``).
 
     Raises:
         UnknownScheduleError: as :func:`schedule_name`.
     """
     if isinstance(name, type):
         return name
-    canonical = schedule_name(name)
-    if canonical in ("CSV", *GENERATED_SCHEDULES) or canonical.startswith("csv:"):
+    resolved = resolve_schedule(name)
+    if isinstance(resolved, ScheduleOrder) or resolved == "CSV" or is_generated(resolved):
         return torch_schedules._PipelineScheduleRuntime
-    return torch_schedules.get_schedule_class(canonical)
+    return torch_schedules.get_schedule_class(resolved)
 
 
-def is_single_stage(name: str | type) -> bool:
-    """Whether schedule ``name`` runs one stage per rank (``GPipe``, ``1F1B``, ``ZBH1``, ``ZBH2``, ``Adaptive``)."""
-    if not isinstance(name, type) and schedule_name(name) in GENERATED_SCHEDULES:
+def is_single_stage(name: Schedule) -> bool:
+    """Whether schedule ``name`` runs one stage per rank (``GPipe``, ``1F1B``, ``ZBH1``, ``ZBH2``,
+    ``Adaptive``; an order whose every rank runs one stage)."""
+    resolved = resolve_schedule(name)
+    if isinstance(resolved, ScheduleOrder):
+        return all(len(resolved.stages_of(rank)) == 1 for rank in range(resolved.num_ranks))
+    if is_generated(resolved):
         return True
-    return issubclass(schedule_class(name), torch_schedules.PipelineScheduleSingle)
+    return issubclass(schedule_class(resolved), torch_schedules.PipelineScheduleSingle)
 
 
-def _is_v_shaped(name: str | type) -> bool:
+def _is_v_shaped(name: Schedule) -> bool:
     cls = schedule_class(name)
     return issubclass(cls, torch_schedules.ScheduleZBVZeroBubble | torch_schedules.ScheduleDualPipeV)
 
 
-def stage_count(name: str | type, ranks: int, stages_per_rank: int = 2) -> int:
+def stage_count(name: Schedule, ranks: int, stages_per_rank: int = 2) -> int:
     """How many stages the pipeline has under schedule ``name`` on ``ranks`` ranks: ``ranks`` for single-stage
-    schedules, ``2 * ranks`` for V-shaped ones, ``stages_per_rank * ranks`` for the others; for ``csv:PATH``
-    the stages its file names.
+    schedules, ``2 * ranks`` for V-shaped ones, ``stages_per_rank * ranks`` for the others; for an order
+    (``csv:PATH``) the stages it names.
 
     Raises:
         UnknownScheduleError: as :func:`schedule_name`.
     """
-    canonical = schedule_name(name)
-    if canonical.startswith("csv:"):
-        rows = _read_rows(Path(canonical[4:]))
-        return len({_stage_of(action) for row in rows for action in row if action})
-    if is_single_stage(canonical):
+    resolved = resolve_schedule(name)
+    if isinstance(resolved, ScheduleOrder):
+        return resolved.num_stages
+    if is_single_stage(resolved):
         return ranks
-    if _is_v_shaped(canonical):
+    if _is_v_shaped(resolved):
         return 2 * ranks
     return stages_per_rank * ranks
 
 
-def check_microbatches(name: str | type, microbatches: int) -> None:
-    """Refuse ``microbatches`` that a ``csv:PATH`` schedule was not written for (other schedules take any).
+def check_microbatches(name: Schedule, microbatches: int) -> None:
+    """Refuse ``microbatches`` that an order (``csv:PATH``) was not written for (other schedules take any).
 
     PyTorch's runtime otherwise stops inside the step, on one rank, with an assertion that names neither
     the file nor the option to change.
 
     Raises:
-        ValueError: the file's actions name microbatches 0 .. N - 1 and ``microbatches`` is not N; a cell
+        ValueError: the order's actions name microbatches 0 .. N - 1 and ``microbatches`` is not N; a cell
             that is no action (:class:`~graphkit.pipelining.planning.actions.ScheduleError`).
     """
-    if isinstance(name, type):
+    resolved = resolve_schedule(name)
+    if not isinstance(resolved, ScheduleOrder):
         return
-    canonical = schedule_name(name)
-    if not canonical.startswith("csv:"):
-        return
-    numbers = {action.microbatch for row in read_schedule_csv(canonical[4:]).values() for action in row}
-    if numbers and max(numbers) + 1 != microbatches:
+    planned = resolved.microbatches
+    if planned and planned != microbatches:
         raise ValueError(
-            f"{canonical} holds the actions of {max(numbers) + 1} microbatches (0 .. {max(numbers)}), "
-            f"not {microbatches}: run it with --microbatches {max(numbers) + 1} (the count it was planned "
+            f"{resolved.name} holds the actions of {planned} microbatches (0 .. {planned - 1}), "
+            f"not {microbatches}: run it with --microbatches {planned} (the count it was planned "
             "for), or plan again for this count"
         )
 
 
-def stage_indices(name: str | type, rank: int, ranks: int, stages_per_rank: int = 2) -> list[int]:
+def stage_indices(name: Schedule, rank: int, ranks: int, stages_per_rank: int = 2) -> list[int]:
     """The stage indices rank ``rank`` of ``ranks`` holds under schedule ``name``, ascending.
 
     Raises:
         UnknownScheduleError: as :func:`schedule_name`.
         ValueError: a V-shaped schedule (``ZBVZeroBubble``, ``DualPipeV``) with other than two stages per rank.
     """
-    canonical = schedule_name(name)
-    if canonical.startswith("csv:"):
-        rows = _read_rows(Path(canonical[4:]))
-        return sorted({_stage_of(action) for action in rows[rank] if action})
-    if is_single_stage(canonical):
+    resolved = resolve_schedule(name)
+    if isinstance(resolved, ScheduleOrder):
+        return resolved.stages_of(rank)
+    if is_single_stage(resolved):
         return [rank]
-    if _is_v_shaped(canonical):
+    if _is_v_shaped(resolved):
         if stages_per_rank != 2:
-            raise ValueError(f"{canonical} places exactly two stages on each rank, not {stages_per_rank}")
+            raise ValueError(
+                f"{schedule_name(resolved)} places exactly two stages on each rank, not {stages_per_rank}"
+            )
         return sorted({rank, 2 * ranks - 1 - rank})
     return [rank + loop * ranks for loop in range(stages_per_rank)]
 
 
-def common_stage_count(names: Sequence[str | type], ranks: int, stages_per_rank: int = 2) -> int:
+def common_stage_count(names: Sequence[Schedule], ranks: int, stages_per_rank: int = 2) -> int:
     """How many stage modules to build so that every schedule in ``names`` runs the same ones: the least
     common multiple of :func:`stage_count` over them (a schedule that needs fewer stages chains consecutive
     modules into one).
@@ -243,7 +263,7 @@ def io_schedule_rows(num_stages: int, ranks: int, microbatches: int) -> list[lis
 
 
 def build_schedule(
-    name: str | type,
+    name: Schedule,
     stages: Sequence[Any],
     microbatches: int,
     loss_fn: Callable[..., Any] | None,
@@ -254,7 +274,8 @@ def build_schedule(
     """Build schedule ``name`` over this rank's ``stages``.
 
     Args:
-        name: a schedule name (see the module's docstring), ``csv:PATH``, or a schedule class.
+        name: a schedule name (see the module's docstring), ``csv:PATH``, a schedule class, or a
+            :class:`~graphkit.pipelining.planning.actions.ScheduleOrder`.
         stages: this rank's pipeline stages, in ascending stage order (one for a single-stage schedule).
         microbatches: microbatches per step.
         loss_fn: ``loss_fn(output, target)`` of the last stage.
@@ -264,93 +285,63 @@ def build_schedule(
     Raises:
         UnknownScheduleError: an unknown schedule name.
     """
-    canonical = schedule_name(name)
-    cls = schedule_class(name)
-    if canonical in GENERATED_SCHEDULES:
-        rows = generated_rows(canonical, ranks, microbatches)
-        return _runtime_from_rows(rows, stages, microbatches, loss_fn, options)
+    resolved = resolve_schedule(name)
+    if is_generated(resolved):
+        resolved = generated_order(str(resolved), ranks, microbatches)
+    elif resolved == "CSV":
+        resolved = ScheduleOrder.from_actions(
+            "CSV", io_schedule_rows(stages[0].num_stages, ranks, microbatches)
+        )
+    if isinstance(resolved, ScheduleOrder):
+        return _runtime_from_order(resolved, stages, microbatches, loss_fn, options)
+    cls = schedule_class(resolved)
     if issubclass(cls, torch_schedules.PipelineScheduleSingle):
         return cls(stages[0], n_microbatches=microbatches, loss_fn=loss_fn, **options)
-    if cls is not torch_schedules._PipelineScheduleRuntime:
-        return cls(list(stages), microbatches, loss_fn=loss_fn, **options)
+    return cls(list(stages), microbatches, loss_fn=loss_fn, **options)
+
+
+def _runtime_from_order(
+    order: ScheduleOrder, stages: Sequence[Any], microbatches: int, loss_fn: Any, options: dict[str, Any]
+) -> Any:
+    """PyTorch's ``_PipelineScheduleRuntime`` loaded with ``order`` through a CSV file, as a user's would be."""
     schedule = torch_schedules._PipelineScheduleRuntime(
         list(stages), microbatches, loss_fn=loss_fn, **options
     )
-    if canonical.startswith("csv:"):
-        schedule._load_csv(canonical[4:])
-        return schedule
-    rows = io_schedule_rows(stages[0].num_stages, ranks, microbatches)
-    _load_rows(schedule, rows)
-    return schedule
-
-
-def _load_rows(schedule: Any, rows: list[list[str]]) -> None:
-    """Load per-rank action strings into a ``_PipelineScheduleRuntime`` through a CSV file, as a user would."""
     with tempfile.TemporaryDirectory(prefix="graphkit-schedule-") as folder:
         path = Path(folder) / "schedule.csv"
-        path.write_text("\n".join(",".join(row) for row in rows) + "\n")
+        order.write_csv(path)
         schedule._load_csv(str(path))
-
-
-def _runtime_from_rows(
-    rows: list[list[str]], stages: Sequence[Any], microbatches: int, loss_fn: Any, options: dict[str, Any]
-) -> Any:
-    schedule = torch_schedules._PipelineScheduleRuntime(
-        list(stages), microbatches, loss_fn=loss_fn, **options
-    )
-    _load_rows(schedule, rows)
     return schedule
 
 
-def generated_rows(name: str, ranks: int, microbatches: int) -> list[list[str]]:
-    """The per-rank action strings of a generated schedule (``ZBH1``, ``ZBH2``, ``Adaptive``), one stage per
-    rank, as its CSV holds them.
-
-    Raises:
-        UnknownScheduleError: ``name`` is not a generated schedule.
-    """
-    canonical = schedule_name(name)
-    if canonical == "ZBH1":
-        order = zb_h1(ranks, microbatches)
-    elif canonical == "ZBH2":
-        order = zb_h2(ranks, microbatches)
-    elif canonical == "Adaptive":
-        order = adaptive_schedule(
-            StageCost(1.0, 1.0, 1.0, activation_bytes=1, weight_bytes=1), ranks, microbatches
-        )
-    else:
-        raise UnknownScheduleError(
-            f"{name!r} is not one of graphkit's generated schedules {GENERATED_SCHEDULES}"
-        )
-    return [[str(action) for action in order[rank]] for rank in range(ranks)]
-
-
-def schedule_order(
-    name: str | type, ranks: int, microbatches: int, stages_per_rank: int = 2
-) -> dict[int, list[str]]:
-    """Every rank's compute actions under schedule ``name`` (``{rank: ["0F0", "0F1", ...]}``), read without
-    running it: what :func:`graphkit.pipelining.planning.simulate` predicts.
+def schedule_order(name: Schedule, ranks: int, microbatches: int, stages_per_rank: int = 2) -> ScheduleOrder:
+    """Every rank's compute actions under schedule ``name``, read without running it: what
+    :func:`graphkit.pipelining.planning.simulate` predicts.
 
     ``GPipe`` and ``1F1B`` come from :mod:`graphkit.pipelining.planning.generation` (the order their ``step``
     runs; ``Schedule1F1B.pipeline_order`` names a microbatch too many on its last rank); the multi-stage
     schedules from the ``pipeline_order`` their constructor computes (over stand-in stages); graphkit's own
-    and ``csv:PATH`` from their rows.
+    from the registry, and an order (``csv:PATH``) as it is.
 
     Raises:
         UnknownScheduleError: as :func:`schedule_name`.
     """
     from types import SimpleNamespace
 
-    canonical = schedule_name(name)
-    if canonical in GENERATED_SCHEDULES:
-        return dict(enumerate(generated_rows(canonical, ranks, microbatches)))
+    resolved = resolve_schedule(name)
+    if isinstance(resolved, ScheduleOrder):
+        return resolved
+    canonical = schedule_name(resolved)
+    if is_generated(canonical):
+        return generated_order(canonical, ranks, microbatches)
     if canonical == "CSV":
-        return dict(enumerate(io_schedule_rows(ranks * stages_per_rank, ranks, microbatches)))
-    if canonical.startswith("csv:"):
-        return dict(enumerate(_read_rows(Path(canonical[4:]))))
+        return ScheduleOrder.from_actions(
+            "CSV", io_schedule_rows(ranks * stages_per_rank, ranks, microbatches)
+        )
     if canonical in ("GPipe", "1F1B"):
-        order = (gpipe if canonical == "GPipe" else one_f_one_b)(ranks, microbatches)
-        return {rank: [str(action) for action in row] for rank, row in order.items()}
+        return ScheduleOrder.from_actions(
+            canonical, (gpipe if canonical == "GPipe" else one_f_one_b)(ranks, microbatches)
+        )
     num_stages = stage_count(canonical, ranks, stages_per_rank)
     stages = [
         SimpleNamespace(
@@ -367,21 +358,4 @@ def schedule_order(
     ]
     schedule = schedule_class(canonical)(stages, microbatches)
     order = schedule.pipeline_order
-    result: dict[int, list[str]] = {}
-    for rank in range(ranks):
-        result[rank] = compute_labels(order[rank])
-    return result
-
-
-def _read_rows(path: Path) -> list[list[str]]:
-    with path.open(newline="") as file:
-        return [[cell.strip() for cell in row] for row in csv.reader(file)]
-
-
-def _stage_of(action: str) -> int:
-    digits = ""
-    for character in action.lstrip("("):
-        if not character.isdigit():
-            break
-        digits += character
-    return int(digits)
+    return ScheduleOrder.from_actions(canonical, [order[rank] for rank in range(ranks)])

@@ -32,9 +32,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import Tensor, nn
 from torch.distributed.pipelining import SplitPoint, pipeline
+
+from graphkit.models.stage_chain import StageChain, chained_full_backward
 
 if TYPE_CHECKING:
     from graphkit.models.pipeline_specs import PipelineModel
@@ -44,24 +45,6 @@ __all__ = ["PipelineTracingError", "StageChain", "TracedPipeline", "trace_pipeli
 
 class PipelineTracingError(ValueError):
     """``pipeline()`` could not trace the stages composed into one model; the message says why."""
-
-
-class StageChain(nn.Module):
-    """Stage modules run one after another, as one model for ``pipeline()``: ``self.stages[i]``.
-
-    Stage ``i + 1`` receives stage ``i``'s output as its positional arguments (a tuple is spread), as the
-    schedules pass them; the last stage's output is returned (a 1-tuple unwrapped).
-    """
-
-    def __init__(self, stages: Iterable[nn.Module]) -> None:
-        super().__init__()
-        self.stages = nn.ModuleList(stages)
-
-    def forward(self, *values: Any) -> Any:
-        for stage in self.stages:
-            output = stage(*values)
-            values = output if isinstance(output, tuple) else (output,)
-        return values[0] if len(values) == 1 else values
 
 
 @dataclass(slots=True)
@@ -166,17 +149,12 @@ class TracedPipeline:
         ``loss_fn`` and ``backward()``; then divides the stage modules' gradients (not ``loss_fn``'s) by
         ``microbatches``, as the schedules' ``scale_grads`` does. Gradients accumulate into ``.grad``.
         """
-        for microbatch in range(microbatches):
-            values, target = self.microbatch(microbatch)
-            for stage in self.stages:
-                output = stage(*values)
-                values = output if isinstance(output, tuple) else (output,)
-            self.loss_fn(values[0] if len(values) == 1 else values, target).backward()
-        with torch.no_grad():
-            for stage in self.stages:
-                for parameter in stage.parameters():
-                    if parameter.grad is not None:
-                        parameter.grad.div_(microbatches)
+        chained_full_backward(
+            self.stages,
+            self.loss_fn,
+            (self.microbatch(index) for index in range(microbatches)),
+            (microbatches,),
+        )
 
 
 def trace_pipeline(

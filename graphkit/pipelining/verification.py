@@ -46,31 +46,34 @@ from __future__ import annotations
 import math
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage as TorchPipelineStage
 from torch.distributed.pipelining import build_stage as torch_build_stage
 
 from graphkit.models.pipeline_specs import load_pipeline_spec
 from graphkit.models.specs import model_frame
+from graphkit.models.stage_chain import StageChain, chained_full_backward
 from graphkit.pipelining.launcher import local_process_group, run_on_processes
-from graphkit.pipelining.recording import ScheduleTimeline, memory_probe, record_rank_step
+from graphkit.pipelining.planning.actions import ScheduleOrder
+from graphkit.pipelining.planning.timelines import ScheduleTimeline
+from graphkit.pipelining.recording import memory_probe, record_rank_step, resolve_stage_class
 from graphkit.pipelining.schedules import (
     GENERATED_SCHEDULES,
     SCHEDULE_NAMES,
     build_schedule,
     check_microbatches,
+    resolve_schedule,
     schedule_name,
     stage_count,
     stage_indices,
 )
-from graphkit.pipelining.stage import PipelineStage, build_stage
-from graphkit.pipelining.tracing_frontend import StageChain, trace_pipeline
+from graphkit.pipelining.stage import build_stage
+from graphkit.pipelining.tracing_frontend import trace_pipeline
 
 __all__ = ["ParameterVerification", "PipelineVerification", "PipelineCase", "verify_pipeline", "verify_cases"]
 
@@ -90,7 +93,7 @@ class PipelineCase:
     """
 
     spec: Any
-    schedule: str = "ZBVZeroBubble"
+    schedule: str | ScheduleOrder = "ZBVZeroBubble"
     microbatches: int = 4
     steps: int = 1
     stage: str = "graphkit"
@@ -298,21 +301,30 @@ def verify_cases(
     """
     for case in cases:
         _validate(case, ranks)
+    # a csv:PATH is read here, once, and its order passed down to the ranks; the results name the case asked
+    runs = [replace(case, schedule=resolve_schedule(case.schedule)) for case in cases]
     if ranks == 1 or (dist.is_initialized() and dist.get_world_size() == ranks):
         with local_process_group():
-            return _run_rank(cases)
-
-    for case in cases:
-        if case.frontend == "tracing":  # an untraceable spec: a clear error here, not one per spawned rank
-            _traced(case, stage_count(case.schedule, ranks, case.stages_per_rank), 2 * case.microbatches)
-
-    per_rank = run_on_processes(_run_rank, (cases,), world_size=ranks, deadline=deadline)
-    return [_merge([checks[index] for checks in per_rank]) for index in range(len(cases))]
+            results = _run_rank(runs)
+    else:
+        for case in runs:
+            if (
+                case.frontend == "tracing"
+            ):  # an untraceable spec: a clear error here, not one per spawned rank
+                _traced(case, stage_count(case.schedule, ranks, case.stages_per_rank), 2 * case.microbatches)
+        per_rank = run_on_processes(_run_rank, (runs,), world_size=ranks, deadline=deadline)
+        results = [_merge([checks[index] for checks in per_rank]) for index in range(len(runs))]
+    for result, case in zip(results, cases, strict=True):
+        result.case = case
+    return results
 
 
 def _validate(case: PipelineCase, ranks: int) -> None:
     known = (*SCHEDULE_NAMES, *GENERATED_SCHEDULES)
-    if schedule_name(case.schedule) not in known and not schedule_name(case.schedule).startswith("csv:"):
+    if (
+        not isinstance(resolve_schedule(case.schedule), ScheduleOrder)
+        and schedule_name(case.schedule) not in known
+    ):
         raise ValueError(
             f"unknown schedule {case.schedule!r} for verify-pipeline, which verifies the schedules with "
             f"separate I and W actions: choose one of {', '.join(known)} or csv:PATH"
@@ -365,19 +377,7 @@ def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
         for kind, count in check.backward_calls.items():
             merged.backward_calls[kind] = merged.backward_calls.get(kind, 0) + count
     if all(check.timeline is not None for check in checks):
-        first = checks[0].timeline
-        ranks = sorted(
-            (rank for check in checks for rank in check.timeline.ranks), key=lambda rank: rank.rank
-        )
-        merged.timeline = ScheduleTimeline(
-            first.schedule,
-            first.microbatches,
-            first.num_stages,
-            ranks,
-            first.device,
-            first.memory_method,
-            min(check.timeline.setup_seconds for check in checks),
-        )
+        merged.timeline = ScheduleTimeline.merge([check.timeline for check in checks])
     merged.parameters.sort(key=lambda parameter: _sort_key(parameter.name))
     merged.untraced.sort(key=lambda parameter: _sort_key(parameter.name))
     return merged
@@ -773,7 +773,7 @@ def _make_stage(case: PipelineCase, mesh: _Mesh, module: nn.Module, index: int, 
         ranks = [mesh.pipeline_rank + replica * mesh.pipeline_size for replica in range(mesh.replicas)]
         device_mesh = DeviceMesh.from_group(mesh.replica_group, "cpu", mesh=torch.tensor(ranks))
         fully_shard(module, mesh=device_mesh, reshard_after_forward=False)
-    stage_class = PipelineStage if case.stage == "graphkit" else TorchPipelineStage
+    stage_class = resolve_stage_class(case.stage)
     return stage_class(module, index, num_stages, torch.device("cpu"), group=mesh.pipeline_group)
 
 
@@ -798,25 +798,22 @@ def _reference_backward(model: Any, microbatches: int, per_replica: int, replica
     gradient), as graphkit's stages divide it (PyTorch's ``scale_grads`` divides it once per stage).
     """
     size = per_replica // microbatches
-    for replica in range(replicas):
-        inputs, target = _replica_batch(model, replica, per_replica)
-        for microbatch in range(microbatches):
-            window = slice(microbatch * size, (microbatch + 1) * size)
-            values = tuple(value[window] if isinstance(value, torch.Tensor) else value for value in inputs)
-            for stage in model.stages:
-                output = stage(*values)
-                values = output if isinstance(output, tuple) else (output,)
-            chunk = target[window] if isinstance(target, torch.Tensor) else target
-            model.loss_fn(values[0] if len(values) == 1 else values, chunk).backward()
+
+    def batches() -> Any:
+        for replica in range(replicas):
+            inputs, target = _replica_batch(model, replica, per_replica)
+            for microbatch in range(microbatches):
+                window = slice(microbatch * size, (microbatch + 1) * size)
+                values = tuple(
+                    value[window] if isinstance(value, torch.Tensor) else value for value in inputs
+                )
+                yield values, target[window] if isinstance(target, torch.Tensor) else target
+
     # as the schedule's scale_grads, which divides the stage modules' gradients only (not loss_fn's),
     # each parameter once: graphkit's stages divide one that several stages share once per step
-    parameters = list({id(p): p for stage in model.stages for p in stage.parameters()}.values())
-    with torch.no_grad():
-        for parameter in parameters:
-            if parameter.grad is not None:
-                parameter.grad.div_(microbatches)
-                if replicas > 1:
-                    parameter.grad.div_(replicas)
+    chained_full_backward(
+        model.stages, model.loss_fn, batches(), (microbatches, replicas) if replicas > 1 else (microbatches,)
+    )
 
 
 def _full_gradient(parameter: torch.Tensor) -> torch.Tensor | None:

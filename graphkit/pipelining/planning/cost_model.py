@@ -10,15 +10,39 @@ Memory as the simulator counts it, per microbatch on the stage's rank: F adds ``
 frees all of them but ``weight_bytes`` (what W still reads); W frees ``weight_bytes``; a full B frees
 ``activation_bytes``. The ZB paper's ``mem_f``, ``mem_b``, ``mem_w`` are ``activation_bytes``,
 ``weight_bytes - activation_bytes`` and ``-weight_bytes``.
+
+The arithmetic on costs lives here too: reading what ``graphkit costs`` measured (:func:`costs_from_json`
+for its JSON, :func:`costs_from_measured` for its records), adding consecutive stages into one
+(:func:`merge_stage_costs`), the first stage as the runtime spends it (:func:`first_stage_as_run`), the mean
+stage and scaled copies (:func:`mean_cost`, :func:`scaled`, :func:`slowed`).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
-__all__ = ["CommModel", "StageCost", "stage_costs"]
+__all__ = [
+    "NOTHING_SECONDS",
+    "CommModel",
+    "StageCost",
+    "costs_from_json",
+    "costs_from_measured",
+    "first_stage_as_run",
+    "mean_cost",
+    "merge_stage_costs",
+    "scaled",
+    "slowed",
+    "stage_costs",
+]
+
+NOTHING_SECONDS = 1e-6
+"""Seconds of an I with nothing to compute (the first stage's; the adaptive scheduler needs I to take time)."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -125,3 +149,178 @@ def stage_costs(costs: StageCost | Sequence[StageCost], num_stages: int) -> list
     if len(costs) != num_stages:
         raise ValueError(f"got costs for {len(costs)} stages, the schedule has {num_stages}")
     return costs
+
+
+@dataclass(slots=True, frozen=True)
+class _Measured:
+    """What one measured stage contributes to its :class:`StageCost` (and to its neighbour's bytes)."""
+
+    forward: float
+    backward_input: float
+    backward_weight: float
+    full_backward: float | None
+    activation_bytes: int
+    weight_bytes: int
+    recompute: float
+    input_grad_bytes: int
+
+
+def _linked(stages: Sequence[_Measured]) -> list[StageCost]:
+    """Per-stage costs; the bytes stage ``s`` sends forward are the input gradients of stage ``s + 1``
+    (the same tensors' shapes), and the first stage sends no input gradient."""
+    return [
+        StageCost(
+            forward=stage.forward,
+            backward_input=stage.backward_input,
+            backward_weight=stage.backward_weight,
+            full_backward=stage.full_backward,
+            activation_bytes=stage.activation_bytes,
+            weight_bytes=stage.weight_bytes,
+            recompute=stage.recompute,
+            output_bytes=stages[index + 1].input_grad_bytes if index + 1 < len(stages) else 0,
+            input_grad_bytes=stage.input_grad_bytes if index > 0 else 0,
+        )
+        for index, stage in enumerate(stages)
+    ]
+
+
+def costs_from_measured(stages: Sequence[Any]) -> list[StageCost]:
+    """Per-stage costs from the records ``graphkit.measure.costs`` measures (``PipelineCosts.stages``,
+    read by attribute): F, I, W seconds (``forward.seconds``, ...), ``full_backward_seconds`` where
+    measured (else B costs I + W), ``activation_bytes``, ``b_keeps_bytes`` as what I keeps for W,
+    ``input_grad_bytes``."""
+    return _linked(
+        [
+            _Measured(
+                float(stage.forward.seconds),
+                float(stage.backward_input.seconds),
+                float(stage.backward_weight.seconds),
+                None if stage.full_backward_seconds is None else float(stage.full_backward_seconds),
+                int(stage.activation_bytes),
+                int(stage.b_keeps_bytes),
+                float(getattr(stage, "recompute_seconds", 0.0)),
+                int(stage.input_grad_bytes),
+            )
+            for stage in stages
+        ]
+    )
+
+
+def costs_from_json(data: Mapping[str, Any] | str | os.PathLike[str]) -> list[StageCost]:
+    """Per-stage costs from what ``graphkit costs --json`` writes (``PipelineCosts.to_dict()``), or its file.
+
+    The same fields as :func:`costs_from_measured`; an optional ``recompute_seconds`` per stage is added
+    to its W.
+
+    Raises:
+        ValueError: no ``stages`` list; OSError: the file cannot be read.
+    """
+    if not isinstance(data, Mapping):
+        data = json.loads(Path(data).read_text())
+    stages = data.get("stages")
+    if not stages:
+        raise ValueError("a costs JSON needs a 'stages' list, as `graphkit costs --json` writes it")
+    return _linked(
+        [
+            _Measured(
+                float(stage["forward"]["seconds"]),
+                float(stage["backward_input"]["seconds"]),
+                float(stage["backward_weight"]["seconds"]),
+                None if stage.get("full_backward_seconds") is None else float(stage["full_backward_seconds"]),
+                int(stage.get("activation_bytes", 0)),
+                int(stage.get("b_keeps_bytes", 0)),
+                float(stage.get("recompute_seconds", 0.0)),
+                int(stage.get("input_grad_bytes", 0)),
+            )
+            for stage in stages
+        ]
+    )
+
+
+def merge_stage_costs(costs: Sequence[StageCost], stages: int) -> list[StageCost]:
+    """``costs`` of consecutive stages added into ``stages`` stages (seconds and kept bytes added; the
+    bytes sent are the last one's forward and the first one's backward).
+
+    Raises:
+        ValueError: ``stages`` does not divide the number of costs.
+    """
+    if stages < 1 or len(costs) % stages:
+        raise ValueError(f"{len(costs)} measured stages do not merge into {stages}")
+    size = len(costs) // stages
+    merged = []
+    for index in range(stages):
+        group = costs[index * size : (index + 1) * size]
+        full = [item.full_backward for item in group]
+        merged.append(
+            StageCost(
+                forward=sum(item.forward for item in group),
+                backward_input=sum(item.backward_input for item in group),
+                backward_weight=sum(item.backward_weight for item in group),
+                full_backward=None if None in full else sum(full),  # type: ignore[arg-type]
+                activation_bytes=sum(item.activation_bytes for item in group),
+                weight_bytes=sum(item.weight_bytes for item in group),
+                recompute=sum(item.recompute for item in group),
+                output_bytes=group[-1].output_bytes,
+                input_grad_bytes=group[0].input_grad_bytes,
+            )
+        )
+    return merged
+
+
+def first_stage_as_run(costs: Sequence[StageCost]) -> list[StageCost]:
+    """The costs as PyTorch's runtime spends them: the first stage has no input gradient to compute, so its
+    I does nothing (:data:`NOTHING_SECONDS`) and its W is a full backward (``torch.distributed.pipelining``
+    runs W on stage 0 as a full backward, and so does graphkit's stage). The other stages are unchanged."""
+    if not costs:
+        return []
+    first = costs[0]
+    full = first.seconds("B")
+    return [
+        replace(first, backward_input=NOTHING_SECONDS, backward_weight=full, full_backward=full),
+        *costs[1:],
+    ]
+
+
+def mean_cost(costs: Sequence[StageCost]) -> StageCost:
+    """The mean stage of ``costs`` (seconds and kept bytes averaged; the bytes sent: the largest)."""
+    n = len(costs)
+    return StageCost(
+        forward=sum(c.forward for c in costs) / n,
+        backward_input=sum(c.backward_input for c in costs) / n,
+        backward_weight=sum(c.backward_weight for c in costs) / n,
+        activation_bytes=sum(c.activation_bytes for c in costs) // n,
+        weight_bytes=sum(c.weight_bytes for c in costs) // n,
+        recompute=sum(c.recompute for c in costs) / n,
+        full_backward=(
+            None
+            if any(c.full_backward is None for c in costs)
+            else sum(c.full_backward or 0.0 for c in costs) / n
+        ),
+        output_bytes=max(c.output_bytes for c in costs),
+        input_grad_bytes=max(c.input_grad_bytes for c in costs),
+    )
+
+
+def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
+    """``costs`` with every pass's seconds multiplied by ``factor`` (bytes unchanged)."""
+    return [
+        replace(
+            cost,
+            forward=cost.forward * factor,
+            backward_input=cost.backward_input * factor,
+            backward_weight=cost.backward_weight * factor,
+            full_backward=None if cost.full_backward is None else cost.full_backward * factor,
+            recompute=cost.recompute * factor,
+        )
+        for cost in costs
+    ]
+
+
+def scaled(cost: StageCost, factor: float) -> StageCost:
+    """One stage's seconds and kept bytes multiplied by ``factor`` (a stage cut into ``1 / factor``)."""
+    (seconds,) = slowed([cost], factor)
+    return replace(
+        seconds,
+        activation_bytes=int(cost.activation_bytes * factor),
+        weight_bytes=int(cost.weight_bytes * factor),
+    )

@@ -145,8 +145,6 @@ def fold_schedule(
         raise ValueError(f"{num_stages} stages do not fold onto {ranks} ranks")
     predicted = simulate(order, costs if costs is not None else StageCost(1.0, 1.0, 1.0))
     folded: dict[int, list[tuple[float, int, int, Action]]] = {rank: [] for rank in range(ranks)}
-    for position, action in enumerate(predicted.actions):
-        folded[action.stage % ranks].append(
-            (action.start, action.stage, position, Action(action.stage, action.kind, action.microbatch))
-        )
+    for position, item in enumerate(predicted.actions):
+        folded[item.stage % ranks].append((item.start, item.stage, position, item.action))
     return {rank: [item[3] for item in sorted(items)] for rank, items in folded.items()}

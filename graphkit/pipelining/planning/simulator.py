@@ -30,17 +30,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from graphkit.pipelining.planning.actions import COMPUTE_KINDS, Action, ScheduleError, schedule_actions
+from graphkit.pipelining.planning.actions import Action, ScheduleError, TimedAction, schedule_actions
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, stage_costs
-from graphkit.pipelining.timelines import RankTimeline, RecordedAction, ScheduleTimeline
+from graphkit.pipelining.planning.timelines import RankTimeline, ScheduleTimeline
 
 __all__ = [
     "DeadlockError",
     "IncompleteScheduleError",
-    "PredictedAction",
     "Simulation",
     "Waiting",
     "recorded_durations",
@@ -89,32 +88,15 @@ class IncompleteScheduleError(ScheduleError):
         super().__init__(f"the schedule is incomplete ({len(problems)} problem(s)):\n{shown}{more}")
 
 
-@dataclass(slots=True, frozen=True)
-class PredictedAction:
-    """One predicted action. Times in seconds since the step began; ``memory_bytes``: activation bytes
-    alive on the rank when it ends (after its allocation or release)."""
-
-    rank: int
-    stage: int
-    kind: str
-    microbatch: int
-    start: float
-    end: float
-    memory_bytes: int = 0
-
-    @property
-    def label(self) -> str:
-        """PyTorch's action name, ``1F0``: stage, kind, microbatch."""
-        return f"{self.stage}{self.kind}{self.microbatch}"
-
-
 @dataclass(slots=True)
 class Simulation:
     """A predicted step.
 
     Attributes:
         name: what was simulated (a schedule's name). num_ranks, num_stages, microbatches: its shape.
-        placement: stage index -> rank. actions: every action, rank by rank, each rank's in its order.
+        placement: stage index -> rank.
+        per_rank: each rank's actions in its order, with their predicted times (seconds since the step
+            began) and the activation bytes alive on the rank when each ends.
         step_seconds: the step time (makespan: the last action's end).
         busy_seconds: per rank, seconds spent computing.
         peak_memory_bytes: per rank, the most activation bytes alive at once.
@@ -126,21 +108,21 @@ class Simulation:
     num_stages: int
     microbatches: int
     placement: dict[int, int]
-    actions: list[PredictedAction]
+    per_rank: list[list[TimedAction]]
     step_seconds: float
     busy_seconds: list[float]
     peak_memory_bytes: list[int]
     messages: int
     message_bytes: int
-    _by_rank: list[list[PredictedAction]] = field(default_factory=list, repr=False)
 
-    def rank_actions(self, rank: int) -> list[PredictedAction]:
+    @property
+    def actions(self) -> list[TimedAction]:
+        """Every action, rank by rank, each rank's in its order."""
+        return [action for row in self.per_rank for action in row]
+
+    def rank_actions(self, rank: int) -> list[TimedAction]:
         """The actions of ``rank`` in its order."""
-        if not self._by_rank:
-            self._by_rank = [[] for _ in range(self.num_ranks)]
-            for action in self.actions:
-                self._by_rank[action.rank].append(action)
-        return self._by_rank[rank]
+        return self.per_rank[rank]
 
     @property
     def idle_seconds(self) -> list[float]:
@@ -211,15 +193,11 @@ class Simulation:
         ranks = []
         for rank in range(self.num_ranks):
             actions = self.rank_actions(rank)
-            recorded = [
-                RecordedAction(a.kind, a.stage, a.microbatch, a.start, a.end, "run", a.memory_bytes)
-                for a in actions
-            ]
             ranks.append(
                 RankTimeline(
                     rank=rank,
                     stages=sorted(stage for stage, owner in self.placement.items() if owner == rank),
-                    actions=recorded,
+                    actions=list(actions),
                     step_seconds=self.step_seconds,
                     peak_memory_bytes=self.peak_memory_bytes[rank],
                     expected_order=[a.label for a in actions],
@@ -499,19 +477,19 @@ def _result(
     starts: list[list[float]],
 ) -> Simulation:
     """Timeline, busy time, memory and messages from the start times the simulation found."""
-    predicted: list[PredictedAction] = []
+    predicted: list[list[TimedAction]] = []
     busy: list[float] = []
     peaks: list[int] = []
     messages = 0
     message_bytes = 0
     step = 0.0
     for rank in range(len(actions)):
+        timed: list[TimedAction] = []
         alive = 0
         peak = 0
         rank_busy = 0.0
-        for (stage, kind, mb), start, seconds in zip(
-            actions[rank], starts[rank], seconds_of[rank], strict=True
-        ):
+        for action, start, seconds in zip(actions[rank], starts[rank], seconds_of[rank], strict=True):
+            stage, kind, _ = action
             cost = per_stage[stage]
             end = start + seconds
             rank_busy += seconds
@@ -531,8 +509,9 @@ def _result(
                 if kind != "W" and stage > 0 and placement[stage - 1] != rank:
                     messages += 1
                     message_bytes += cost.input_grad_bytes
-            predicted.append(PredictedAction(rank, stage, kind, mb, start, end, alive))
+            timed.append(TimedAction(action, start, end, "run", alive))
             step = max(step, end)
+        predicted.append(timed)
         busy.append(rank_busy)
         peaks.append(peak)
     return Simulation(
@@ -541,7 +520,7 @@ def _result(
         num_stages=num_stages,
         microbatches=microbatches,
         placement=dict(sorted(placement.items())),
-        actions=predicted,
+        per_rank=predicted,
         step_seconds=step,
         busy_seconds=busy,
         peak_memory_bytes=peaks,
@@ -550,13 +529,12 @@ def _result(
     )
 
 
-def recorded_durations(timeline: Any) -> dict[Action, float]:
+def recorded_durations(timeline: ScheduleTimeline) -> dict[Action, float]:
     """Every compute action's recorded seconds in a recorded step: ``{Action: seconds}``, for
-    :func:`simulate`'s ``durations``. ``timeline``: a ``ScheduleTimeline`` (or anything with ``ranks``, each
-    with ``actions`` that have ``kind``, ``stage_index``, ``microbatch``, ``start``, ``end`` and ``phase``)."""
-    found: dict[Action, float] = {}
-    for rank in timeline.ranks:
-        for item in rank.actions:
-            if item.phase == "run" and item.kind in COMPUTE_KINDS:
-                found[Action(int(item.stage_index), item.kind, int(item.microbatch))] = item.end - item.start
-    return found
+    :func:`simulate`'s ``durations``."""
+    return {
+        item.action: item.seconds
+        for rank in timeline.ranks
+        for item in rank.actions
+        if item.phase == "run" and item.is_compute
+    }

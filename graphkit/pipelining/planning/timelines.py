@@ -2,59 +2,27 @@
 :mod:`graphkit.pipelining.recording`, predicted by :mod:`graphkit.pipelining.planning.simulator`, drawn by
 :mod:`graphkit.drawing.timeline`.
 
-Kinds of actions (PyTorch's names): ``F`` forward, ``I`` input-gradient backward (B in the ZB paper),
-``W`` weight-gradient backward, ``B`` full backward, ``SEND_F`` / ``RECV_F`` activations, ``SEND_B`` /
-``RECV_B`` gradients. Times are seconds since the step's start on each rank; memory in bytes.
+Each rank's actions are :class:`~graphkit.pipelining.planning.actions.TimedAction` records: the one
+:class:`~graphkit.pipelining.planning.actions.Action` record with its times. Kinds of actions (PyTorch's
+names): ``F`` forward, ``I`` input-gradient backward (B in the ZB paper), ``W`` weight-gradient backward,
+``B`` full backward, ``SEND_F`` / ``RECV_F`` activations, ``SEND_B`` / ``RECV_B`` gradients. Times are
+seconds since the step's start on each rank; memory in bytes.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = [
-    "COMPUTE_KINDS",
-    "RankTimeline",
-    "RecordedAction",
-    "ScheduleTimeline",
-    "TimelineError",
-    "compute_labels",
-]
+from graphkit.pipelining.planning.actions import TimedAction
 
-COMPUTE_KINDS = ("F", "I", "W", "B")
-"""The kinds of action that compute (the one definition: the recorder tells them from communication, the
-planner times them); every other kind PyTorch knows is communication or implied by the data flow."""
+__all__ = ["RankTimeline", "ScheduleTimeline", "TimelineError"]
 
 
 class TimelineError(RuntimeError):
     """A schedule could not be recorded (bad arguments, a failed or stuck rank); the message says why."""
-
-
-@dataclass(slots=True)
-class RecordedAction:
-    """One action a rank ran. Times in seconds since the recorded step began on that rank.
-
-    ``phase``: ``run`` for compute, ``issue`` or ``wait`` for communication. ``memory_bytes``: memory in
-    use when it ended, relative to the step's start (see the module docstring), or None.
-    """
-
-    kind: str
-    stage_index: int
-    microbatch: int
-    start: float
-    end: float
-    phase: str = "run"
-    memory_bytes: int | None = None
-
-    @property
-    def label(self) -> str:
-        """PyTorch's action name, ``1F0``: stage, kind, microbatch."""
-        return f"{self.stage_index}{self.kind}{self.microbatch}"
-
-    @property
-    def is_compute(self) -> bool:
-        return self.kind in COMPUTE_KINDS
 
 
 @dataclass(slots=True)
@@ -63,14 +31,14 @@ class RankTimeline:
 
     rank: int
     stages: list[int]
-    actions: list[RecordedAction]
+    actions: list[TimedAction]
     step_seconds: float
     peak_memory_bytes: int | None
     expected_order: list[str] = field(default_factory=list)
     expected_comms: list[str] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
 
-    def compute_actions(self) -> list[RecordedAction]:
+    def compute_actions(self) -> list[TimedAction]:
         return [action for action in self.actions if action.is_compute]
 
     def compute_order(self) -> list[str]:
@@ -141,7 +109,29 @@ class ScheduleTimeline:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "summary": self.summary()}
+        """Plain data (JSON-ready), with :meth:`summary` under ``"summary"``."""
+        return {
+            "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "num_stages": self.num_stages,
+            "ranks": [
+                {
+                    "rank": rank.rank,
+                    "stages": list(rank.stages),
+                    "actions": [action.to_dict() for action in rank.actions],
+                    "step_seconds": rank.step_seconds,
+                    "peak_memory_bytes": rank.peak_memory_bytes,
+                    "expected_order": list(rank.expected_order),
+                    "expected_comms": list(rank.expected_comms),
+                    "step_times": list(rank.step_times),
+                }
+                for rank in self.ranks
+            ],
+            "device": self.device,
+            "memory_method": self.memory_method,
+            "setup_seconds": self.setup_seconds,
+            "summary": self.summary(),
+        }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -153,7 +143,7 @@ class ScheduleTimeline:
             RankTimeline(
                 rank=rank["rank"],
                 stages=list(rank["stages"]),
-                actions=[RecordedAction(**action) for action in rank["actions"]],
+                actions=[TimedAction.from_dict(action) for action in rank["actions"]],
                 step_seconds=rank["step_seconds"],
                 peak_memory_bytes=rank["peak_memory_bytes"],
                 expected_order=list(rank.get("expected_order", [])),
@@ -172,27 +162,30 @@ class ScheduleTimeline:
             data.get("setup_seconds", 0.0),
         )
 
+    @classmethod
+    def merge(cls, parts: Sequence[ScheduleTimeline]) -> ScheduleTimeline:
+        """One step's timelines recorded on separate ranks, as one: every rank of every part, by rank.
+
+        The schedule, microbatches, stages, device and memory method are the first part's; the set-up time
+        is the shortest any part saw (the step's actions began on every rank after it).
+
+        Raises:
+            TimelineError: no parts.
+        """
+        if not parts:
+            raise TimelineError("no recorded ranks to merge into a timeline")
+        first = parts[0]
+        return cls(
+            first.schedule,
+            first.microbatches,
+            first.num_stages,
+            sorted((rank for part in parts for rank in part.ranks), key=lambda rank: rank.rank),
+            first.device,
+            first.memory_method,
+            min(part.setup_seconds for part in parts),
+        )
+
     def _repr_svg_(self) -> str:
         from graphkit.drawing.timeline import timeline_svg
 
         return timeline_svg(self)
-
-
-# --- memory probes ----------------------------------------------------------------------------------------
-
-
-def compute_labels(actions: list[Any]) -> list[str]:
-    """The compute actions among one rank's PyTorch ``_Action`` objects, as labels (``"1I0"``), in order:
-    idle slots (None) and communication skipped, ``OVERLAP_F_B`` expanded into its sub-actions (an explicit
-    stack, no recursion)."""
-    labels = []
-    stack = list(reversed([action for action in actions if action is not None]))
-    while stack:
-        action = stack.pop()
-        if action.sub_actions:
-            stack.extend(reversed(action.sub_actions))
-            continue
-        kind = action.computation_type.value
-        if kind in COMPUTE_KINDS:
-            labels.append(f"{action.stage_index}{kind}{action.microbatch_index}")
-    return labels

@@ -1,0 +1,419 @@
+"""The schedule planner's answer as data: every schedule it simulated, ranked, with what was measured.
+
+:class:`PlannedSchedule` is one schedule as the planner saw it (its order, the prediction, the measured
+step); :class:`SchedulePlan` all of them, best first, with the costs and the model they were predicted
+with (:meth:`SchedulePlan.to_dict` for ``plan.json``; :func:`plan_table` for ``str(plan)``, :func:`plan_html`
+in a notebook; :func:`what_if_table` for :meth:`SchedulePlan.what_if`'s rows). :func:`simulate_schedule` simulates one schedule by name, what
+:func:`graphkit.pipelining.planner.plan_schedules` and :meth:`SchedulePlan.what_if` do for each.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from graphkit.pipelining.planning.actions import ScheduleError, ScheduleOrder
+from graphkit.pipelining.planning.cost_model import CommModel, StageCost, mean_cost, scaled
+from graphkit.pipelining.planning.registry import generated_order, is_generated
+from graphkit.pipelining.planning.simulator import Simulation, simulate
+from graphkit.pipelining.planning.timelines import ScheduleTimeline
+from graphkit.pipelining.schedules import is_single_stage, schedule_order
+
+__all__ = [
+    "BUILT_IN_SCHEDULES",
+    "PlannedSchedule",
+    "SchedulePlan",
+    "plan_html",
+    "plan_table",
+    "simulate_schedule",
+    "what_if_table",
+]
+
+BUILT_IN_SCHEDULES = (
+    "GPipe",
+    "1F1B",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
+"""PyTorch's schedules the planner simulates (one stage per rank for the first two, two for the others)."""
+
+
+@dataclass(slots=True)
+class PlannedSchedule:
+    """One schedule as the planner saw it.
+
+    Attributes:
+        name: what it is called (``1F1B``, ``ZBH1``, ``Adaptive``).
+        stages_per_rank: 1 or 2. simulation: the prediction from the costs.
+        fits_memory: whether its peak activation memory stays within the memory limit on every rank.
+        csv: the file its order was written to (generated schedules), for ``csv:PATH``.
+        measured_seconds: the recorded step (with ``run``), its slowest rank; None if not run.
+        recorded_prediction_seconds: the step simulated from the recorded per-action durations; None if not run.
+        error: why it could not be simulated (then ``simulation`` is None).
+    """
+
+    name: str
+    stages_per_rank: int
+    simulation: Simulation | None
+    fits_memory: bool = True
+    csv: str | None = None
+    measured_seconds: float | None = None
+    recorded_prediction_seconds: float | None = None
+    error: str | None = None
+    order: ScheduleOrder | None = field(default=None, repr=False)
+
+    @property
+    def predicted_seconds(self) -> float:
+        return self.simulation.step_seconds if self.simulation is not None else math.inf
+
+    @property
+    def run_name(self) -> str:
+        """What to run it by on the command line: ``csv:PATH`` for a cost-built order, else its name."""
+        return f"csv:{self.csv}" if self.name == "Adaptive" and self.csv else self.name
+
+    @property
+    def runnable(self) -> str | ScheduleOrder:
+        """What ``record_schedules`` runs: the order itself for graphkit's generated schedules (built from
+        these costs), the name for PyTorch's."""
+        return self.order if self.order is not None and is_generated(self.name) else self.name
+
+
+@dataclass(slots=True)
+class SchedulePlan:
+    """The planner's answer: every schedule ranked, best first (see :func:`plan_schedules`).
+
+    ``timelines`` (with ``run``): for each recorded schedule, its predicted step
+    (:meth:`Simulation.to_schedule_timeline`) then its recorded one, for ``graphkit.drawing.timeline``.
+    """
+
+    spec: str | None
+    ranks: int
+    microbatches: int
+    costs: list[StageCost]
+    comm: CommModel
+    overhead: float
+    memory_limit: float | None
+    schedules: list[PlannedSchedule]
+    load: str = ""
+    stage_costs: list[StageCost] | None = field(default=None, repr=False)
+    measured_costs: list[StageCost] | None = field(default=None, repr=False)
+    timelines: list[ScheduleTimeline] = field(default_factory=list, repr=False)
+    measured_overhead: dict[str, Any] | None = None
+    overhead_source: str = "given"
+    # with run: how the steps were recorded (steps per schedule, threads per rank, ranks pinned to cores)
+    recording: dict[str, Any] | None = None
+
+    def by_name(self, name: str) -> PlannedSchedule:
+        for item in self.schedules:
+            if item.name.lower() == name.lower():
+                return item
+        raise KeyError(name)
+
+    @property
+    def baseline(self) -> PlannedSchedule:
+        return self.by_name("1F1B")
+
+    @property
+    def best(self) -> PlannedSchedule:
+        """The schedule with the shortest predicted step within the memory limit."""
+        return self.schedules[0]
+
+    @property
+    def measured_best(self) -> PlannedSchedule | None:
+        """The schedule with the shortest recorded step (with ``run``), else None."""
+        measured = [item for item in self.schedules if item.measured_seconds is not None]
+        return min(measured, key=lambda item: item.measured_seconds or math.inf, default=None)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per schedule (JSON-ready): name, predicted and measured step, bubble, peak memory, ..."""
+        base = self.baseline.predicted_seconds
+        measured_base = self.baseline.measured_seconds
+        rows = []
+        for item in self.schedules:
+            simulation = item.simulation
+            row: dict[str, Any] = {
+                "schedule": item.name,
+                "run_as": item.run_name,
+                "stages_per_rank": item.stages_per_rank,
+                "predicted_step_seconds": item.predicted_seconds if simulation is not None else None,
+                "predicted_vs_1f1b": item.predicted_seconds / base
+                if simulation is not None and base
+                else None,
+                "bubble_fraction": simulation.bubble_fraction if simulation is not None else None,
+                "peak_memory_bytes": list(simulation.peak_memory_bytes) if simulation is not None else None,
+                "messages_per_step": simulation.messages if simulation is not None else None,
+                "fits_memory": item.fits_memory,
+                "csv": item.csv,
+                "measured_step_seconds": item.measured_seconds,
+                "measured_vs_1f1b": (
+                    item.measured_seconds / measured_base
+                    if item.measured_seconds is not None and measured_base
+                    else None
+                ),
+                "predicted_from_recorded_seconds": item.recorded_prediction_seconds,
+                "error": item.error,
+            }
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "ranks": self.ranks,
+            "microbatches": self.microbatches,
+            "memory_limit": self.memory_limit,
+            "comm": {
+                "latency": self.comm.latency,
+                "bandwidth": self.comm.bandwidth,
+                "rendezvous": self.comm.rendezvous,
+                "send_seconds": self.comm.send_seconds,
+            },
+            "overhead_seconds": self.overhead,
+            "overhead_source": self.overhead_source,
+            "best": self.best.run_name,
+            "load": self.load,
+            "measured_overhead": self.measured_overhead,
+            "recording": self.recording,
+            "costs": [asdict(cost) for cost in self.measured_costs or self.costs],
+            "stage_costs": None if self.stage_costs is None else [asdict(cost) for cost in self.stage_costs],
+            "schedules": self.rows(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, default=_json_number)
+
+    def table(self) -> str:
+        """The ranked table as plain text: what was planned with which model, a row per schedule (times in
+        ms, memory in MB = 10^6 bytes), and the verdict."""
+        return plan_table(self)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_html_(self) -> str:
+        return plan_html(self)
+
+    def what_if(
+        self,
+        ranks: Sequence[int] = (8, 16, 32, 64),
+        microbatches: Sequence[int] | None = None,
+        schedules: Sequence[str] = ("1F1B", "Interleaved1F1B", "ZBVZeroBubble", "ZBH1", "ZBH2", "Adaptive"),
+    ) -> list[dict[str, Any]]:
+        """The same per-stage costs on more ranks: each one-stage-per-rank stage costs this plan's mean stage,
+        each stage of a two-stage-per-rank schedule half of it. ``microbatches``: per rank count, the counts
+        to try (default: this plan's and ``4 x ranks``). One dict per (ranks, microbatches, schedule):
+        predicted step, ratio to 1F1B, bubble, peak memory of rank 0."""
+        mean = mean_cost(self.measured_costs or self.costs)
+        half = scaled(mean, 0.5)
+        results = []
+        for p in ranks:
+            counts = list(microbatches) if microbatches is not None else sorted({self.microbatches, 4 * p})
+            for m in counts:
+                baseline = None
+                for name in schedules:
+                    try:
+                        item = simulate_schedule(
+                            name, p, m, mean, half, self.comm, self.overhead, self.memory_limit
+                        )
+                    except (ScheduleError, ValueError) as error:
+                        results.append({"ranks": p, "microbatches": m, "schedule": name, "error": str(error)})
+                        continue
+                    simulation = item.simulation
+                    assert simulation is not None
+                    if name == "1F1B":
+                        baseline = simulation.step_seconds
+                    results.append(
+                        {
+                            "ranks": p,
+                            "microbatches": m,
+                            "schedule": name,
+                            "predicted_step_seconds": simulation.step_seconds,
+                            "predicted_vs_1f1b": simulation.step_seconds / baseline if baseline else None,
+                            "bubble_fraction": simulation.bubble_fraction,
+                            "peak_memory_bytes_rank0": simulation.peak_memory_bytes[0],
+                        }
+                    )
+        return results
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# --- costs ---------------------------------------------------------------------------------------------------
+
+
+# --- simulating every schedule ------------------------------------------------------------------------------
+def simulate_schedule(
+    name: str,
+    ranks: int,
+    microbatches: int,
+    one: StageCost | Sequence[StageCost],
+    two: StageCost | Sequence[StageCost],
+    comm: CommModel,
+    overhead: float,
+    memory_limit: float | None,
+) -> PlannedSchedule:
+    """Simulate schedule ``name`` (canonical: PyTorch's or graphkit's generated) on ``ranks`` ranks: ``one``
+    are the costs of one stage per rank, ``two`` of two (seconds, bytes); ``memory_limit`` bytes per rank.
+
+    Raises:
+        ScheduleError, ValueError: the schedule cannot be built or simulated with these costs.
+    """
+    single = is_generated(name) or is_single_stage(name)
+    if is_generated(name):
+        order = generated_order(name, ranks, microbatches, one, memory_limit, comm)
+    else:
+        order = schedule_order(name, ranks, microbatches)
+    simulation = simulate(
+        order, one if single else two, comm, microbatches=microbatches, name=name, overhead=overhead
+    )
+    fits = memory_limit is None or max(simulation.peak_memory_bytes) <= memory_limit
+    return PlannedSchedule(name, 1 if single else 2, simulation, fits, order=order)
+
+
+# --- presentation ---------------------------------------------------------------------------------------
+def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
+    measured = any(item.measured_seconds is not None for item in plan.schedules)
+    header = ["#", "schedule", "st/rank", "predicted ms", "vs 1F1B", "bubble", "peak MB/rank", "msgs"]
+    if measured:
+        header += ["measured ms", "vs 1F1B", "pred/meas", "from rec. ms", "rec/meas"]
+    body = []
+    for position, row in enumerate(plan.rows(), 1):
+        if row["error"] is not None:
+            body.append([str(position), row["schedule"], str(row["stages_per_rank"]), row["error"]])
+            continue
+        peaks = "/".join(f"{value / 1e6:.1f}" for value in row["peak_memory_bytes"])
+        cells = [
+            str(position),
+            row["schedule"] + ("" if row["fits_memory"] else " (over memory)"),
+            str(row["stages_per_rank"]),
+            f"{row['predicted_step_seconds'] * 1e3:.2f}",
+            _ratio(row["predicted_vs_1f1b"]),
+            f"{row['bubble_fraction']:.1%}",
+            peaks,
+            str(row["messages_per_step"]),
+        ]
+        if measured:
+            m = row["measured_step_seconds"]
+            r = row["predicted_from_recorded_seconds"]
+            cells += [
+                f"{m * 1e3:.2f}" if m is not None else "-",
+                _ratio(row["measured_vs_1f1b"]),
+                _ratio(row["predicted_step_seconds"] / m) if m else "-",
+                f"{r * 1e3:.2f}" if r is not None else "-",
+                _ratio(r / m) if r is not None and m else "-",
+            ]
+        body.append(cells)
+    return header, body
+
+
+def plan_table(plan: SchedulePlan) -> str:
+    """The ranked table as plain text, under a line saying what was planned and with which model."""
+    header, body = _cells(plan)
+    widths = [max(len(row[i]) for row in [header, *body] if i < len(row)) for i in range(len(header))]
+    lines = [_title(plan)]
+    lines.append("  ".join(cell.rjust(width) for cell, width in zip(header, widths, strict=True)))
+    for row in body:
+        if len(row) < len(header):
+            lines.append("  ".join(row))
+            continue
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    lines.append(_verdict(plan))
+    return "\n".join(lines)
+
+
+def _title(plan: SchedulePlan) -> str:
+    limit = f", memory limit {plan.memory_limit:,.0f} B" if plan.memory_limit is not None else ""
+    head = f"{plan.spec or 'costs'}: {plan.ranks} ranks, {plan.microbatches} microbatches{limit}; model"
+    if plan.overhead_source.startswith("calibrated"):
+        return f"{head} {plan.overhead_source}"
+    return (
+        f"{head}: messages {plan.comm.latency * 1e6:.0f} us"
+        + (
+            f" + bytes / {plan.comm.bandwidth / 1e9:.2g} GB/s"
+            if math.isfinite(plan.comm.bandwidth)
+            else " each"
+        )
+        + (" when received" if plan.comm.rendezvous else "")
+        + f", runtime {plan.overhead * 1e6:.0f} us per action ({plan.overhead_source})"
+    )
+
+
+def _verdict(plan: SchedulePlan) -> str:
+    best, base = plan.best, plan.baseline
+    text = (
+        f"best predicted: {best.name} ({best.predicted_seconds * 1e3:.2f} ms, "
+        f"{_ratio(best.predicted_seconds / base.predicted_seconds)} of 1F1B)"
+    )
+    winner = plan.measured_best
+    if winner is not None and base.measured_seconds:
+        text += (
+            f"; best measured: {winner.name} ({winner.measured_seconds * 1e3:.2f} ms, "
+            f"{_ratio((winner.measured_seconds or 0) / base.measured_seconds)} of 1F1B)"
+        )
+    measured = plan.measured_overhead
+    if measured and measured.get("between") is not None:
+        inside = measured.get("inside")
+        text += (
+            f"\nruntime gaps recorded: median {measured['between'] * 1e6:.0f} us between actions "
+            f"({measured['gaps']} gaps with nothing to wait for)"
+            + (
+                f", median {inside * 1e6:+.0f} us inside each action against graphkit costs"
+                if inside is not None
+                else ""
+            )
+            + f"; modelled (means, see the title): {plan.overhead * 1e6:.0f} us per action"
+        )
+    if plan.load:
+        text += f"\nload while measuring: {plan.load}"
+    return text
+
+
+def plan_html(plan: SchedulePlan) -> str:
+    header, body = _cells(plan)
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in header)
+    rows = []
+    for row in body:
+        if len(row) < len(header):
+            cells = "".join(f"<td>{html.escape(cell)}</td>" for cell in row[:3])
+            cells += f'<td colspan="{len(header) - 3}">{html.escape(row[3])}</td>'
+        else:
+            cells = "".join(f"<td>{html.escape(cell)}</td>" for cell in row)
+        rows.append(f"<tr>{cells}</tr>")
+    return (
+        f"<div><p>{html.escape(_title(plan))}</p><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table><p>{html.escape(_verdict(plan))}</p></div>"
+    )
+
+
+def what_if_table(rows: list[dict[str, Any]]) -> str:
+    """:meth:`SchedulePlan.what_if`'s rows as plain text."""
+    lines = [
+        f"{'ranks':>5}  {'mb':>4}  {'schedule':<22}  {'step ms':>10}  {'vs 1F1B':>7}  {'bubble':>6}  {'rank-0 MB':>9}"
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(
+                f"{row['ranks']:>5}  {row['microbatches']:>4}  {row['schedule']:<22}  {row['error']}"
+            )
+            continue
+        lines.append(
+            f"{row['ranks']:>5}  {row['microbatches']:>4}  {row['schedule']:<22}  "
+            f"{row['predicted_step_seconds'] * 1e3:>10.2f}  {_ratio(row['predicted_vs_1f1b']):>7}  "
+            f"{row['bubble_fraction']:>6.1%}  {row['peak_memory_bytes_rank0'] / 1e6:>9.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
