@@ -126,8 +126,9 @@ def _resolve(
 
 class Explorer:
     """The app :func:`explore` returns; Jupyter displays it. Its widgets are attributes, so code can drive it.
+    :func:`explore` passes its keywords on to it.
 
-    Keywords (:func:`explore` passes its own on):
+    Keyword Args:
         collapse_depth: initial collapse depth (>= 1); None chooses the least collapsing that draws at
             most ``max_nodes`` nodes.
         max_nodes: node budget for that initial choice.
