@@ -146,7 +146,9 @@ def test_complex_parameters_stay_complex_and_are_compared_as_complex(dtype):
     report = verify_split(_ConjugatedStage(), (torch.randn(2, 3, requires_grad=True),))
     assert [check.name for check in report.failures] == ["weight"]
     gradient = torch.randn(3, dtype=torch.complex128)
-    assert compare_gradients("weight", gradient, gradient.conj(), 1e-9).status == "wrong", "not the real part alone"
+    assert compare_gradients("weight", gradient, gradient.conj(), 1e-9).status == "wrong", (
+        "not the real part alone"
+    )
 
 
 def test_a_pruned_module_with_tensor_hooks_verifies_and_keeps_its_hooks():
