@@ -11,17 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from graphkit.analysis.closures import (
+from graphkit.analysis import (
+    GroupFlag,
     Intermediate,
+    ParamGroup,
+    ParamGroups,
     WeightSideEdge,
     input_closure,
     intermediates,
+    param_groups,
     parameter_closure,
     reverse_adjacency,
     weight_only_nodes,
     weight_only_subgraph,
 )
-from graphkit.analysis.parameter_groups import GroupFlag, ParamGroup, ParamGroups, param_groups
 from graphkit.graph.autograd_graph import AutogradGraph, GraphEndpoint, NodeKind, capture
 from graphkit.graph.tensors import GraphkitInputError
 from graphkit.graph.tracing import trace

@@ -42,7 +42,7 @@ for spec in specs:
             print(f"{spec:28s} {mode:10s} ERROR {result.stderr.strip().splitlines()[-1:]}")
             bad += 1
             continue
-        errors = [c["max_rel_err"] or 0.0 for c in report["inputs"] + report["params"]]
+        errors = [c["relative_error"] or 0.0 for c in report["inputs"] + report["params"]]
         flops = report["flops"]
         ratio = f"{(flops['b'] + flops['w']) / flops['full']:17.3f}" if flops["full"] else f"{'n/a (not counted)':>17s}"
         print(f"{spec:28s} {mode:10s} {str(report['ok']):5s} {report['groups']:6d} {max(errors, default=0):14.2e} {ratio}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from models import ScaleAndShift  # tests/models.py, beside this file
 from torch import Tensor, nn
 
 from graphkit.models.pipeline_specs import PipelineModel
@@ -143,20 +144,6 @@ class LSTMStage(nn.Module):
 def lstm(num_stages: int, batch_size: int) -> PipelineModel:
     """An LSTM per stage (a fused kernel node with several outputs); inputs (batch, 3, 4)."""
     return _pipeline([LSTMStage() for _ in range(num_stages)], batch_size, 3, WIDTH)
-
-
-class ScaleAndShift(torch.autograd.Function):
-    """Two outputs: ``x * weight`` and ``x + weight``."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-        ctx.save_for_backward(x, weight)
-        return x * weight, x + weight
-
-    @staticmethod
-    def backward(ctx: Any, grad_scaled: Tensor, grad_shifted: Tensor) -> tuple[Tensor, Tensor]:
-        x, weight = ctx.saved_tensors
-        return grad_scaled * weight + grad_shifted, (grad_scaled * x + grad_shifted).sum(0)
 
 
 class CustomFunctionStage(nn.Module):

@@ -318,7 +318,7 @@ def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(c
         capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2", "--json"
     )
     payload = json.loads(out)
-    assert status == 1 and payload["passed"] is False and "within 2 s" in payload["error"]
+    assert status == 1 and payload["ok"] is False and "within 2 s" in payload["error"]
 
 
 def test_verify_pipeline_names_a_rank_that_died_without_a_timeout_hint(capsys, monkeypatch):

@@ -57,7 +57,7 @@ def test_graphkit_stage_is_bitwise_exact_with_hooks_once_per_microbatch(
     for parameter in result.parameters:
         assert parameter.expected_hooks in (0, microbatches * steps), parameter  # 0: an unused parameter
         assert parameter.hooks == parameter.expected_hooks, result.table()
-    assert result.passed
+    assert result.ok
 
 
 @pytest.mark.matrix
@@ -70,7 +70,7 @@ def test_four_stages_on_one_rank_split_the_middle_stages_exactly(
     result = verify_pipeline(
         spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stages_per_rank=4
     )
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
     assert result.backward_calls["input"] == result.backward_calls["weight"] == 3 * microbatches * steps
 
 
@@ -93,7 +93,7 @@ def _stock_four_stage_cells() -> list:
 @pytest.mark.parametrize(("cell", "schedule"), _stock_four_stage_cells())
 def test_stock_stage_fails_on_four_stages_on_one_rank(cell: str, schedule: str) -> None:
     result = verify_pipeline(spec(cell), schedule=schedule, microbatches=4, stage="torch", stages_per_rank=4)
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
 
 
 TIED_SCHEDULES = [("ZBVZeroBubble", 2), ("DualPipeV", 2), ("InterleavedZeroBubble", 4), ("CSV", 4)]
@@ -113,7 +113,7 @@ def test_a_parameter_two_stages_on_one_rank_share_is_divided_once_per_step(
         steps=steps,
         stages_per_rank=stages_per_rank,
     )
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
     shared = [check for check in result.parameters if ".ends." in check.name and check.stages > 1]
     assert {check.name for check in shared} == {
         f"stage{index}.ends.{name}" for index in (0, stages_per_rank - 1) for name in ("weight", "bias")
@@ -130,7 +130,7 @@ def test_pytorchs_stage_divides_a_shared_parameter_once_per_stage_and_the_check_
     result = verify_pipeline(
         spec("tied_first_and_last"), schedule=schedule, stage="torch", stages_per_rank=stages_per_rank
     )
-    assert not result.passed
+    assert not result.ok
     shared = [check for check in result.parameters if check.stages > 1]
     assert shared and all(check.relative_error > 0.1 for check in shared), result.table()
 
@@ -215,7 +215,7 @@ def test_stock_pipeline_stage_fails_where_graphkit_is_exact(
     result = verify_pipeline(
         spec(cell), schedule=schedule, microbatches=microbatches, steps=steps, stage="torch"
     )
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
 
 
 def _action_counts(schedule: object, num_stages: int) -> dict[str, int]:
@@ -340,9 +340,7 @@ def test_across_two_gloo_processes_every_cell_is_exact() -> None:
         for schedule in ("ZBVZeroBubble", "DualPipeV")
     ]
     results = verify_cases(cases, ranks=2, deadline=240)
-    failures = [
-        (result.case.spec, result.case.schedule, result.error) for result in results if not result.passed
-    ]
+    failures = [(result.case.spec, result.case.schedule, result.error) for result in results if not result.ok]
     assert not failures
     for result in results:
         assert result.ranks == 2
@@ -362,7 +360,7 @@ def test_two_pipeline_by_two_data_parallel_ranks_with_ddp_and_fsdp2_average_like
     ]
     results = verify_cases(cases, ranks=4, deadline=300)
     for result in results:
-        assert result.passed, (result.case, result.error, result.table())
+        assert result.ok, (result.case, result.error, result.table())
         assert result.max_relative_error < 1e-12
 
 
@@ -404,7 +402,7 @@ def test_verify_pipeline_json_reports_every_parameter(capsys: pytest.CaptureFixt
     payload = json.loads(capsys.readouterr().out)
     names = {parameter["name"] for parameter in payload["parameters"]}
     assert {"loss_fn.log_scale", "loss_fn.bias", "stage0.linear.weight"} <= names
-    assert payload["passed"] and payload["exact"] and payload["backward_calls"]["weight"] == 4
+    assert payload["ok"] and payload["exact"] and payload["backward_calls"]["weight"] == 4
 
 
 @pytest.mark.slow
@@ -416,7 +414,7 @@ def test_hugging_face_models_cut_into_stages_are_exact_across_two_processes(
     pipeline: str, schedule: str
 ) -> None:
     result = verify_pipeline(pipeline, schedule=schedule, microbatches=4, ranks=2, deadline=240)
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
     assert any(name.endswith("lm_head.weight") for name in (check.name for check in result.parameters))
 
 
@@ -432,7 +430,7 @@ def test_llama_cut_into_stages_is_bitwise_exact_in_one_process(schedule: str, st
         steps=2,
         stages_per_rank=stages_per_rank,
     )
-    assert result.passed and result.exact, result.error or result.table()
+    assert result.ok and result.exact, result.error or result.table()
     names = {check.name for check in result.parameters}
     last = stages_per_rank - 1
     assert {"stage0.embed_tokens.weight", f"stage{last}.lm_head.weight", f"stage{last}.norm.weight"} <= names
@@ -503,7 +501,7 @@ def test_verify_pipeline_timeline_draws_the_checked_step(
     assert counts == {(stage, kind): 4 for stage in (0, 1) for kind in "FIW"}  # one step recorded: the last
     assert main([*command, "--json", "--timeline", str(tmp_path / "again.html")]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["passed"] and payload["timeline"]["schedule"] == "ScheduleZBVZeroBubble"
+    assert payload["ok"] and payload["timeline"]["schedule"] == "ScheduleZBVZeroBubble"
     assert payload["timeline_files"] == [str(tmp_path / "again.html")]
 
 
@@ -512,7 +510,7 @@ def test_check_pipeline_records_a_timeline_on_every_rank_across_two_processes() 
     result = verify_pipeline(
         spec("mlp"), schedule="ZBVZeroBubble", microbatches=4, ranks=2, timeline=True, deadline=240
     )
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
     timeline = result.timeline
     assert [rank.rank for rank in timeline.ranks] == [0, 1]
     assert [rank.stages for rank in timeline.ranks] == [[0, 3], [1, 2]]
@@ -572,5 +570,5 @@ def test_a_loss_given_none_for_its_target_sees_none_in_the_schedule_and_the_refe
         return PipelineModel(stages, loss, (torch.randn(batch_size, 4),), None)
 
     result = verify_pipeline(build, schedule="ZBVZeroBubble", microbatches=2)
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
     assert seen and all(target is None for target in seen)

@@ -116,7 +116,7 @@ class TracedRun:
     max_abs_error: float = 0.0
 
     @property
-    def passed(self) -> bool:
+    def ok(self) -> bool:
         return self.error is None and not self.mismatched and not self.silent
 
 
@@ -211,7 +211,7 @@ FAST = ("ZBVZeroBubble", "InterleavedZeroBubble")
 @pytest.mark.parametrize(("cell", "schedule"), _cells(SCHEDULES, FAST))
 def test_build_stage_is_bitwise_exact_with_hooks_once_per_microbatch(cell: str, schedule: str) -> None:
     result = run_traced(cell, schedule)
-    assert result.passed, result
+    assert result.ok, result
     assert dict(result.backward_calls) == expected_calls(schedule, 4, 1)
 
 
@@ -221,7 +221,7 @@ def test_build_stage_is_bitwise_exact_with_hooks_once_per_microbatch(cell: str, 
 @pytest.mark.parametrize("cell", CELLS)
 def test_build_stage_is_exact_over_two_steps_of_eight_microbatches(cell: str, schedule: str) -> None:
     result = run_traced(cell, schedule, microbatches=8, steps=2)
-    assert result.passed, result
+    assert result.ok, result
     assert dict(result.backward_calls) == expected_calls(schedule, 8, 2)
 
 
@@ -251,7 +251,7 @@ def _stock_cells() -> list:
 @pytest.mark.parametrize(("cell", "schedule"), _stock_cells())
 def test_stock_traced_stage_fails_where_graphkit_is_exact(cell: str, schedule: str) -> None:
     result = run_traced(cell, schedule, stage="stock")
-    assert result.passed, result
+    assert result.ok, result
 
 
 @fixed_in(
@@ -519,7 +519,7 @@ def test_check_pipeline_with_the_tracing_frontend_is_exact_against_the_traced_an
     result = verify_pipeline(
         spec(cell), schedule="ZBVZeroBubble", microbatches=4, steps=2, frontend="tracing"
     )
-    assert result.passed and result.exact and result.error is None, result.error or result.table()
+    assert result.ok and result.exact and result.error is None, result.error or result.table()
     assert result.case.frontend == "tracing"
     for (
         parameter
@@ -544,7 +544,7 @@ def test_the_copies_pipeline_makes_of_a_parameter_sum_to_its_untraced_gradient_o
         stages_per_rank=4,
         frontend="tracing",
     )
-    assert result.passed, result.error or result.table()
+    assert result.ok, result.error or result.table()
     (copies,) = result.replicated.values()
     assert list(result.replicated) == ["stage0.scale"]
     assert {"stage0.scale", "stage1.scale", "stage2.scale", "stage3.scale"} <= set(copies)
@@ -558,10 +558,10 @@ def test_a_trace_that_changes_the_gradients_fails_the_check_though_the_split_is_
     """A straight-through estimator: pipeline() traces round(), whose derivative is zero."""
     result = verify_pipeline(spec("straight_through"), microbatches=4, frontend="tracing")
     assert result.exact and result.hooks_ok  # the split matches the traced model bit for bit
-    assert not result.untraced_ok and not result.passed
+    assert not result.untraced_ok and not result.ok
     assert all(check.relative_error == pytest.approx(1.0) for check in result.untraced)
     manual = verify_pipeline(spec("straight_through"), microbatches=4)
-    assert manual.passed and manual.exact  # the manual frontend runs the Function's own backward
+    assert manual.ok and manual.exact  # the manual frontend runs the Function's own backward
 
 
 def test_a_spec_that_pipeline_cannot_trace_is_refused_with_its_reason() -> None:
@@ -581,7 +581,7 @@ def test_gpt2_cut_into_two_stages_traces_and_checks_exactly_in_one_process() -> 
     result = verify_pipeline(
         "hf:gpt2?n_layer=2", schedule="ZBVZeroBubble", microbatches=4, frontend="tracing"
     )
-    assert result.passed and result.exact and result.untraced_exact, result.error or result.table()
+    assert result.ok and result.exact and result.untraced_exact, result.error or result.table()
     names = {check.name for check in result.parameters}
     assert {"stage0.wte.weight", "stage1.lm_head.weight"} <= names
     assert names == {check.name for check in result.untraced}
@@ -605,7 +605,7 @@ def test_verify_pipeline_frontend_tracing_exits_0_exact_1_not_exact_2_bad_input(
     assert out.strip().splitlines()[-1].startswith("exact: every gradient equals the traced model's")
     assert main([*command, "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["frontend"] == "tracing" and payload["passed"] and payload["exact"]
+    assert payload["frontend"] == "tracing" and payload["ok"] and payload["exact"]
     assert payload["replicated"] == {
         "stage0.scale": ["stage0.scale", "stage0.stages.1.scale", "stage1.scale"]
     }
@@ -636,7 +636,7 @@ def test_copies_of_a_parameter_on_two_gloo_processes_are_summed_across_them() ->
     result = verify_pipeline(
         spec("shared_across_stages"), microbatches=4, steps=2, ranks=2, deadline=120, frontend="tracing"
     )
-    assert result.passed and result.exact and result.ranks == 2, result.error or result.table()
+    assert result.ok and result.exact and result.ranks == 2, result.error or result.table()
     (copies,) = result.replicated.values()
     assert {f"stage{index}.scale" for index in range(4)} <= set(copies)
     assert {check.name for check in result.untraced} == untraced_names(spec("shared_across_stages"), 4)
@@ -659,7 +659,7 @@ def test_check_pipeline_with_the_tracing_frontend_across_two_gloo_processes() ->
     ]
     results = verify_cases(cases, ranks=2, deadline=240)
     for result in results:
-        assert result.passed and result.exact, (result.case.spec, result.error, result.table())
+        assert result.ok and result.exact, (result.case.spec, result.error, result.table())
         assert result.ranks == 2 and result.untraced_exact
         assert {check.name for check in result.untraced} == untraced_names(result.case.spec, 4)
 

@@ -277,7 +277,7 @@ def test_broken_split_exits_1_and_names_the_wrong_parameter(tmp_path):
     wrong = [check for check in report["verify"]["params"] if check["status"] != "ok"]
     assert [check["name"] for check in wrong] == ["weight"]
     # the W phase doubles the gradient: relative error 1
-    assert wrong[0]["max_rel_err"] == pytest.approx(1.0)
+    assert wrong[0]["relative_error"] == pytest.approx(1.0)
     assert [check["status"] for check in report["verify"]["inputs"]] == ["ok"]
     page = parse(run.html)
     assert page.failed_rows == 1 and "FAILED" in run.html

@@ -204,9 +204,7 @@ def test_generated_schedules_are_exact_over_two_gloo_ranks_for_two_and_four_stag
     write_schedule_csv(fold_schedule(adaptive_schedule(UNIT, 4, 8, memory_limit=30), 2), path)
     cases.append(PipelineCase(spec, f"csv:{path}", 8))
     results = verify_cases(cases, ranks=2, deadline=600)
-    failures = [
-        (r.case.schedule, r.case.microbatches, r.error) for r in results if not r.passed or not r.exact
-    ]
+    failures = [(r.case.schedule, r.case.microbatches, r.error) for r in results if not r.ok or not r.exact]
     assert not failures
     for result in results:
         assert all(check.hooks == check.expected_hooks for check in result.parameters)

@@ -160,6 +160,16 @@ def test_declared_torch_range_starts_at_the_oldest_torch_ci_tests(repo_root: Pat
     assert f'torch_spec="${{GRAPHKIT_TORCH_SPEC:-torch=={TESTED_TORCH[0]}.0}}"' in setup
 
 
+def test_declared_transformers_floor_is_the_one_hf_specs_require(repo_root: Path) -> None:
+    """The ``models`` extra and the dev tools ask for the transformers major release ``hf:`` specs check for."""
+    from graphkit.models import huggingface
+
+    data = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    optional = data["project"]["optional-dependencies"]
+    declared = {r for group in ("models", "dev") for r in optional[group] if r.startswith("transformers")}
+    assert declared == {f"transformers>={huggingface._MINIMUM_TRANSFORMERS_MAJOR}"}
+
+
 def test_the_installed_torch_is_one_ci_tests() -> None:
     """CI runs the suite on each release of TESTED_TORCH: a new release joins the list once it passes."""
     import torch

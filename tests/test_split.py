@@ -40,7 +40,7 @@ def _fresh(inputs):
 
 def _cotangents(outputs, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    flat = flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("output", outputs)]
+    flat = flatten_tensors(outputs)
     grads = [
         torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype).to(tensor.device)
         if tensor.requires_grad
@@ -68,9 +68,7 @@ def _oracle(module, inputs, seed=0):
 
 
 def _flat(value, keep_none=False):
-    if isinstance(value, torch.Tensor):
-        return [("output", value)]
-    if keep_none:
+    if keep_none and not isinstance(value, torch.Tensor):
         # flatten_tensors skips None; rebuild the positions from the outputs' structure instead
         return [(str(i), item) for i, item in enumerate(_leaves(value))]
     return flatten_tensors(value)
@@ -507,10 +505,7 @@ def test_split_plan_agrees_with_the_closures_of_the_captured_graph(name):
 
     module, inputs = zoo.build(name)
     outputs = _call(module, inputs)
-    tensors = [
-        t
-        for _, t in (flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("o", outputs)])
-    ]
+    tensors = [t for _, t in flatten_tensors(outputs)]
     tensors = [t for t in tensors if t.requires_grad]
     stage_inputs = [t for _, t in flatten_tensors(inputs) if t.requires_grad]
     input_nodes = {get_gradient_edge(t).node for t in stage_inputs}

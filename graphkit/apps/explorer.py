@@ -126,6 +126,17 @@ def _resolve(
 
 class Explorer:
     """The app :func:`explore` returns; Jupyter displays it. Its widgets are attributes, so code can drive it.
+    :func:`explore` passes its keywords on to it.
+
+    Keyword Args:
+        collapse_depth: initial collapse depth (>= 1); None chooses the least collapsing that draws at
+            most ``max_nodes`` nodes.
+        max_nodes: node budget for that initial choice.
+        show_shapes, show_saved, show_module: initial state of the label toggles.
+        rankdir: graphviz layout direction (``"BT"``: inputs at the bottom).
+        title: a heading drawn on top of the diagram.
+        render_timeout_s: stop Graphviz after this many seconds per layout and say so in place of the
+            diagram (then collapse more with the slider).
 
     Attributes:
         graph: the graph shown.
@@ -528,14 +539,8 @@ def explore(
     *,
     module: torch.nn.Module | None = None,
     inputs: Any = None,
-    collapse_depth: int | None = None,
-    max_nodes: int = 400,
-    show_shapes: bool = True,
-    show_saved: bool = False,
-    show_module: bool = False,
-    rankdir: str = "BT",
     title: str | None = None,
-    render_timeout_s: float = 60.0,
+    **options: Any,
 ) -> Explorer:
     """An ipywidgets app to explore an autograd graph, its parameter groups and its split backward.
 
@@ -547,37 +552,21 @@ def explore(
             and pairs are run once with :func:`graphkit.trace`, so nodes carry module paths.
         groups: the parameter groups to show (default: :func:`graphkit.param_groups` of the graph).
         module, inputs: with a graph, the module and inputs the verify button runs.
-        collapse_depth: initial collapse depth (>= 1); None chooses the least collapsing that draws at
-            most ``max_nodes`` nodes.
-        max_nodes: node budget for that initial choice.
-        show_shapes, show_saved, show_module: initial state of the label toggles.
-        rankdir: graphviz layout direction (``"BT"``: inputs at the bottom).
         title: a heading drawn on top of the diagram (default: the spec, if one was given).
-        render_timeout_s: stop Graphviz after this many seconds per layout and say so in place of the
-            diagram (then collapse more with the slider).
+        options: the other keywords of :class:`Explorer` (``collapse_depth``, ``max_nodes``, ``show_shapes``,
+            ``show_saved``, ``show_module``, ``rankdir``, ``render_timeout_s``), with its defaults.
 
     Returns:
         An :class:`Explorer`; as the last expression of a cell, Jupyter displays it.
 
     Raises:
         ImportError: ipywidgets is not installed (``pip install 'graphkit[notebook]'``).
-        TypeError: ``graph_or_spec`` is none of the accepted forms.
+        TypeError: ``graph_or_spec`` is none of the accepted forms, or an option :class:`Explorer` does not take.
         graphkit.models.specs.SpecError: the spec cannot be loaded.
         ValueError: ``collapse_depth < 1``.
     """
     _import_ipywidgets()
     graph, module, inputs, spec = _resolve(graph_or_spec, module, inputs)
     return Explorer(
-        graph,
-        groups,
-        module=module,
-        inputs=inputs,
-        collapse_depth=collapse_depth,
-        max_nodes=max_nodes,
-        show_shapes=show_shapes,
-        show_saved=show_saved,
-        show_module=show_module,
-        rankdir=rankdir,
-        title=title if title is not None else spec,
-        render_timeout_s=render_timeout_s,
+        graph, groups, module=module, inputs=inputs, title=title if title is not None else spec, **options
     )

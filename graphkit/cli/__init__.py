@@ -56,6 +56,7 @@ from graphkit.cli import (
     plan_command,
     split_commands,
 )
+from graphkit.cli.terminal import print_model_error
 from graphkit.models.specs import model_frame
 
 __all__ = ["build_parser", "main"]
@@ -135,13 +136,10 @@ def _model_error(arguments: argparse.Namespace, error: Exception, frame: traceba
     """One line naming the spec, the exception and where the model raised it (exit status 2); the whole
     traceback after it with ``--traceback``."""
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    spec = getattr(arguments, "spec", None) or "the default spec"
-    print(
-        f"graphkit {arguments.command}: error: the model of {spec} raised {type(error).__name__}"
-        f"{': ' + message if message else ''} ({Path(frame.filename).name}:{frame.lineno} in {frame.name})"
-        + ("" if arguments.traceback else "; --traceback prints the whole traceback"),
-        file=sys.stderr,
+    print_model_error(
+        arguments,
+        f"{type(error).__name__}{': ' + message if message else ''}",
+        f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}",
+        "".join(traceback.format_exception(error)),
     )
-    if arguments.traceback:
-        traceback.print_exception(error)
     return 2

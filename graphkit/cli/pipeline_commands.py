@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from graphkit.cli.options import (
     add_steps_option,
     add_threads_option,
 )
+from graphkit.cli.terminal import print_model_error
 
 __all__ = [
     "add_compare_schedules_command",
@@ -319,26 +321,19 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
         )
         print(f"graphkit verify-pipeline: error: {error}{hint}", file=sys.stderr)
         if arguments.json:
-            print(json.dumps({"passed": False, "exact": False, "error": f"{error}{hint}"}, indent=1))
+            print(json.dumps({"ok": False, "exact": False, "error": f"{error}{hint}"}, indent=1))
         else:
             print("FAILED: nothing was verified")
         return 1
     if result.model_error:  # the spec's own model raised in the step: bad input, not a verdict
-        print(
-            f"graphkit verify-pipeline: error: the model of {arguments.spec} raised {result.error} "
-            f"({result.model_error})"
-            + ("" if arguments.traceback else "; --traceback prints the whole traceback"),
-            file=sys.stderr,
-        )
-        if arguments.traceback:
-            print(result.error_traceback, file=sys.stderr, end="")
+        print_model_error(arguments, str(result.error), result.model_error, result.error_traceback)
         if arguments.json:
             print(json.dumps(result_payload(result, data_parallel, []), indent=1))
         return 2
     written = write_checked_timeline(arguments, result) if arguments.timeline else []
     if arguments.json:
         print(json.dumps(result_payload(result, data_parallel, written), indent=1))
-        return 0 if result.passed else 1
+        return 0 if result.ok else 1
     where = f"{result.ranks} process{'es' if result.ranks > 1 else ''}"
     tracing = result.case.frontend == "tracing"
     print(
@@ -371,7 +366,7 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
             f"recorded the last step: {result.timeline.step_seconds * 1e3:.3f} ms, "
             f"bubble {100 * result.timeline.bubble_fraction:.1f}%"
         )
-    if result.passed:
+    if result.ok:
         verdict = (
             "exact: every gradient equals the full backward's bit for bit"
             if result.exact
@@ -388,7 +383,7 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
                 "the untraced model's too"
                 if result.untraced_exact
                 else "the untraced model's within "
-                f"{max(check.relative_error for check in result.untraced):.2g} relative (rounding: copies "
+                f"{max(check.relative_error or 0.0 for check in result.untraced):.2g} relative (rounding: copies "
                 "summed in another order, or a custom autograd.Function's forward traced as ATen operations)"
             )
         print(f"{verdict}; hooks once per microbatch")
@@ -402,7 +397,7 @@ def run_verify_pipeline(arguments: argparse.Namespace) -> int:
         )
     else:
         print(f"NOT exact: {pipeline_failures(result)}")
-    return 0 if result.passed else 1
+    return 0 if result.ok else 1
 
 
 def backwards_line(calls: dict[str, int]) -> str:
@@ -429,7 +424,7 @@ def print_untraced(result: Any) -> None:
         f"against the untraced model (pipeline()'s copies summed): {len(result.untraced) - len(differing)} of "
         f"{len(result.untraced)} gradients bit for bit"
         + (
-            f", the others differ by up to {max(check.relative_error for check in differing):.3g} relative "
+            f", the others differ by up to {max(_relative(check) for check in differing):.3g} relative "
             f"(tolerance {1e-10:g})"
             if differing
             else ""
@@ -449,7 +444,7 @@ def result_payload(result: Any, data_parallel: str | None, timeline_files: list[
         "ranks": result.ranks,
         "data_parallel": data_parallel,
         "stage": result.case.stage,
-        "passed": result.passed,
+        "ok": result.ok,
         "exact": result.exact,
         "error": result.error,
         "model_error": result.model_error,
@@ -463,12 +458,14 @@ def result_payload(result: Any, data_parallel: str | None, timeline_files: list[
     }
 
 
+def _relative(check: Any) -> float:
+    """A check's relative error, ``inf`` where one side has no gradient."""
+    return math.inf if check.relative_error is None else check.relative_error
+
+
 def _parameter_payload(check: Any) -> dict[str, Any]:
     return {
-        "name": check.name,
-        "max_abs_error": check.max_abs_error,
-        "relative_error": check.relative_error,
-        "bitwise": check.bitwise,
+        **check.to_dict(),
         "hooks": check.hooks,
         "expected_hooks": check.expected_hooks,
         "stages": check.stages,
@@ -480,7 +477,7 @@ def pipeline_failures(result: Any) -> str:
     """What made a checked pipeline step fail: wrong gradients, silent or repeated hooks, or both."""
     wrong = [check.name for check in result.parameters if not check.bitwise]
     if result.case.data_parallel is not None or any(check.stages > 1 for check in result.parameters):
-        wrong = [check.name for check in result.parameters if check.relative_error > 1e-10]
+        wrong = [check.name for check in result.parameters if not check.ok]
     hooks = [
         check.name
         for check in result.parameters
@@ -494,7 +491,7 @@ def pipeline_failures(result: Any) -> str:
             + (", ..." if len(wrong) > 3 else "")
             + ")"
         )
-    changed = [check.name for check in result.untraced if check.relative_error > 1e-10]
+    changed = [check.name for check in result.untraced if not check.ok]
     if changed:
         reasons.append(
             f"pipeline() changed {len(changed)} of {len(result.untraced)} gradients beyond 1e-10 of the "

@@ -9,7 +9,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["print_table", "progress"]
+__all__ = ["print_model_error", "print_table", "progress"]
+
+
+def print_model_error(arguments: Any, raised: str, where: str, traceback_text: str) -> None:
+    """One line on stderr saying that the spec's own model raised ``raised`` (``"ValueError: ..."``) at
+    ``where`` (``"file.py:12 in forward"``); with ``--traceback``, the whole ``traceback_text`` after it."""
+    spec = getattr(arguments, "spec", None) or "the default spec"
+    print(
+        f"graphkit {arguments.command}: error: the model of {spec} raised {raised} ({where})"
+        + ("" if arguments.traceback else "; --traceback prints the whole traceback"),
+        file=sys.stderr,
+    )
+    if arguments.traceback:
+        print(traceback_text, file=sys.stderr, end="")
 
 
 def print_table(

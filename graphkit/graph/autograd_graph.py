@@ -249,7 +249,7 @@ def _named_edges(value: Any, role: str, *, require: bool) -> list[tuple[str, Gra
                 "returned (a tensor, a sequence, a mapping or a nested mix of them)"
             )
         return []
-    tensors = [(role, value)] if isinstance(value, torch.Tensor) else flatten_tensors(value)
+    tensors = flatten_tensors(value, lone_name=role)
     if require and not tensors:
         raise GraphkitInputError(
             f"the {role} holds no tensor (got {type(value).__name__}): pass the tensor(s) the model "

@@ -21,7 +21,7 @@ class GraphkitInputError(ValueError):
 
 
 def flatten_tensors(
-    value: Any, prefix: str = "", *, keep_none: bool = False, edges: bool = False
+    value: Any, prefix: str = "", *, keep_none: bool = False, edges: bool = False, lone_name: str = "output"
 ) -> list[tuple[str, Any]]:
     """All tensors inside ``value`` with their paths, in a deterministic order.
 
@@ -33,17 +33,18 @@ def flatten_tensors(
             shape, such as outputs and their cotangents, flatten to aligned lists.
         edges: also list ``torch.autograd.graph.GradientEdge`` leaves (a stage output a pipeline released,
             standing for its tensor), which would otherwise be taken apart as a tuple.
+        lone_name: the name of a single tensor (``"input"`` for a stage's inputs) without a prefix.
 
     Returns:
         ``[(path, tensor), ...]`` in depth-first order: sequences by index, mappings in their own order.
-        A single tensor gets the name ``prefix or "output"``.
+        A single tensor gets the name ``prefix or lone_name``.
     """
     found: list[tuple[str, torch.Tensor]] = []
     stack: list[tuple[str, Any]] = [(prefix, value)]
     while stack:
         path, item = stack.pop()
         if isinstance(item, torch.Tensor) or (keep_none and item is None) or (edges and _is_edge(item)):
-            found.append((path or "output", item))
+            found.append((path or lone_name, item))
         elif isinstance(item, Mapping):
             children = [(_join(path, str(key)), child) for key, child in item.items()]
             stack.extend(reversed(children))

@@ -46,8 +46,8 @@ from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
 from graphkit.measure.flops import PhaseFlops
+from graphkit.measure.stage_inputs import call_stage, fresh_inputs, placed_stage
 from graphkit.measure.timing import timed
-from graphkit.measure.verification import call_stage, fresh_inputs
 from graphkit.models.specs import load_spec
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 from graphkit.split.checkpointing import checkpoint_tensors
@@ -183,7 +183,7 @@ def _split_pairs(
 
 def _cotangents(outputs: Any, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(seed)
-    flat = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
+    flat = flatten_tensors(outputs)
     return [
         (tensor, torch.randn(tensor.shape, generator=generator).to(tensor.dtype).to(tensor.device))
         for _, tensor in flat
@@ -215,13 +215,7 @@ def benchmark_split(
     Returns:
         A :class:`SplitBenchmark` (times in seconds, memory in bytes).
     """
-    device = (
-        torch.device(device)
-        if device is not None
-        else next((p.device for p in module.parameters()), torch.device("cpu"))
-    )
-    module.to(device)
-    parameters = [p for p in module.parameters() if p.requires_grad]
+    device, parameters = placed_stage(module, device)
 
     def reset() -> None:
         for parameter in parameters:
@@ -233,8 +227,7 @@ def benchmark_split(
         return prepared, _cotangents(outputs, 0)
 
     def stage_inputs(prepared: Any) -> list[torch.Tensor]:
-        flat = [("input", prepared)] if isinstance(prepared, torch.Tensor) else flatten_tensors(prepared)
-        return [tensor for _, tensor in flat if tensor.requires_grad]
+        return [tensor for _, tensor in flatten_tensors(prepared) if tensor.requires_grad]
 
     full, b, w, b_engine, b_python = [], [], [], [], []
     for _ in range(warmup + repeat):

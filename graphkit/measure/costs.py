@@ -48,8 +48,8 @@ from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes, flatten_tensors
 from graphkit.measure.benchmark import memory_kept, saved_tensors_below
 from graphkit.measure.flops import PhaseFlops
+from graphkit.measure.stage_inputs import call_stage, fresh_inputs, placed_stage
 from graphkit.measure.timing import timed
-from graphkit.measure.verification import call_stage, fresh_inputs
 from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PipelineModel, load_stage_or_pipeline
 from graphkit.models.specs import SpecError
 from graphkit.split.backward import SplitState, backward_input, backward_weight
@@ -339,13 +339,7 @@ def stage_costs(
         raise GraphkitInputError(
             f"repeat must be at least 1 and warmup at least 0, got {repeat} and {warmup}"
         )
-    device = (
-        torch.device(device)
-        if device is not None
-        else next((parameter.device for parameter in module.parameters()), torch.device("cpu"))
-    )
-    module.to(device)
-    parameters = [parameter for parameter in module.parameters() if parameter.requires_grad]
+    device, parameters = placed_stage(module, device)
     saved_grads = [parameter.grad for parameter in parameters]
     parameter_storages = {parameter.untyped_storage().data_ptr() for parameter in parameters}
 

@@ -16,7 +16,8 @@ each phase are counted (:class:`graphkit.measure.flops.PhaseFlops`), also per *o
 in B and in W, so a user sees where B + W costs more than a full backward, and which parameters received
 their gradient in B already (reentrant checkpoints).
 
-Tolerances (relative to the largest magnitude of the reference gradient):
+Each gradient is compared by :func:`graphkit.measure.gradient_check.compare_gradients` (the comparison
+``verify_pipeline`` uses too). Tolerances (relative to the largest magnitude of the reference gradient):
 
 - float64: 1e-9. B + W adds the same terms as a full backward, only sometimes in another order, so
   the results differ by a few rounding errors (~1e-15); any wrong, missing or double-counted term
@@ -46,18 +47,13 @@ from graphkit.graph import _autograd
 from graphkit.graph.autograd_graph import capture
 from graphkit.graph.tensors import GraphkitInputError, flatten_tensors, unflatten_like
 from graphkit.measure.flops import NOT_COUNTED, PhaseFlops
+from graphkit.measure.gradient_check import GradientCheck, compare_gradients
+from graphkit.measure.stage_inputs import call_stage, cast_floating, fresh_inputs, stage_input_tensors
+from graphkit.models.devices import checked_device
 from graphkit.split.backward import backward_full, backward_input, backward_weight
 from graphkit.split.checkpointing import Recompute, recompute_policy
 
-__all__ = [
-    "GradientCheck",
-    "OpaqueNodeCost",
-    "VerifyReport",
-    "call_stage",
-    "fresh_inputs",
-    "tolerance_for",
-    "verify_split",
-]
+__all__ = ["OpaqueNodeCost", "VerifyReport", "tolerance_for", "verify_split"]
 
 _TOLERANCES = {
     torch.float64: 1e-9,
@@ -73,26 +69,6 @@ _TOLERANCES = {
 def tolerance_for(dtype: torch.dtype) -> float:
     """Relative tolerance used for gradients of ``dtype`` (see module docstring)."""
     return _TOLERANCES.get(dtype, 1e-4)
-
-
-@dataclass(slots=True, frozen=True)
-class GradientCheck:
-    """One compared gradient. ``status``: ``ok``, ``wrong``, ``missing`` (split gave none where the full
-    backward gave one) or ``unexpected`` (the other way round). Errors are absolute and relative to the
-    largest reference magnitude; None when either side has no gradient."""
-
-    name: str
-    status: str
-    max_abs_err: float | None
-    max_rel_err: float | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": self.status,
-            "max_abs_err": self.max_abs_err,
-            "max_rel_err": self.max_rel_err,
-        }
 
 
 @dataclass(slots=True, frozen=True)
@@ -152,12 +128,12 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return all(check.status == "ok" for check in [*self.inputs, *self.params])
+        return all(check.ok for check in [*self.inputs, *self.params])
 
     @property
     def failures(self) -> list[GradientCheck]:
         """The checks that are not ``ok``."""
-        return [check for check in [*self.inputs, *self.params] if check.status != "ok"]
+        return [check for check in [*self.inputs, *self.params] if not check.ok]
 
     def verdict(self) -> str:
         """One sentence, the same in ``graphkit verify`` and ``graphkit inspect``: ``OK: all 17 gradients
@@ -191,10 +167,10 @@ class VerifyReport:
 
     def table(self) -> str:
         """A plain-text table: one row per gradient, then FLOPs and the verdict."""
-        rows = [("kind", "name", "status", "max_abs_err", "max_rel_err")]
+        rows = [("kind", "name", "status", "max_abs_error", "relative_error")]
         for kind, checks in (("input", self.inputs), ("param", self.params)):
             rows.extend(
-                (kind, c.name, c.status, _number(c.max_abs_err), _number(c.max_rel_err)) for c in checks
+                (kind, c.name, c.status, _number(c.max_abs_error), _number(c.relative_error)) for c in checks
             )
         widths = [max(len(row[column]) for row in rows) for column in range(5)]
         lines = [
@@ -256,8 +232,8 @@ class VerifyReport:
                 colour = "#1b7837" if check.status == "ok" else "#b2182b"
                 body.append(
                     f"<tr><td>{kind}</td><td>{html.escape(check.name)}</td>"
-                    f"<td style='color:{colour}'>{check.status}</td><td>{_number(check.max_abs_err)}</td>"
-                    f"<td>{_number(check.max_rel_err)}</td></tr>"
+                    f"<td style='color:{colour}'>{check.status}</td><td>{_number(check.max_abs_error)}</td>"
+                    f"<td>{_number(check.relative_error)}</td></tr>"
                 )
         verdict = "OK" if self.ok else "FAILED"
         flops = self.flops
@@ -266,8 +242,8 @@ class VerifyReport:
             f"<p><b>{verdict}</b>: split backward vs full backward ({self.dtype}, {self.device}, relative "
             f"tolerance {self.tolerance:g}, {self.groups} groups). FLOPs full {flops['full']:,}, "
             f"B {flops['b']:,}, W {flops['w']:,}.</p>"
-            "<table><thead><tr><th>kind</th><th>name</th><th>status</th><th>max abs err</th>"
-            f"<th>max rel err</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
+            "<table><thead><tr><th>kind</th><th>name</th><th>status</th><th>max abs error</th>"
+            f"<th>relative error</th></tr></thead><tbody>{''.join(body)}</tbody></table>"
             + (f"<ul>{notes}</ul>" if notes else "")
         )
 
@@ -282,72 +258,6 @@ def _count(count: int, noun: str) -> str:
 
 def _ratio(numerator: int, denominator: int) -> str:
     return f"{numerator / denominator:.3f}" if denominator else "-"
-
-
-def _compare(
-    name: str, reference: torch.Tensor | None, split: torch.Tensor | None, tolerance: float
-) -> GradientCheck:
-    if reference is None and split is None:
-        return GradientCheck(name, "ok", None, None)
-    if reference is None:
-        return GradientCheck(name, "unexpected", None, None)
-    if split is None:
-        return GradientCheck(name, "missing", None, None)
-    if reference.shape != split.shape:
-        return GradientCheck(name, "wrong", None, None)
-    wide = torch.complex128 if reference.is_complex() or split.is_complex() else torch.float64
-    reference64 = reference.detach().to(wide)
-    difference = (split.detach().to(wide) - reference64).abs().max().item() if reference.numel() else 0.0
-    scale = reference64.abs().max().item() if reference.numel() else 0.0
-    relative = difference / scale if scale > 0 else (0.0 if difference == 0 else float("inf"))
-    status = "ok" if relative <= tolerance else "wrong"
-    return GradientCheck(name, status, difference, relative)
-
-
-def fresh_inputs(value: Any, dtype: torch.dtype | None = None, device: torch.device | None = None) -> Any:
-    """Fresh leaf copies of the input tensors in ``value`` (same structure and requires_grad), moved to
-    ``device`` and, when given, cast to ``dtype`` (floating tensors) or to the complex dtype of the same
-    precision (complex ones: ``float64`` gives ``complex128``). Non-tensor entries stay as they are."""
-    tensors = flatten_tensors(value) if not isinstance(value, torch.Tensor) else [("input", value)]
-    prepared = []
-    for _, tensor in tensors:
-        copy_ = tensor.detach().clone()
-        if device is not None:
-            copy_ = copy_.to(device)
-        if dtype is not None:
-            copy_ = _cast(copy_, dtype)
-        prepared.append(copy_.requires_grad_(tensor.requires_grad))
-    return prepared[0] if isinstance(value, torch.Tensor) else unflatten_like(value, prepared)
-
-
-def _cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``tensor`` in ``dtype`` if floating, in the complex dtype of ``dtype``'s precision if complex."""
-    if tensor.is_floating_point():
-        return tensor.to(dtype)
-    if tensor.is_complex():
-        return tensor.to(_COMPLEX.get(dtype, tensor.dtype))
-    return tensor
-
-
-_COMPLEX = {torch.float64: torch.complex128, torch.float32: torch.complex64, torch.float16: torch.complex32}
-
-
-def _checked_device(device: str | torch.device | None) -> torch.device | None:
-    """``device`` parsed, refusing a CUDA device this torch cannot use (a CPU-only build, no GPU)."""
-    if device is None:
-        return None
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as error:
-        raise GraphkitInputError(
-            f"device {device!r} is not a device name (cpu, cuda, cuda:1, ...): {error}"
-        ) from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise GraphkitInputError(
-            f"device {str(device)!r}: no CUDA device is available to this torch ({torch.__version__}); "
-            "leave the device out to run on the CPU"
-        )
-    return parsed
 
 
 @contextlib.contextmanager
@@ -376,7 +286,7 @@ def _borrowed(
         with torch.no_grad():
             for parameter, data, _ in saved_parameters:
                 moved = data if device is None else data.to(device)
-                working = moved if dtype is None else _cast(moved, dtype)
+                working = moved if dtype is None else cast_floating(moved, dtype)
                 parameter.data = working
                 parameter.grad = None
                 values.append((parameter, working.clone()))
@@ -384,7 +294,7 @@ def _borrowed(
                     worked_in_place.append((data, values[-1][1]))
             for owner, name, buffer, _ in saved_buffers:
                 moved = buffer if device is None else buffer.to(device)
-                setattr(owner, name, moved if dtype is None else _cast(moved, dtype))
+                setattr(owner, name, moved if dtype is None else cast_floating(moved, dtype))
         yield [getattr(owner, name) for owner, name, _, _ in saved_buffers], values
     finally:
         with torch.no_grad():
@@ -421,7 +331,7 @@ def _reset_changed(parameters: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 def _reached_leaves(outputs: Any, stage_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Every leaf that requires grad and that the outputs' autograd graph reaches, but the stage inputs,
     in the order of a breadth-first walk from the outputs (each once)."""
-    flat = [("output", outputs)] if isinstance(outputs, torch.Tensor) else flatten_tensors(outputs)
+    flat = flatten_tensors(outputs)
     roots = [_autograd.gradient_edge(tensor).node for _, tensor in flat if tensor.requires_grad]
     inputs = {id(tensor) for tensor in stage_inputs}
     leaves: list[torch.Tensor] = []
@@ -457,15 +367,6 @@ def _leaf_names(module: torch.nn.Module, leaves: list[torch.Tensor]) -> list[str
             unregistered += 1
         result.append(name)
     return result
-
-
-def call_stage(module: torch.nn.Module, inputs: Any) -> Any:
-    """``module(**inputs)`` for a dict, ``module(*inputs)`` for a tuple or list, else ``module(inputs)``."""
-    if isinstance(inputs, Mapping):
-        return module(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return module(*inputs)
-    return module(inputs)
 
 
 def verify_split(
@@ -514,7 +415,7 @@ def verify_split(
             raise GraphkitInputError(
                 f"{name} must be a torch.dtype such as torch.float64, got {value!r} ({type(value).__name__})"
             )
-    device = _checked_device(device)
+    device = None if device is None else checked_device(device, GraphkitInputError)
     recompute = recompute_policy(recompute)
     with _borrowed(module, dtype, device) as (buffers, parameter_values):
         return _verify_in_place(
@@ -558,13 +459,11 @@ def _verify_in_place(
         return prepared, outputs
 
     prepared, outputs = forward()
-    flat_outputs = (
-        flatten_tensors(outputs) if not isinstance(outputs, torch.Tensor) else [("output", outputs)]
-    )
+    flat_outputs = flatten_tensors(outputs)
     # the module's parameters (reached or not), then any other leaf the outputs reach
     registered = [p for _, p in stage.named_parameters() if p.requires_grad]
     known = {id(p) for p in registered}
-    reached = _reached_leaves(outputs, [tensor for _, tensor in _named(prepared)])
+    reached = _reached_leaves(outputs, [tensor for _, tensor in stage_input_tensors(prepared)])
     leaves = registered + [leaf for leaf in reached if id(leaf) not in known]
     names = _leaf_names(stage, leaves)
     saved_grads = [leaf.grad for leaf in leaves]  # of leaves outside the module; restored at the end
@@ -645,16 +544,16 @@ def _verify_in_place(
     parameters = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
     dominant = _dominant_dtype(parameters) if parameters else _dominant_leaf_dtype(leaves)
     tolerance = tolerance_for(autocast_dtype or dtype or dominant)
-    input_names = [name for name, tensor in _named(prepared)]
+    input_names = [name for name, tensor in stage_input_tensors(prepared)]
     input_checks = [
-        _compare(name, reference, split, tolerance)
+        compare_gradients(name, reference, split, tolerance)
         for name, reference, split, (_, tensor) in zip(
-            input_names, reference_inputs, state.input_grads, _named(prepared), strict=True
+            input_names, reference_inputs, state.input_grads, stage_input_tensors(prepared), strict=True
         )
         if tensor.requires_grad
     ]
     param_checks = [
-        _compare(name, reference, split, tolerance)
+        compare_gradients(name, reference, split, tolerance)
         for name, reference, split in zip(names, reference_params, split_params, strict=True)
     ]
     return VerifyReport(
@@ -690,10 +589,6 @@ def _dominant_leaf_dtype(leaves: list[torch.Tensor]) -> torch.dtype:
 def _not_counting(phase: str, nodes: Mapping[str, Any]) -> contextlib.nullcontext[None]:
     """Stands in for :meth:`PhaseFlops.counting` in a run that counts nothing."""
     return contextlib.nullcontext()
-
-
-def _named(value: Any) -> list[tuple[str, torch.Tensor]]:
-    return [("input", value)] if isinstance(value, torch.Tensor) else flatten_tensors(value)
 
 
 def _dominant_dtype(parameters: list[tuple[str, torch.nn.Parameter]]) -> torch.dtype:

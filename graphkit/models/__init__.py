@@ -4,6 +4,8 @@
 - :mod:`graphkit.models.huggingface`: ``transformers`` models from small configs, random weights
   (``hf:ARCH?key=value``, extra ``models``);
 - :mod:`graphkit.models.specs`: :func:`load_spec`, which turns a spec string into ``(module, inputs)``;
+- :mod:`graphkit.models.devices`: :func:`~graphkit.models.devices.checked_device`, a device name checked
+  before anything runs there;
 - :mod:`graphkit.models.pipeline_specs`: pipeline specs, one format for every pipeline command
   (``verify-pipeline``, ``costs``, ``timeline``, ``compare-schedules``): a function of ``num_stages`` and
   ``batch_size`` returning ``(stages, loss_fn, inputs, target)`` for the whole batch, the built-in

@@ -45,8 +45,9 @@ All dropout probabilities default to zero, so forward calls are deterministic to
 is zero as well).
 
 The layer runners of the middle stages (:func:`run_gpt2_blocks`, :func:`run_rotary_layers`,
-:func:`position_ids_of`), :func:`default_config`, :func:`import_transformers` and the boolean words of a
-spec value (:data:`TRUE_WORDS`, :data:`FALSE_WORDS`) are public: :mod:`graphkit.models.huggingface_stages`
+:func:`position_ids_of`), :func:`default_config`, :func:`import_transformers`, the spec grammar
+(:func:`hf_architecture`, :func:`hf_query`) and the boolean words of a spec value (:data:`TRUE_WORDS`,
+:data:`FALSE_WORDS`) are public: :mod:`graphkit.models.huggingface_stages`
 builds the pipeline stages of ``hf:gpt2`` and ``hf:llama`` from them.
 
 ``transformers`` is an optional dependency (``pip install 'graphkit[models]'``); it is imported only when a
@@ -73,6 +74,8 @@ __all__ = [
     "TRUE_WORDS",
     "HFSpec",
     "default_config",
+    "hf_architecture",
+    "hf_query",
     "import_transformers",
     "load_hf_spec",
     "parse_hf_spec",
@@ -285,11 +288,7 @@ def parse_hf_spec(spec: str) -> HFSpec:
         ValueError: unknown architecture (the message lists the known ones), a piece of the query without
             ``=``, a key given twice, an unknown stage, or a non-integer / non-positive batch, seq or seed.
     """
-    text = spec.strip()
-    if text.startswith(PREFIX):
-        text = text[len(PREFIX) :]
-    arch, _, query = text.partition("?")
-    arch = arch.strip().lower()
+    arch = hf_architecture(spec)
     if arch not in _ARCHITECTURES:
         close = difflib.get_close_matches(arch, list(_ARCHITECTURES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -298,13 +297,7 @@ def parse_hf_spec(spec: str) -> HFSpec:
             f"Known architectures: {', '.join(_ARCHITECTURES)}."
         )
     values: dict[str, str] = {}
-    for piece in query.split("&"):
-        if not piece.strip():
-            continue
-        key, equals, value = piece.partition("=")
-        key, value = key.strip(), value.strip()
-        if not equals or not key:
-            raise ValueError(f"expected key=value in spec {spec!r}, got {piece!r}")
+    for key, value in hf_query(spec):
         if key in values:
             raise ValueError(f"key {key!r} is given twice in spec {spec!r}")
         values[key] = value
@@ -316,6 +309,34 @@ def parse_hf_spec(spec: str) -> HFSpec:
     seq = _parse_count(values.pop("seq", "8"), "seq", spec, minimum=1)
     seed = _parse_count(values.pop("seed", "0"), "seed", spec, minimum=0)
     return HFSpec(arch=arch, stage=stage, batch=batch, seq=seq, seed=seed, overrides=tuple(values.items()))
+
+
+def hf_architecture(spec: str) -> str:
+    """The ARCH of ``hf:ARCH[?key=value&...]``, in lower case (the ``hf:`` prefix may be left out)."""
+    text = spec.strip()
+    if text.startswith(PREFIX):
+        text = text[len(PREFIX) :]
+    return text.partition("?")[0].strip().lower()
+
+
+def hf_query(spec: str) -> list[tuple[str, str]]:
+    """The ``(key, value)`` pairs of ``hf:ARCH?key=value&...``, in spec order, stripped; empty pieces
+    (``a=1&&b=2``) are skipped. Keys are not checked here: a model spec and a pipeline spec take different
+    ones.
+
+    Raises:
+        ValueError: a piece without ``=`` or without a key.
+    """
+    pairs = []
+    for piece in spec.partition("?")[2].split("&"):
+        if not piece.strip():
+            continue
+        key, equals, value = piece.partition("=")
+        key, value = key.strip(), value.strip()
+        if not equals or not key:
+            raise ValueError(f"spec {spec!r}: expected key=value, got {piece!r}")
+        pairs.append((key, value))
+    return pairs
 
 
 def load_hf_spec(spec: str) -> tuple[nn.Module, dict[str, Tensor]]:

@@ -28,6 +28,8 @@ from graphkit.models.huggingface import (
     FALSE_WORDS,
     TRUE_WORDS,
     default_config,
+    hf_architecture,
+    hf_query,
     import_transformers,
     position_ids_of,
     run_gpt2_blocks,
@@ -104,7 +106,7 @@ def hf_stages(spec: str, *, num_stages: int, batch_size: int) -> PipelineParts:
             the architecture's function.
         ImportError: ``transformers`` is not installed (extra ``models``).
     """
-    arch = _hf_architecture(spec)
+    arch = hf_architecture(spec)
     if arch not in _HF_STAGES:
         raise SpecError(
             f"pipeline spec {spec!r}: hf:{arch} is not cut into pipeline stages; the architectures that are: "
@@ -112,10 +114,6 @@ def hf_stages(spec: str, *, num_stages: int, batch_size: int) -> PipelineParts:
             "capture, groups, verify, render and costs)"
         )
     return _HF_STAGES[arch](spec, num_stages=num_stages, batch_size=batch_size)
-
-
-def _hf_architecture(spec: str) -> str:
-    return spec.strip()[len("hf:") :].partition("?")[0].strip().lower()
 
 
 def _parse_pipeline_query(spec: str, arch: str) -> dict[str, int | bool]:
@@ -126,14 +124,15 @@ def _parse_pipeline_query(spec: str, arch: str) -> dict[str, int | bool]:
             (the message lists the valid ones), a key given twice (also through an alias), or a value that is
             not an integer (at least 1; at least 0 for ``seed``) or a boolean where one is expected.
     """
-    if _hf_architecture(spec) != arch:
+    if hf_architecture(spec) != arch:
         raise SpecError(f"pipeline spec {spec!r} is not an hf:{arch} spec")
     keys, aliases = _HF_PIPELINE_KEYS[arch], _HF_PIPELINE_ALIASES[arch]
     values: dict[str, int | bool] = {}
-    for piece in filter(str.strip, spec.strip().partition("?")[2].split("&")):
-        key, equals, value = (part.strip() for part in piece.partition("="))
-        if not equals or not key:
-            raise SpecError(f"pipeline spec {spec!r}: expected key=value, got {piece!r}")
+    try:
+        pairs = hf_query(spec)
+    except ValueError as error:
+        raise SpecError(f"pipeline {error}") from None
+    for key, value in pairs:
         name = aliases.get(key, key)
         if name not in keys:
             why = f" ({_MODEL_SPEC_ONLY_KEYS[key]})" if key in _MODEL_SPEC_ONLY_KEYS else ""

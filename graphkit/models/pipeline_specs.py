@@ -86,6 +86,7 @@ from graphkit.models.specs import (
     load_spec,
     looks_like_path,
     on_sys_path,
+    required_arguments,
 )
 
 __all__ = [
@@ -103,6 +104,7 @@ __all__ = [
     "load_stage_or_pipeline",
     "mlp_pipeline",
     "mlp_wide_pipeline",
+    "schedule_loss_and_target",
 ]
 
 DEFAULT_NUM_STAGES = 2
@@ -137,8 +139,7 @@ class PipelineModel:
     @property
     def batch_size(self) -> int:
         """The size of dimension 0 of the first tensor input (1 when no input is a batched tensor)."""
-        first = next((value for value in self.inputs if isinstance(value, Tensor) and value.dim()), None)
-        return int(first.shape[0]) if first is not None else 1
+        return _batch_size(self.inputs)
 
     def microbatches(self, count: int) -> list[tuple[tuple[Any, ...], Any]]:
         """The batch split into ``count`` equal microbatches along dimension 0: ``[(inputs, target), ...]``.
@@ -176,15 +177,33 @@ class PipelineModel:
         """The target to pass to a schedule's ``step``: :attr:`target`, or zeros of the batch size for None
 
         (the schedules index one target per microbatch; a loss without a target ignores them)."""
-        return self.target if self.target is not None else torch.zeros(self.batch_size)
+        return schedule_loss_and_target(self.loss_fn, self.inputs, self.target)[1]
 
     def schedule_loss_fn(self) -> Callable[..., Tensor]:
         """The loss to give a schedule with :meth:`schedule_target`: :attr:`loss_fn`, or, for a target of
         None, a function that calls ``loss_fn(output, None)`` whatever placeholder target it is given."""
-        if self.target is not None:
-            return self.loss_fn
-        loss_fn = self.loss_fn
-        return lambda output, _placeholder, **kwargs: loss_fn(output, None, **kwargs)
+        return schedule_loss_and_target(self.loss_fn, self.inputs, self.target)[0]
+
+
+def schedule_loss_and_target(
+    loss_fn: Callable[..., Tensor], inputs: tuple[Any, ...], target: Any
+) -> tuple[Callable[..., Tensor], Any]:
+    """The loss and target to give a schedule's ``step`` for ``inputs`` (dimension 0 is the batch).
+
+    ``loss_fn`` and ``target`` as they are; for a target of None (a loss that ignores it), zeros with one
+    row per batch row - the schedules split a target into one per microbatch - and a loss that calls
+    ``loss_fn(output, None)`` whatever placeholder target it is given, as a full backward calls it.
+    """
+    if target is not None:
+        return loss_fn, target
+    return (lambda output, _placeholder, **kwargs: loss_fn(output, None, **kwargs)), torch.zeros(
+        _batch_size(inputs)
+    )
+
+
+def _batch_size(inputs: tuple[Any, ...]) -> int:
+    first = next((value for value in inputs if isinstance(value, Tensor) and value.dim()), None)
+    return int(first.shape[0]) if first is not None else 1
 
 
 def _batched(value: Any) -> bool:
@@ -317,13 +336,7 @@ def _arguments(
 
 
 def _call(spec: Any, function: Callable[..., Any], num_stages: int | None, batch_size: int | None) -> Any:
-    required = [
-        name
-        for name, parameter in _declared(function).items()
-        if name not in ("num_stages", "batch_size")
-        and parameter.default is inspect.Parameter.empty
-        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    ]
+    required = required_arguments(function, given=("num_stages", "batch_size"))
     if required:
         raise SpecError(
             f"pipeline spec {spec!r}: the function requires {required!r}; a pipeline spec function may "

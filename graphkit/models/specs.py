@@ -37,6 +37,7 @@ from typing import Any
 from torch import nn
 
 from graphkit.models import zoo
+from graphkit.models.devices import checked_device
 
 __all__ = [
     "SpecError",
@@ -50,6 +51,7 @@ __all__ = [
     "on_sys_path",
     "meta_graph_note",
     "model_frame",
+    "required_arguments",
     "spec_inputs_as_call",
 ]
 
@@ -115,14 +117,7 @@ def load_spec_on(spec: str, device: str | None = None) -> tuple[nn.Module, tuple
 
     if device is None:
         return load_spec(spec)
-    try:
-        target = torch.device(device)
-    except RuntimeError as error:
-        raise SpecError(
-            f"device {device!r} is not a device name (cpu, cuda, cuda:1, meta): {error}"
-        ) from None
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise SpecError(f"device {device!r}: no CUDA device is available to this torch ({torch.__version__})")
+    target = checked_device(device, SpecError)
     if target.type == "meta":
         try:
             with torch.device("meta"):
@@ -354,17 +349,24 @@ def _call_spec_function(
     return check_model_result(spec, f"{function_name}()", result)
 
 
-def _check_takes_no_arguments(spec: str, function_name: str, function: Callable[..., Any]) -> None:
+def required_arguments(function: Callable[..., Any], given: tuple[str, ...] = ()) -> list[str]:
+    """The parameters of ``function`` a call must pass but for ``given`` (no default, not ``*args`` or
+    ``**kwargs``); none when its signature cannot be read (a builtin)."""
     try:
-        signature = inspect.signature(function)
+        parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):
-        return
-    required = [
+        return []
+    return [
         name
-        for name, parameter in signature.parameters.items()
-        if parameter.default is inspect.Parameter.empty
+        for name, parameter in parameters.items()
+        if name not in given
+        and parameter.default is inspect.Parameter.empty
         and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     ]
+
+
+def _check_takes_no_arguments(spec: str, function_name: str, function: Callable[..., Any]) -> None:
+    required = required_arguments(function)
     if required:
         raise SpecError(
             f"model spec {spec!r}: {function_name}() requires arguments {required!r}; "

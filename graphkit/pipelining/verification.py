@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import traceback
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -55,7 +56,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import build_stage as torch_build_stage
 
-from graphkit.models.pipeline_specs import load_pipeline_spec
+from graphkit.measure.gradient_check import GradientCheck, compare_gradients
+from graphkit.models.pipeline_specs import load_pipeline_spec, schedule_loss_and_target
 from graphkit.models.specs import model_frame
 from graphkit.models.stage_chain import StageChain, chained_full_backward
 from graphkit.pipelining.launcher import local_process_group, run_on_processes
@@ -104,13 +106,18 @@ class PipelineCase:
 
 
 @dataclass(slots=True)
-class ParameterVerification:
-    """One parameter's gradient against the full backward's.
+class ParameterVerification(GradientCheck):
+    """One parameter's gradient against the full backward's, over every step: a
+    :class:`~graphkit.measure.gradient_check.GradientCheck` (as :func:`graphkit.verify_split` gives) with
+    the parameter's hook counts.
 
     Attributes:
         name: ``stage{i}.{parameter name}`` or ``loss_fn.{name}``.
-        max_abs_error: largest absolute difference over all steps (``inf`` when one side has no gradient).
-        relative_error: largest ``||grad - reference|| / ||reference||`` over all steps.
+        status: the first step's status that is not ``ok`` (``ok`` within ``1e-10`` relative; see
+            :func:`~graphkit.measure.gradient_check.compare_gradients`), else ``ok``.
+        max_abs_error: largest absolute difference over all steps (None when one side has no gradient).
+        relative_error: largest ``max |grad - reference| / max |reference|`` over all steps (None as
+            ``max_abs_error``).
         bitwise: whether every step's gradient equals the reference bit for bit.
         hooks: post-accumulate-grad hook calls over all steps (None where hooks are not counted: FSDP2).
         expected_hooks: microbatches x steps (x ``stages``) for a parameter that gets a gradient, else 0.
@@ -121,14 +128,28 @@ class ParameterVerification:
             (then the errors say nothing, and :meth:`PipelineVerification.table` says "not run").
     """
 
-    name: str
-    max_abs_error: float = 0.0
-    relative_error: float = 0.0
-    bitwise: bool = True
+    max_abs_error: float | None = 0.0  # 0 until a step differs (a parameter no side gives a gradient stays 0)
+    relative_error: float | None = 0.0
     hooks: int | None = 0
     expected_hooks: int = 0
     stages: int = 1
     steps_compared: int = 0
+
+    def add_step(self, step: GradientCheck) -> None:
+        """Take one more step's comparison in: the largest errors, the first status that is not ``ok``.
+
+        A step where one side has no gradient (or the shapes differ) leaves the errors None from then on.
+        """
+        if step.max_abs_error is None:
+            if not step.ok:
+                self.max_abs_error = self.relative_error = None
+        elif self.max_abs_error is not None or self.ok:
+            self.max_abs_error = max(self.max_abs_error or 0.0, step.max_abs_error)
+            self.relative_error = max(self.relative_error or 0.0, step.relative_error or 0.0)
+        if self.ok:
+            self.status = step.status
+        self.bitwise = self.bitwise and step.bitwise
+        self.steps_compared += 1
 
 
 @dataclass(slots=True)
@@ -176,7 +197,7 @@ class PipelineVerification:
     @property
     def untraced_ok(self) -> bool:
         """Whether tracing kept every gradient within ``1e-10`` of the untraced model's (True unless tracing)."""
-        return all(check.relative_error <= _TOLERANCE for check in self.untraced)
+        return all(check.ok for check in self.untraced)
 
     @property
     def untraced_exact(self) -> bool:
@@ -184,7 +205,7 @@ class PipelineVerification:
         return all(check.bitwise for check in self.untraced)
 
     @property
-    def passed(self) -> bool:
+    def ok(self) -> bool:
         """Whether the run is correct: exact with hooks once each (within ``1e-10`` relative with data
         parallelism, or when stages on one rank share a parameter: its sum's rounding spreads to the
         other parameters from the second step on); with the tracing frontend, also within ``1e-10`` of
@@ -193,14 +214,26 @@ class PipelineVerification:
             return False
         if self.case.data_parallel is None and all(check.stages == 1 for check in self.parameters):
             return self.exact
-        return all(check.relative_error <= _TOLERANCE for check in self.parameters)
+        return all(check.ok for check in self.parameters)
+
+    @property
+    def passed(self) -> bool:
+        """Deprecated: :attr:`ok` (graphkit says ``ok`` for a check that passed, as ``verify_split`` does)."""
+        warnings.warn(
+            "PipelineVerification.passed is deprecated and will be removed in the next release: use .ok "
+            "(same value)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.ok
 
     @property
     def max_relative_error(self) -> float:
-        """The largest relative error over all parameters (``inf`` when the step failed)."""
+        """The largest relative error over all parameters (``inf`` when the step failed, or a parameter
+        lacks a gradient on one side)."""
         if self.error is not None or not self.parameters:
             return math.inf
-        return max(check.relative_error for check in self.parameters)
+        return max(_relative_or_inf(check) for check in self.parameters)
 
     def table(self, untraced: bool = False) -> str:
         """A per-parameter text table: errors, bitwise equality and hook counts (``untraced``: of
@@ -216,13 +249,7 @@ class PipelineVerification:
             if check.steps_compared < steps:
                 bitwise += f" (steps 1-{check.steps_compared} of {steps}; the next did not run)"
             rows.append(
-                (
-                    check.name,
-                    f"{check.max_abs_error:.3g}",
-                    f"{check.relative_error:.3g}",
-                    bitwise,
-                    hooks,
-                )
+                (check.name, _error(check.max_abs_error), _error(check.relative_error), bitwise, hooks)
             )
         widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
         lines = [
@@ -231,6 +258,17 @@ class PipelineVerification:
         ]
         lines.insert(1, "  ".join("-" * width for width in widths))
         return "\n".join(lines)
+
+
+def _error(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _relative_or_inf(check: GradientCheck) -> float:
+    """A check's relative error; ``inf`` where a failed check has none (one side has no gradient)."""
+    if check.relative_error is None:
+        return 0.0 if check.ok else math.inf
+    return check.relative_error
 
 
 def verify_pipeline(
@@ -543,7 +581,7 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
     indices = stage_indices(case.schedule, mesh.pipeline_rank, mesh.pipeline_size, case.stages_per_rank)
     make_run = _tracing_run if case.frontend == "tracing" else _manual_run
     run = make_run(case, mesh, num_stages, indices)
-    schedule_loss, schedule_target = _schedule_loss_and_target(run)
+    schedule_loss, schedule_target = schedule_loss_and_target(run.loss_fn, run.inputs, run.target)
     check = PipelineVerification(case, dist.get_world_size())
     stages, named, untraced = run.stages, run.named, run.untraced
     hooks: Counter[str] = Counter()
@@ -609,19 +647,6 @@ def _run_case(case: PipelineCase) -> PipelineVerification:
             for kind in ("input", "weight", "full"):
                 check.backward_calls[kind] = check.backward_calls.get(kind, 0) + getattr(calls, kind)
     return check
-
-
-def _schedule_loss_and_target(run: _Run) -> tuple[Any, Any]:
-    """The loss and target to give the schedule: the spec's, or, for a target of None (a loss that ignores
-    it), zeros with one row per batch row - the schedules split a target into one per microbatch - and a
-    loss that is called with None as the spec's full backward calls it."""
-    if run.target is not None:
-        return run.loss_fn, run.target
-    rows = next(
-        (int(value.shape[0]) for value in run.inputs if isinstance(value, torch.Tensor) and value.dim()), 1
-    )
-    loss_fn = run.loss_fn
-    return (lambda output, _placeholder, **kwargs: loss_fn(output, None, **kwargs)), torch.zeros(rows)
 
 
 class _UntracedComparison:
@@ -830,25 +855,10 @@ def _compare(
     microbatches: int,
     hooks: Counter[str],
 ) -> None:
-    result.steps_compared += 1
     result.hooks = (result.hooks or 0) + hooks[result.name]
     if reference is not None:
         result.expected_hooks += microbatches * result.stages
-    if grad is None and reference is None:
-        return
-    if grad is None or reference is None or grad.shape != reference.shape:
-        result.bitwise = False
-        result.max_abs_error = math.inf
-        result.relative_error = math.inf
-        return
-    difference = (grad.detach().double() - reference.detach().double()).abs()
-    scale = reference.detach().double().norm().item()
-    relative = (
-        difference.norm().item() / scale if scale else (0.0 if difference.max().item() == 0 else math.inf)
-    )
-    result.max_abs_error = max(result.max_abs_error, difference.max().item() if difference.numel() else 0.0)
-    result.relative_error = max(result.relative_error, relative)
-    result.bitwise = result.bitwise and torch.equal(grad, reference)
+    result.add_step(compare_gradients(result.name, reference, grad, _TOLERANCE))
 
 
 def _zero(parameters: Any) -> None:

@@ -42,8 +42,7 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
 
     An output may be a ``GradientEdge`` (:data:`Output`): it always needs a cotangent.
     """
-    single = isinstance(outputs, (torch.Tensor, GradientEdge))
-    named_outputs = [("output", outputs)] if single else flatten_tensors(outputs, edges=True)
+    named_outputs = flatten_tensors(outputs, edges=True)
     if not named_outputs:
         raise GraphkitInputError(
             f"outputs hold no tensor (got {type(outputs).__name__}); pass the tensors the stage returned"
@@ -70,9 +69,7 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
             structure = named_outputs
         else:
             grads = flatten_tensors(grad_outputs, keep_none=True)
-            structure = (
-                [("output", outputs)] if single else flatten_tensors(outputs, keep_none=True, edges=True)
-            )
+            structure = flatten_tensors(outputs, keep_none=True, edges=True)
         if len(grads) != len(structure):
             raise GraphkitInputError(
                 f"grad_outputs has {len(grads)} entries but outputs has {len(structure)}; give one "
@@ -125,9 +122,7 @@ def matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any
 def named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
     if inputs is None:
         return []
-    if isinstance(inputs, torch.Tensor):
-        return [("input", inputs)]
-    return flatten_tensors(inputs)
+    return flatten_tensors(inputs, lone_name="input")
 
 
 def weight_filter(params: list[torch.Tensor] | None) -> set[int] | None:

@@ -88,19 +88,21 @@ from graphkit.split.checkpointing import (
 )
 from graphkit.split.custom_functions import call_custom_function, custom_functions_in_input_phase
 from graphkit.split.graph_anchor import graph_anchor
-from graphkit.split.laps import current_laps
+from graphkit.split.laps import NO_LAPS, started_laps
 from graphkit.split.multi_grad_hooks import MULTI_GRAD_HOOK_REASON, refusing_multi_grad_hooks
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare, tensor_version
 
 __all__ = [
     "SUGGESTED_FLUSH_BYTES",
+    "DirectCallObserver",
     "GraphFreedError",
     "SplitError",
     "SplitState",
     "backward_full",
     "backward_input",
     "backward_weight",
+    "observing_direct_calls",
 ]
 
 
@@ -470,9 +472,7 @@ def _backward_input(
     recompute: Recompute | str,
     stacklevel: int,
 ) -> SplitState:
-    lap = current_laps()  # None unless timing_laps() is on: each mark below is then one test
-    if lap is not None:
-        lap.start()
+    lap = started_laps()  # NO_LAPS, whose marks do nothing, unless timing_laps() is on
     recompute = recompute_policy(recompute)
     params = parameter_list(params)
     pairs = pair_outputs(outputs, grad_outputs)
@@ -490,11 +490,9 @@ def _backward_input(
             )
     input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [_root_edge(output) for output, _ in pairs]
-    if lap is not None:
-        lap("b.arguments")
+    lap("b.arguments")
     walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
-    if lap is not None:
-        lap("b.walk")
+    lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
     # planned first with every leaf a weight: the leaves to leave out (outside ``params=``, or no longer
@@ -513,8 +511,7 @@ def _backward_input(
         plan = cached_plan(walk, input_nodes, excluded, input_positions)
         weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
 
-    if lap is not None:
-        lap("b.plan")
+    lap("b.plan")
     closure_outputs = []
     output_roots: list[tuple[GradientEdge, torch.Tensor]] = []
     for edge, (tensor, grad) in zip(output_edges, pairs, strict=True):
@@ -547,8 +544,7 @@ def _backward_input(
     # read once here: the regions need them before the engine call, the formulas after it
     hooked = [index for index in hook_candidates if _autograd.uses_saved_tensor_hooks(nodes[index])]
     checkpoints = _checkpointed_regions(nodes, hooked, recompute)
-    if lap is not None:
-        lap("b.opaque")
+    lap("b.opaque")
     try:
         for index, _ in plan.intermediates:
             capture = partial(_capture_received, captured, index)
@@ -556,8 +552,7 @@ def _backward_input(
             others = _autograd.post_hooks_beside(handles[-1], capture)
             if others and index not in run_once_positions:
                 raise _post_hook_error(nodes[index], others)
-        if lap is not None:
-            lap("b.hooks")
+        lap("b.hooks")
         if stage_inputs and closure_outputs:
             with (
                 custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
@@ -566,8 +561,7 @@ def _backward_input(
                     partial(_only_in_weight_phase, walk.index, plan.weight_only), _multi_grad_hook_error
                 ),
             ):
-                if lap is not None:
-                    lap("b.custom_functions")
+                lap("b.custom_functions")
                 grads = _autograd.run_engine_grad(
                     [tensor for tensor, _ in closure_outputs],
                     [grad for _, grad in closure_outputs],
@@ -581,10 +575,8 @@ def _backward_input(
                 if plan.computed_in_b:
                     grads_computed_in_b = grads[len(stage_inputs) :]
                     grads = grads[: len(stage_inputs)]
-                if lap is not None:
-                    lap("b.engine")
-            if lap is not None:
-                lap("b.custom_functions")
+                lap("b.engine")
+            lap("b.custom_functions")
             input_grads_by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
     except RuntimeError as error:
         freed = _freed_error(error)
@@ -595,8 +587,7 @@ def _backward_input(
         for handle in handles:
             handle.remove()
     captured.update(materialized)
-    if lap is not None:
-        lap("b.hooks")
+    lap("b.hooks")
 
     unhooked = plan.saving_positions.difference(hooked) if hooked else plan.saving_positions
     work, targets, kept_grads = _weight_work(
@@ -607,8 +598,7 @@ def _backward_input(
         if grads_computed_in_b
         else []
     )
-    if lap is not None:
-        lap("b.formulas")
+    lap("b.formulas")
     if run_once is not None:
         _use_kept_gradients(plan, work, run_once)
         run_once.warn_about_reentrant(stacklevel=stacklevel)
@@ -640,11 +630,9 @@ def _backward_input(
         _reaches_only_weights=not excluded,
     )
     _mark_materialized(plan, work, materialized)
-    if lap is not None:
-        lap("b.state")
+    lap("b.state")
     _watch_for_other_backwards(state, output_edges)
-    if lap is not None:
-        lap("b.watch")
+    lap("b.watch")
     return state
 
 
@@ -937,9 +925,7 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
             version-counter check).
         Any error a hook raises during W, after which the state counts as used.
     """
-    lap = current_laps()
-    if lap is not None:
-        lap.start()
+    lap = started_laps()
     if flush_bytes is not None and not (isinstance(flush_bytes, int) and flush_bytes >= 0):
         raise ValueError(f"flush_bytes must be None or a number of bytes >= 0, got {flush_bytes!r}")
     if not isinstance(state, SplitState):
@@ -971,8 +957,7 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
             "phase; set requires_grad back before W, or leave it out with backward_input(..., params=...)"
         )
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
-    if lap is not None:
-        lap("w.checks")
+    lap("w.checks")
     try:
         with _outside_inference_mode(), _opaque_weight_phase(state):
             _run_weight_phase(state, retain_graph, lap, flush_bytes)
@@ -981,12 +966,11 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
         raise
     finally:
         state._release()
-        if lap is not None:
-            lap("w.release")
+        lap("w.release")
 
 
 def _run_weight_phase(
-    state: SplitState, retain_graph: bool = False, lap: Any = None, flush_bytes: int | None = None
+    state: SplitState, retain_graph: bool = False, lap: Any = NO_LAPS, flush_bytes: int | None = None
 ) -> None:
     if not state._weight_tensors or (
         not state._targets and not state._output_roots and not state._computed_in_b
@@ -997,8 +981,7 @@ def _run_weight_phase(
     # intermediates without a formula (B kept their Node): called first, inside a graph task of their own
     node_calls = [position for position, item in enumerate(work) if item is not None and item.rule is None]
     called = _call_nodes(state, node_calls) if node_calls else {}
-    if lap is not None:
-        lap("w.node_calls")
+    lap("w.node_calls")
     # Every weight-side gradient becomes the root gradient of its target, in the order a full backward
     # produces them: the engine sums several roots on one edge and reduces each to the edge's shape and
     # dtype (validate_outputs), and tensor hooks on a target (a parameter's hook, a hook on ``W.t()``)
@@ -1035,11 +1018,9 @@ def _run_weight_phase(
             grads = called.get(position) if called else None
             if grads is None:
                 item.check_unchanged()
-                if lap is not None:
-                    lap("w.roots")
+                lap("w.roots")
                 grads = item.rule(item.grads)
-                if lap is not None:
-                    lap("w.formulas")
+                lap("w.formulas")
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is None:
                     continue
@@ -1052,14 +1033,12 @@ def _run_weight_phase(
                     pending_bytes += grad.numel() * grad.element_size()  # also for a sparse gradient
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
             if flush_points and pending_bytes >= flush_bytes and position in flush_points:  # type: ignore[operator]
-                if lap is not None:
-                    lap("w.roots")
+                lap("w.roots")
                 _run_weight_engine(roots, root_grads, state, retain_graph)
                 roots.clear()
                 root_grads.clear()
                 pending_bytes = 0
-                if lap is not None:
-                    lap("w.engine")
+                lap("w.engine")
     for sequence_nr, variable, grad in ordered:
         with torch.enable_grad():
             host = _OrderedGradient.apply(grad, variable)
@@ -1068,11 +1047,9 @@ def _run_weight_phase(
         root_grads.append(host.detach())
     if not roots:
         return
-    if lap is not None:
-        lap("w.roots")
+    lap("w.roots")
     _run_weight_engine(roots, root_grads, state, retain_graph)
-    if lap is not None:
-        lap("w.engine")
+    lap("w.engine")
 
 
 def _run_weight_engine(
@@ -1096,8 +1073,7 @@ def _run_weight_engine(
         # Every Node the roots reach is weight-only and every leaf it reaches is a weight: the engine
         # runs the same Nodes and accumulates into the same leaves without inputs=, and skips building
         # its per-Node execution flags (init_to_execute in torch/csrc/autograd/engine.cpp), a traversal
-        # of the weight-only graph: W 4448 -> 4304 us on a 12-layer d=64 encoder, 2282 -> 2139 us on a
-        # 48-layer MLP (one thread, alternating in one process).
+        # of the weight-only graph (measured in docs/concepts.md, "What the split costs").
         inputs = ()
     try:
         _autograd.run_engine_backward(roots, root_grads, inputs, retain_graph)
@@ -1108,12 +1084,10 @@ def _run_weight_engine(
 SUGGESTED_FLUSH_BYTES = 8 << 20
 """A ``flush_bytes`` for :func:`backward_weight` on the CPU with large weights and no per-graph-task hooks.
 
-Each engine call costs tens of microseconds (six calls instead of one add 0.4 ms, 9%, to W on a 12-layer
-d=64 encoder); holding every weight gradient of a stage at once costs memory, and on the CPU page
-faults: glibc returns freed memory above its trim threshold to the system, so the next microbatch's W
-faults it in again (a stage of two 512 x 2048 MLP blocks: 4,000 faults and 14.6-16.3 ms per W in one
-call, 2,000 and 12.0-12.8 ms flushing at 1 or 8 MiB; on one block, though, flushing after each of its
-two 4 MiB gradients faulted more than one call: the C library's heuristics decide)."""
+Each engine call costs tens of microseconds; holding every weight gradient of a stage at once costs
+memory, and on the CPU page faults: glibc returns freed memory above its trim threshold to the system, so
+the next microbatch's W faults it in again. The C library's heuristics decide which wins (figures in
+docs/concepts.md, "What the split costs")."""
 
 
 def _mixed_parameters(state: SplitState) -> dict[int, torch.Tensor]:

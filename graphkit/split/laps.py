@@ -3,7 +3,7 @@
 :func:`timing_laps` turns them on for the calling thread (or task): within, :func:`backward_input` and
 :func:`backward_weight` add the time of each of their pieces (the walk, the plan lookup, the hooks, the
 engine call, the formulas, ...) to :attr:`Laps.totals`, keyed ``"b.<piece>"`` and ``"w.<piece>"``. Off,
-each piece boundary costs one ``is None`` test. ``bench/split_profile.py --breakdown`` prints them per
+they mark each piece boundary on :data:`NO_LAPS`, a call that does nothing. ``bench/split_profile.py --breakdown`` prints them per
 microbatch against a full backward.
 """
 
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from time import perf_counter
 
-__all__ = ["Laps", "current_laps", "timing_laps"]
+__all__ = ["NO_LAPS", "Laps", "current_laps", "started_laps", "timing_laps"]
 
 
 class Laps:
@@ -38,12 +38,38 @@ class Laps:
         self._last = now
 
 
+class _NoLaps:
+    """Stands in for :class:`Laps` while nothing is recorded: marks and starts do nothing."""
+
+    __slots__ = ()
+
+    def start(self) -> None:
+        pass
+
+    def __call__(self, piece: str) -> None:
+        pass
+
+
+NO_LAPS = _NoLaps()
+"""The laps B and W mark when :func:`timing_laps` is off."""
+
 _laps: ContextVar[Laps | None] = ContextVar("graphkit_split_laps", default=None)
 
 
 def current_laps() -> Laps | None:
     """The laps being recorded in this thread (or task), or None (the usual case)."""
     return _laps.get()
+
+
+def started_laps() -> Laps | _NoLaps:
+    """The laps of this thread (or task), a new piece opened now; :data:`NO_LAPS` when none are recorded.
+
+    B and W call it once at their top and then mark each piece with one call, recording or not."""
+    laps = _laps.get()
+    if laps is None:
+        return NO_LAPS
+    laps.start()
+    return laps
 
 
 @contextmanager

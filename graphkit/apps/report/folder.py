@@ -145,7 +145,7 @@ def inspect(
         return 0
     wrong = ", ".join(
         f"{check.name} ({check.status}"
-        + (f", rel error {check.max_rel_err:.2e}" if check.max_rel_err is not None else "")
+        + (f", rel error {check.relative_error:.2e}" if check.relative_error is not None else "")
         + ")"
         for check in verify.failures
     )
