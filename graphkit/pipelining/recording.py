@@ -57,6 +57,7 @@ from graphkit.pipelining.launcher import (
 from graphkit.pipelining.schedules import (
     build_schedule,
     check_microbatches,
+    check_ranks,
     common_stage_count,
     schedule_name,
     stage_count,
@@ -706,6 +707,7 @@ def record_schedules(
         num_stages = common_stage_count(schedules, ranks, stages_per_rank)  # a bad name fails early
         for schedule in schedules:
             check_microbatches(schedule, microbatches)
+            check_ranks(schedule, ranks)
     except ValueError as error:
         raise TimelineError(str(error)) from None
     if pin_cores and ranks > 1:

@@ -11,12 +11,15 @@ case ignored (``1F1B``, ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble`
 - ``Adaptive``: the ZB paper's adaptive scheduler (:func:`~graphkit.pipelining.planning.adaptive_schedule`)
   with F, I and W costing the same and no memory limit; ``graphkit plan`` builds it from measured costs and a
   memory limit and writes it as a CSV, run as ``csv:PATH``;
+- ``CostAware``: full backwards B where nothing waits on them, I then W where an early I pays
+  (:func:`~graphkit.pipelining.planning.cost_aware_schedule`) with F = I = W = 1 and a full backward of 1.5
+  (the split a third dearer than B); build it from measured costs and run it as ``csv:PATH``;
 - ``csv:PATH``: a user's CSV file (its stage placement is read from the file).
 
 Where the stages live (as PyTorch's own ``generate_stage_to_rank_mapping`` places them):
 
-- single-stage schedules (``GPipe``, ``1F1B``) and the generated ones (``ZBH1``, ``ZBH2``, ``Adaptive``): one
-  stage per rank, stage ``s`` on rank ``s``;
+- single-stage schedules (``GPipe``, ``1F1B``) and the generated ones (``ZBH1``, ``ZBH2``, ``Adaptive``,
+  ``CostAware``): one stage per rank, stage ``s`` on rank ``s``;
 - V-shaped schedules (``ZBVZeroBubble``, ``DualPipeV``): two stages per rank, stage ``s`` on rank ``s`` for
   ``s < ranks`` and on ``2 * ranks - 1 - s`` after;
 - the other multi-stage (looped) schedules and ``CSV``: ``stages_per_rank`` stages per rank (default two),
@@ -39,6 +42,7 @@ from torch.distributed.pipelining import schedules as torch_schedules
 
 from graphkit.pipelining.planning import (
     adaptive_schedule,
+    cost_aware_schedule,
     gpipe,
     one_f_one_b,
     read_schedule_csv,
@@ -54,6 +58,7 @@ __all__ = [
     "build_schedule",
     "GENERATED_SCHEDULES",
     "check_microbatches",
+    "check_ranks",
     "common_stage_count",
     "generated_rows",
     "io_schedule_rows",
@@ -65,8 +70,9 @@ __all__ = [
     "stage_indices",
 ]
 
-GENERATED_SCHEDULES = ("ZBH1", "ZBH2", "Adaptive")
-"""graphkit's generated schedules: one stage per rank, separate I and W actions, run from a CSV."""
+GENERATED_SCHEDULES = ("ZBH1", "ZBH2", "Adaptive", "CostAware")
+"""graphkit's generated schedules: one stage per rank, I and W actions (``CostAware``: and full backwards B),
+run from a CSV."""
 
 SCHEDULE_NAMES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV", "CSV")
 """The schedules with separate I and W actions over several stages per rank, whose W graphkit's split runs
@@ -189,6 +195,28 @@ def check_microbatches(name: str | type, microbatches: int) -> None:
         )
 
 
+def check_ranks(name: str | type, ranks: int) -> None:
+    """Refuse a ``csv:PATH`` schedule whose rows are not ``ranks`` (one row per pipeline rank; others take any).
+
+    Without this check the ranks start, and the first rank without a row of its own stops with an
+    ``IndexError`` after the others have built their stages.
+
+    Raises:
+        ValueError: the file holds another number of rows than ``ranks``; OSError: it cannot be read.
+    """
+    if isinstance(name, type):
+        return
+    canonical = schedule_name(name)
+    if not canonical.startswith("csv:"):
+        return
+    rows = len(_read_rows(Path(canonical[4:])))
+    if rows != ranks:
+        raise ValueError(
+            f"{canonical} holds {rows} rows, one per pipeline rank, not {ranks}: run it with --ranks {rows} "
+            f"(the ranks it was planned for), or plan again for {ranks} ranks"
+        )
+
+
 def stage_indices(name: str | type, rank: int, ranks: int, stages_per_rank: int = 2) -> list[int]:
     """The stage indices rank ``rank`` of ``ranks`` holds under schedule ``name``, ascending.
 
@@ -303,8 +331,8 @@ def _runtime_from_rows(
 
 
 def generated_rows(name: str, ranks: int, microbatches: int) -> list[list[str]]:
-    """The per-rank action strings of a generated schedule (``ZBH1``, ``ZBH2``, ``Adaptive``), one stage per
-    rank, as its CSV holds them.
+    """The per-rank action strings of a generated schedule (``ZBH1``, ``ZBH2``, ``Adaptive``, ``CostAware``),
+    one stage per rank, as its CSV holds them.
 
     Raises:
         UnknownScheduleError: ``name`` is not a generated schedule.
@@ -318,6 +346,8 @@ def generated_rows(name: str, ranks: int, microbatches: int) -> list[list[str]]:
         order = adaptive_schedule(
             StageCost(1.0, 1.0, 1.0, activation_bytes=1, weight_bytes=1), ranks, microbatches
         )
+    elif canonical == "CostAware":
+        order = cost_aware_schedule(StageCost(1.0, 1.0, 1.0, full_backward=1.5), ranks, microbatches)
     else:
         raise UnknownScheduleError(
             f"{name!r} is not one of graphkit's generated schedules {GENERATED_SCHEDULES}"
