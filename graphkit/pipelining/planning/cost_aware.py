@@ -20,6 +20,10 @@ rank (stage ``i`` on rank ``i``, 1F1B's messages), scoring every order it tries 
    into the first gap as in 3) or join an I and its W into a full backward, one (rank, microbatch) at a
    time, kept when the predicted step gets shorter within the memory limit; passes until none helps.
 
+Every stage accumulates its weight gradients in microbatch order - its B's and W's run in microbatch order,
+as in 1F1B and ZB-H1 - so the gradients are bit for bit those of a full backward over the batch: a W never
+moves before the previous microbatch's B or W, and an I joins its W into a B only where that keeps the order.
+
 Memory is counted as :mod:`graphkit.pipelining.planning.cost_model` describes: a split microbatch holds
 ``weight_bytes`` from its I until its W, a full backward frees everything at once, so splitting fewer
 microbatches also holds less. The search is a heuristic (the ZB paper's ILP is not solved); it needs no
@@ -102,10 +106,13 @@ class _Search:
         return [(action.start, action.end) for action in result.rank_actions(rank)]
 
     def place_weight(self, order: Order, rank: int, microbatch: int) -> Order:
-        """``order`` with rank's W of ``microbatch`` moved into the first gap after its I that holds it."""
+        """``order`` with rank's W of ``microbatch`` moved into the first gap that holds it after its I and
+        after the weight gradients of the microbatch before (a B or a W: they accumulate in order)."""
         row = order[rank]
         position = row.index(Action(rank, "W", microbatch))
         after = row.index(Action(rank, "I", microbatch))
+        if microbatch > 0:
+            after = max(after, _weight_position(row, rank, microbatch - 1))
         times = self.timeline(order, rank)
         need = self.costs[rank].seconds("W") + self.overhead
         for index in range(after + 1, position):
@@ -129,16 +136,31 @@ class _Search:
         return order, score
 
     def toggle(self, order: Order, rank: int, microbatch: int) -> Order:
-        """Split rank's full backward of ``microbatch`` (W at the end, then into a gap) or join its I and W."""
+        """Split rank's full backward of ``microbatch`` (W just before the next microbatch's weight gradients,
+        then into a gap) or join its I and W into a full backward where that keeps them in order."""
         row = order[rank]
         full = Action(rank, "B", microbatch)
         if full in row:
             split = [Action(rank, "I", microbatch) if a == full else a for a in row]
-            split.append(Action(rank, "W", microbatch))
+            later = _weight_position(split, rank, microbatch + 1)
+            split.insert(len(split) if later < 0 else later, Action(rank, "W", microbatch))
             return self.place_weight({**order, rank: split}, rank, microbatch)
         weight = Action(rank, "W", microbatch)
+        if microbatch > 0 and _weight_position(row, rank, microbatch - 1) > row.index(
+            Action(rank, "I", microbatch)
+        ):
+            return order  # the previous microbatch's W runs after this I: a B here would overtake it
         joined = [full if a == Action(rank, "I", microbatch) else a for a in row if a != weight]
         return {**order, rank: joined}
+
+
+def _weight_position(row: list[Action], stage: int, microbatch: int) -> int:
+    """Where ``row`` holds the weight gradients of ``microbatch`` on ``stage`` (its B or W); -1: nowhere."""
+    for kind in ("B", "W"):
+        action = Action(stage, kind, microbatch)
+        if action in row:
+            return row.index(action)
+    return -1
 
 
 def cost_aware_schedule(
@@ -164,7 +186,8 @@ def cost_aware_schedule(
 
     Returns:
         ``{rank: [Action, ...]}`` with F, B or I and W of every microbatch on every rank, in 1F1B's
-        placement; its predicted step is at most that of 1F1B, ZB-H1 and ZB-H2 (those within the limit).
+        placement, B's and W's in microbatch order; its predicted step is at most that of 1F1B, ZB-H1 and
+        ZB-H2 (those within the limit).
 
     Raises:
         ValueError: fewer than one rank or microbatch, costs or limits for the wrong number of ranks.
