@@ -37,8 +37,8 @@ The one home of graphkit's ``torch.distributed.pipelining`` integration, a modul
 - :mod:`~graphkit.pipelining.recording`: what a real schedule step ran on every rank, and when;
 - :mod:`~graphkit.pipelining.verification`: :func:`verify_pipeline`, a real schedule step against a full
   backward (``graphkit verify-pipeline``);
-- :mod:`~graphkit.pipelining.planning`: schedules simulated from per-stage costs, and ZB-H1, ZB-H2 and
-  adaptive schedules generated from them.
+- :mod:`~graphkit.pipelining.planning`: schedules simulated from per-stage costs, and ZB-H1, ZB-H2,
+  adaptive and cost-aware schedules generated from them.
 
 The pipeline specs every pipeline command takes (:class:`PipelineModel`, :func:`load_pipeline_spec`,
 :func:`load_stage_or_pipeline`) come from :mod:`graphkit.models.pipeline_specs` and are re-exported here.

@@ -141,7 +141,7 @@ def schedule_class(name: str | type) -> type:
 
 
 def is_single_stage(name: str | type) -> bool:
-    """Whether schedule ``name`` runs one stage per rank (``GPipe``, ``1F1B``, ``ZBH1``, ``ZBH2``, ``Adaptive``)."""
+    """Whether schedule ``name`` runs one stage per rank (``GPipe``, ``1F1B`` and :data:`GENERATED_SCHEDULES`)."""
     if not isinstance(name, type) and schedule_name(name) in GENERATED_SCHEDULES:
         return True
     return issubclass(schedule_class(name), torch_schedules.PipelineScheduleSingle)
