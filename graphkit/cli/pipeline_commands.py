@@ -26,6 +26,7 @@ from graphkit.cli.options import (
     add_stages_per_rank_option,
     add_steps_option,
     add_threads_option,
+    check_device,
 )
 
 __all__ = [
@@ -74,12 +75,20 @@ def add_costs_command(commands: Any) -> None:
         help="intra-op CPU threads (default 1, as timeline and compare-schedules: steadier times; 0: PyTorch's)",
     )
     add_json_option(costs, help="print JSON (with the ZB schedulers' cost_f/cost_b/cost_w fields: b is I)")
+    costs.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write what it prints to FILE instead (the JSON with --json: graphkit plan --costs FILE), "
+        "only once everything is measured: a refused or failed run writes nothing",
+    )
     costs.set_defaults(run=run_costs)
 
 
 def run_costs(arguments: argparse.Namespace) -> int:
     from graphkit.measure.costs import spec_costs
 
+    check_device(arguments.device)  # before the spec loads: a CPU-only torch refuses cuda here
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
     costs = spec_costs(
@@ -93,10 +102,14 @@ def run_costs(arguments: argparse.Namespace) -> int:
         device=arguments.device,
     )
     if arguments.json:
-        print(costs.to_json())
+        text = costs.to_json()
     else:
-        print(f"per-microbatch costs of {arguments.spec} ({len(costs.stages)} stage(s))")
-        print(costs.table())
+        text = f"per-microbatch costs of {arguments.spec} ({len(costs.stages)} stage(s))\n{costs.table()}"
+    if arguments.output:
+        Path(arguments.output).write_text(text + "\n")
+        print(f"wrote {arguments.output}")
+    else:
+        print(text)
     return 0
 
 
