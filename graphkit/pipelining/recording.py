@@ -606,9 +606,10 @@ def _record_rank(
         median = sorted(range(steps), key=lambda position: step_times[position])[(steps - 1) // 2]
         chosen = recorded[median]
         chosen.step_times = step_times
-        # a class name tells PyTorch's schedules apart; graphkit's generated ones and CSV files all run as
-        # _PipelineScheduleRuntime, so they keep the name they were asked for
-        label = type(built).__name__
+        # PyTorch's schedules by their names without "Schedule" ("1F1B", as graphkit plan names them);
+        # graphkit's generated ones and CSV files all run as _PipelineScheduleRuntime, so they keep the
+        # name they were asked for
+        label = schedule_name(type(built))
         if type(built) is torch_schedules._PipelineScheduleRuntime:
             label = schedule_name(name) if isinstance(name, str) else label
         results.append((label, stages[0].num_stages, chosen, method))

@@ -756,7 +756,7 @@ def _recorded_step(
     rank.rank = dist.get_rank()
     setup = min((action.start for action in rank.actions), default=0.0) if first_step else 0.0
     return ScheduleTimeline(
-        type(schedule).__name__, case.microbatches, num_stages, [rank], "cpu", method, setup
+        schedule_name(case.schedule), case.microbatches, num_stages, [rank], "cpu", method, setup
     )
 
 
