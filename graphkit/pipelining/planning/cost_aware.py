@@ -9,8 +9,9 @@ rank (stage ``i`` on rank ``i``, 1F1B's messages), scoring every order it tries 
 :func:`~graphkit.pipelining.planning.simulator.simulate` under the same costs, link model and memory limit:
 
 1. **Candidates**: 1F1B (every backward full), ZB-H1 and ZB-H2 (every backward split,
-   :mod:`~graphkit.pipelining.planning.generation`), those within the memory limit. The result is never
-   predicted slower than the best of them.
+   :mod:`~graphkit.pipelining.planning.generation`) and the adaptive order
+   (:func:`~graphkit.pipelining.planning.adaptive.adaptive_schedule`, which fits limits below 1F1B's peak),
+   those within the memory limit. The result is never predicted slower than the best of them.
 2. **1F1B with the last k microbatches split**, ``k`` chosen per rank by coordinate descent (each rank's
    ``k`` in turn, ``0 .. m``, until no rank's changes): an early I unblocks the previous rank in the
    cool-down, where 1F1B leaves its bubble, and the W's run at the end of the rank's list.
@@ -32,11 +33,12 @@ torch and runs in about a second for 8 ranks and 16 microbatches.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
 from graphkit.pipelining.planning.actions import Action, ScheduleError
-from graphkit.pipelining.planning.adaptive import _limits
+from graphkit.pipelining.planning.adaptive import _limits, adaptive_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, stage_costs
 from graphkit.pipelining.planning.generation import one_f_one_b, zb_h1, zb_h2
 from graphkit.pipelining.planning.simulator import simulate
@@ -186,12 +188,12 @@ def cost_aware_schedule(
 
     Returns:
         ``{rank: [Action, ...]}`` with F, B or I and W of every microbatch on every rank, in 1F1B's
-        placement, B's and W's in microbatch order; its predicted step is at most that of 1F1B, ZB-H1 and
-        ZB-H2 (those within the limit).
+        placement, B's and W's in microbatch order; its predicted step is at most that of 1F1B, ZB-H1,
+        ZB-H2 and :func:`adaptive_schedule` (those within the limit).
 
     Raises:
         ValueError: fewer than one rank or microbatch, costs or limits for the wrong number of ranks.
-        ScheduleError: no order tried fits the memory limit (the message gives the smallest peak tried).
+        ScheduleError: no order tried fits the memory limit (a limit below one microbatch's activations).
     """
     if num_ranks < 1 or microbatches < 1:
         raise ValueError(f"need at least one rank and one microbatch, got {num_ranks} and {microbatches}")
@@ -201,6 +203,10 @@ def cost_aware_schedule(
     p, m = num_ranks, microbatches
     for generator in (one_f_one_b, zb_h1, zb_h2):
         search.offer(generator(p, m))
+    # the ZB paper's greedy order: under a limit below 1F1B's peak, the one that fits; it refuses a limit
+    # nothing fits (ScheduleError) and an F or I that costs no time (ValueError)
+    with contextlib.suppress(ScheduleError, ValueError):
+        search.offer(adaptive_schedule(per_stage, p, m, memory_limit, comm))
 
     # 2: 1F1B with the last k microbatches split, k per rank by coordinate descent.
     split = [0] * p
@@ -228,8 +234,9 @@ def cost_aware_schedule(
             for generator in (one_f_one_b, zb_h1, zb_h2)
         )
         raise ScheduleError(
-            f"no schedule tried fits the memory limit {memory_limit!r} bytes: the smallest peak tried is "
-            f"{smallest} bytes on a rank (1F1B's); raise the limit or use more microbatches per rank"
+            f"no schedule tried fits the memory limit {memory_limit!r} bytes: the smallest peak of 1F1B, "
+            f"ZB-H1 and ZB-H2 is {smallest} bytes on a rank, and the adaptive order does not fit either; "
+            "raise the limit"
         )
 
     # 4: per-microbatch local search from the best order so far.
