@@ -13,7 +13,7 @@ rank (stage ``i`` on rank ``i``, 1F1B's messages), scoring every order it tries 
    (:func:`~graphkit.pipelining.planning.adaptive.adaptive_schedule`, which fits limits below 1F1B's peak),
    those within the memory limit. The result is never predicted slower than the best of them.
 2. **1F1B with the last k microbatches split**, ``k`` chosen per rank by coordinate descent (each rank's
-   ``k`` in turn, ``0 .. m``, until no rank's changes): an early I unblocks the previous rank in the
+   ``k`` in turn, ``0 .. min(m, 2p)``, until no rank's changes): an early I unblocks the previous rank in the
    cool-down, where 1F1B leaves its bubble, and the W's run at the end of the rank's list.
 3. **W's into idle time**: each W moves to the first gap of its rank's predicted timeline, after its I, long
    enough to hold it (``W`` plus ``overhead``); a move that would lengthen the step is undone.
@@ -214,7 +214,7 @@ def cost_aware_schedule(
     for _ in range(max_passes):
         changed = False
         for rank in range(p):
-            for count in range(m + 1):
+            for count in range(min(m, 2 * p) + 1):  # 1F1B's cool-down, where splits pay, is p - 1 deep
                 if count == split[rank]:
                     continue
                 trial = [*split[:rank], count, *split[rank + 1 :]]
