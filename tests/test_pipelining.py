@@ -495,13 +495,13 @@ def test_verify_pipeline_timeline_draws_the_checked_step(
     assert svg.read_text().startswith("<svg")
     timeline = ScheduleTimeline.from_dict(json.loads(data.read_text()))
     (rank,) = timeline.ranks
-    assert timeline.schedule == "ScheduleZBVZeroBubble" and rank.stages == [0, 1]
+    assert timeline.schedule == "ZBVZeroBubble" and rank.stages == [0, 1]
     assert rank.compute_order() == rank.expected_order  # the schedule's own action list
     counts = Counter((action.stage, action.kind) for action in rank.compute_actions())
     assert counts == {(stage, kind): 4 for stage in (0, 1) for kind in "FIW"}  # one step recorded: the last
     assert main([*command, "--json", "--timeline", str(tmp_path / "again.html")]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["ok"] and payload["timeline"]["schedule"] == "ScheduleZBVZeroBubble"
+    assert payload["ok"] and payload["timeline"]["schedule"] == "ZBVZeroBubble"
     assert payload["timeline_files"] == [str(tmp_path / "again.html")]
 
 

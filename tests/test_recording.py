@@ -172,7 +172,7 @@ def test_timeline_cli_writes_svg_and_html_in_process(tmp_path: Path, capsys: pyt
     command = ["timeline", "zoo-pipeline:mlp", "--schedule", "ZBVZeroBubble", "--microbatches", "2"]
     assert main([*command, "-o", str(svg), "-o", str(page)]) == 0
     out = capsys.readouterr().out
-    assert "bubble" in out and "ScheduleZBVZeroBubble" in out
+    assert "bubble" in out and "ZBVZeroBubble" in out and "ScheduleZBVZeroBubble" not in out
     assert svg.read_text().startswith("<svg") and "<table>" in page.read_text()
     assert main(["timeline", "zoo-pipeline:mlp", "--schedule", "Nope", "-o", str(svg)]) == 2
     assert "unknown schedule" in capsys.readouterr().err
@@ -185,7 +185,7 @@ def test_two_rank_gloo_run_records_what_the_schedules_ran(tmp_path: Path, capsys
     command = ["compare-schedules", "zoo-pipeline:mlp", "--ranks", "2", "--schedules", "1F1B,ZBVZeroBubble"]
     assert main([*command, "--timeout", "90", "-o", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "Schedule1F1B" in out and "ScheduleZBVZeroBubble" in out
+    assert "1F1B" in out and "ZBVZeroBubble" in out and "Schedule1F1B" not in out
     data = json.loads((tmp_path / "timelines.json").read_text())
     one_f_one_b, zbv = [ScheduleTimeline.from_dict(item) for item in data]
     assert [len(timeline.ranks) for timeline in (one_f_one_b, zbv)] == [2, 2]
@@ -207,7 +207,7 @@ def test_two_rank_gloo_run_records_what_the_schedules_ran(tmp_path: Path, capsys
     assert one_f_one_b.ranks[1].compute_order()[:2] == ["1F0", "1B0"]
     assert 0 < zbv.bubble_fraction < 1 and 0 < one_f_one_b.bubble_fraction < 1
     assert (tmp_path / "timelines.png").read_bytes()[:4] == b"\x89PNG"
-    assert "ScheduleZBVZeroBubble" in (tmp_path / "index.html").read_text()
+    assert "ZBVZeroBubble" in (tmp_path / "index.html").read_text()
 
 
 @pytest.mark.slow
@@ -298,4 +298,4 @@ def test_a_spec_function_is_built_with_the_stages_the_schedules_need():
 def test_a_generated_schedule_is_recorded_under_its_own_name_not_the_runtime_class():
     (zbh1,) = record_schedules("zoo-pipeline:mlp", ["ZBH1"], microbatches=2)
     (one_f_one_b,) = record_schedules("zoo-pipeline:mlp", ["1F1B"], microbatches=2)
-    assert zbh1.schedule == "ZBH1" and one_f_one_b.schedule == "Schedule1F1B"
+    assert zbh1.schedule == "ZBH1" and one_f_one_b.schedule == "1F1B"

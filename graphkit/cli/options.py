@@ -28,6 +28,7 @@ __all__ = [
     "add_stages_per_rank_option",
     "add_steps_option",
     "add_threads_option",
+    "check_device",
     "dtype_of",
     "positive_seconds",
 ]
@@ -61,6 +62,33 @@ def add_model_spec(parser: argparse.ArgumentParser, help: str | None = None, opt
 def add_pipeline_spec(parser: argparse.ArgumentParser, help: str) -> None:
     """The positional PIPELINE_SPEC of the pipeline commands."""
     parser.add_argument("spec", metavar="PIPELINE_SPEC", help=help)
+
+
+def check_device(name: str | None) -> None:
+    """Refuse ``--device name`` that this torch cannot use, before anything is measured or written.
+
+    Raises:
+        ValueError: not a device string, or ``cuda`` / ``cuda:N`` where this torch has no CUDA or no such
+            device (the message says which and what to do instead).
+    """
+    if name is None:
+        return
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device: give cpu, cuda, cuda:1, meta, ...") from None
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = (
+            "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        )
+        raise ValueError(
+            f"--device {name}: {why} (torch {torch.__version__}); run it on the machine with the GPU, "
+            "or measure here with --device cpu"
+        )
+    if device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 def add_model_device_option(parser: argparse.ArgumentParser, help: str = MODEL_DEVICE_HELP) -> None:

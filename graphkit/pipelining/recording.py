@@ -61,6 +61,7 @@ from graphkit.pipelining.schedules import (
     Schedule,
     build_schedule,
     check_microbatches,
+    check_ranks,
     common_stage_count,
     resolve_schedule,
     schedule_name,
@@ -574,9 +575,10 @@ def _record_rank(
         median = sorted(range(steps), key=lambda position: step_times[position])[(steps - 1) // 2]
         chosen = recorded[median]
         chosen.step_times = step_times
-        # a class name tells PyTorch's schedules apart; graphkit's generated ones and CSV files all run as
-        # _PipelineScheduleRuntime, so they keep the name they were asked for
-        label = type(built).__name__
+        # PyTorch's schedules by their names without "Schedule" ("1F1B", as graphkit plan names them);
+        # graphkit's generated ones and CSV files all run as _PipelineScheduleRuntime, so they keep the
+        # name they were asked for
+        label = schedule_name(type(built))
         if type(built) is torch_schedules._PipelineScheduleRuntime:
             label = label if isinstance(name, type) else schedule_name(name)
         results.append((label, stages[0].num_stages, chosen, method))
@@ -680,6 +682,7 @@ def record_schedules(
         num_stages = common_stage_count(names, ranks, stages_per_rank)
         for schedule in names:
             check_microbatches(schedule, microbatches)
+            check_ranks(schedule, ranks)
     except ValueError as error:
         raise TimelineError(str(error)) from None
     if pin_cores and ranks > 1:

@@ -76,7 +76,7 @@ class PlannedSchedule:
     @property
     def run_name(self) -> str:
         """What to run it by on the command line: ``csv:PATH`` for a cost-built order, else its name."""
-        return f"csv:{self.csv}" if self.name == "Adaptive" and self.csv else self.name
+        return f"csv:{self.csv}" if self.name in ("Adaptive", "CostAware") and self.csv else self.name
 
     @property
     def runnable(self) -> str | ScheduleOrder:
@@ -271,7 +271,7 @@ def simulate_schedule(
     """
     single = is_generated(name) or is_single_stage(name)
     if is_generated(name):
-        order = generated_order(name, ranks, microbatches, one, memory_limit, comm)
+        order = generated_order(name, ranks, microbatches, one, memory_limit, comm, overhead)
     else:
         order = schedule_order(name, ranks, microbatches)
     simulation = simulate(

@@ -11,6 +11,9 @@ case ignored (``1F1B``, ``GPipe``, ``Interleaved1F1B``, ``InterleavedZeroBubble`
 - ``Adaptive``: the ZB paper's adaptive scheduler (:func:`~graphkit.pipelining.planning.adaptive_schedule`)
   with F, I and W costing the same and no memory limit; ``graphkit plan`` builds it from measured costs and a
   memory limit and passes that order down as it is (and writes it as a CSV, which ``csv:PATH`` runs);
+- ``CostAware``: full backwards B where nothing waits on them, I then W where an early I pays
+  (:func:`~graphkit.pipelining.planning.cost_aware_schedule`) with F = I = W = 1 and a full backward of 1.5
+  (the split a third dearer than B); ``graphkit plan`` builds it from measured costs;
 - ``csv:PATH``: a user's CSV file (its stage placement is read from the file);
 - a :class:`~graphkit.pipelining.planning.actions.ScheduleOrder`: a schedule as data, run as it is.
 
@@ -20,8 +23,8 @@ name is read once, into a :class:`~graphkit.pipelining.planning.actions.Schedule
 
 Where the stages live (as PyTorch's own ``generate_stage_to_rank_mapping`` places them):
 
-- single-stage schedules (``GPipe``, ``1F1B``) and the generated ones (``ZBH1``, ``ZBH2``, ``Adaptive``): one
-  stage per rank, stage ``s`` on rank ``s``;
+- single-stage schedules (``GPipe``, ``1F1B``) and the generated ones (``ZBH1``, ``ZBH2``, ``Adaptive``,
+  ``CostAware``): one stage per rank, stage ``s`` on rank ``s``;
 - V-shaped schedules (``ZBVZeroBubble``, ``DualPipeV``): two stages per rank, stage ``s`` on rank ``s`` for
   ``s < ranks`` and on ``2 * ranks - 1 - s`` after;
 - the other multi-stage (looped) schedules and ``CSV``: ``stages_per_rank`` stages per rank (default two),
@@ -51,6 +54,7 @@ __all__ = [
     "UnknownScheduleError",
     "build_schedule",
     "check_microbatches",
+    "check_ranks",
     "common_stage_count",
     "io_schedule_rows",
     "is_single_stage",
@@ -205,6 +209,26 @@ def check_microbatches(name: Schedule, microbatches: int) -> None:
             f"{resolved.name} holds the actions of {planned} microbatches (0 .. {planned - 1}), "
             f"not {microbatches}: run it with --microbatches {planned} (the count it was planned "
             "for), or plan again for this count"
+        )
+
+
+def check_ranks(name: Schedule, ranks: int) -> None:
+    """Refuse an order (``csv:PATH``) whose rows are not ``ranks`` (one row per pipeline rank; other
+    schedules take any number).
+
+    Without this check the ranks start, and the first rank without a row of its own stops with an
+    ``IndexError`` after the others have built their stages.
+
+    Raises:
+        ValueError: the order holds another number of rows than ``ranks``; the file cannot be read.
+    """
+    resolved = resolve_schedule(name)
+    if not isinstance(resolved, ScheduleOrder):
+        return
+    if resolved.num_ranks != ranks:
+        raise ValueError(
+            f"{resolved.name} holds {resolved.num_ranks} rows, one per pipeline rank, not {ranks}: run it "
+            f"with --ranks {resolved.num_ranks} (the ranks it was planned for), or plan again for {ranks} ranks"
         )
 
 

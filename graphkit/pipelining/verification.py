@@ -69,6 +69,7 @@ from graphkit.pipelining.schedules import (
     SCHEDULE_NAMES,
     build_schedule,
     check_microbatches,
+    check_ranks,
     resolve_schedule,
     schedule_name,
     stage_count,
@@ -295,8 +296,9 @@ def verify_pipeline(
             stages and a batch of 2 rows per microbatch per replica. A function must be importable by name
             when ``ranks > 1``.
         schedule: ``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``, ``CSV``, ``ZBH1``, ``ZBH2``,
-            ``Adaptive`` or ``csv:PATH`` (:mod:`graphkit.pipelining.schedules`); ``ZBH1``, ``ZBH2`` and
-            ``Adaptive`` put one stage on each pipeline rank, the others two (``CSV``: ``stages_per_rank``).
+            ``Adaptive``, ``CostAware`` or ``csv:PATH`` (:mod:`graphkit.pipelining.schedules`); ``ZBH1``,
+            ``ZBH2``, ``Adaptive`` and ``CostAware`` put one stage on each pipeline rank, the others two
+            (``CSV``: ``stages_per_rank``).
         microbatches: microbatches per step (the batch is split evenly).
         steps: schedule steps, with an SGD step in between.
         ranks: processes; 1 runs every stage in this process (a world-size-1 gloo group, unless a default
@@ -389,6 +391,7 @@ def _validate(case: PipelineCase, ranks: int) -> None:
     if case.microbatches < 1 or case.steps < 1:
         raise ValueError("microbatches and steps must be at least 1")
     check_microbatches(case.schedule, case.microbatches)
+    check_ranks(case.schedule, ranks // 2 if case.data_parallel is not None else ranks)
 
 
 def _merge(checks: list[PipelineVerification]) -> PipelineVerification:
@@ -778,7 +781,7 @@ def _recorded_step(
     rank.rank = dist.get_rank()
     setup = min((action.start for action in rank.actions), default=0.0) if first_step else 0.0
     return ScheduleTimeline(
-        type(schedule).__name__, case.microbatches, num_stages, [rank], "cpu", method, setup
+        schedule_name(case.schedule), case.microbatches, num_stages, [rank], "cpu", method, setup
     )
 
 

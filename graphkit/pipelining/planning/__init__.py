@@ -1,5 +1,6 @@
 """Schedules as data, in one home: the action record, parsed schedules and their CSV files, what each action
-costs, generating schedules, simulating them, recorded and predicted timelines, and calibrating the model.
+costs, generating schedules (the ZB paper's, and one that splits the backward only where it pays),
+simulating them, recorded and predicted timelines, and calibrating the model.
 
 - :mod:`~graphkit.pipelining.planning.actions`: :class:`Action` (``0F1``), its timing
   (:class:`TimedAction`), the one expansion of PyTorch's composite actions, :class:`ScheduleOrder` (a
@@ -12,6 +13,8 @@ costs, generating schedules, simulating them, recorded and predicted timelines, 
   bubble, peak memory, messages);
 - :mod:`~graphkit.pipelining.planning.generation`: the handcrafted schedules, one stage per rank;
 - :mod:`~graphkit.pipelining.planning.adaptive`: the greedy schedule from costs under a memory limit;
+- :mod:`~graphkit.pipelining.planning.cost_aware`: per microbatch a full backward or I then W, where the
+  split pays;
 - :mod:`~graphkit.pipelining.planning.registry`: the one registry of graphkit's generated schedules;
 - :mod:`~graphkit.pipelining.planning.calibration`: what the runtime adds, fitted to recorded steps.
 
@@ -34,6 +37,7 @@ from graphkit.pipelining.planning.actions import (
     write_schedule_csv,
 )
 from graphkit.pipelining.planning.adaptive import adaptive_schedule
+from graphkit.pipelining.planning.cost_aware import cost_aware_schedule, split_last
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import SCHEDULES, fold_schedule, gpipe, one_f_one_b, zb_h1, zb_h2
 from graphkit.pipelining.planning.registry import GENERATED_SCHEDULES, generated_order
@@ -66,6 +70,7 @@ __all__ = [
     "Waiting",
     "adaptive_schedule",
     "compute_actions",
+    "cost_aware_schedule",
     "fold_schedule",
     "generated_order",
     "gpipe",
@@ -74,6 +79,7 @@ __all__ = [
     "recorded_durations",
     "schedule_actions",
     "simulate",
+    "split_last",
     "write_schedule_csv",
     "zb_h1",
     "zb_h2",

@@ -5,6 +5,8 @@ backward, ``B`` in the ZB paper), W (weight-gradient backward) and a full backwa
 keeps alive between them - in the units ``graphkit costs`` measures (``activation_bytes``,
 ``b_keeps_bytes``, ``input_grad_bytes``). :class:`CommModel` prices one point-to-point message:
 ``latency + bytes / bandwidth`` seconds, and nothing between stages that sit on the same rank.
+:func:`validate_costs_json` checks a costs JSON (``graphkit costs --json``) field by field before the planner
+reads it, and names the file and the field when one is missing or wrong.
 
 Memory as the simulator counts it, per microbatch on the stage's rank: F adds ``activation_bytes``; I
 frees all of them but ``weight_bytes`` (what W still reads); W frees ``weight_bytes``; a full B frees
@@ -30,6 +32,7 @@ from typing import Any
 __all__ = [
     "NOTHING_SECONDS",
     "CommModel",
+    "CostsFileError",
     "StageCost",
     "costs_from_json",
     "costs_from_measured",
@@ -39,6 +42,7 @@ __all__ = [
     "scaled",
     "slowed",
     "stage_costs",
+    "validate_costs_json",
 ]
 
 NOTHING_SECONDS = 1e-6
@@ -215,11 +219,8 @@ def costs_from_json(data: Mapping[str, Any] | str | os.PathLike[str]) -> list[St
     Raises:
         ValueError: no ``stages`` list; OSError: the file cannot be read.
     """
-    if not isinstance(data, Mapping):
-        data = json.loads(Path(data).read_text())
-    stages = data.get("stages")
-    if not stages:
-        raise ValueError("a costs JSON needs a 'stages' list, as `graphkit costs --json` writes it")
+    data = validate_costs_json(data)
+    stages = data["stages"]
     return _linked(
         [
             _Measured(
@@ -324,3 +325,76 @@ def scaled(cost: StageCost, factor: float) -> StageCost:
         activation_bytes=int(cost.activation_bytes * factor),
         weight_bytes=int(cost.weight_bytes * factor),
     )
+
+
+class CostsFileError(ValueError):
+    """A costs JSON the planner cannot use; the message is one line naming the file and the field."""
+
+
+_SECONDS = ("forward", "backward_input", "backward_weight")  # {"seconds": ...} each, as graphkit costs writes
+_BYTES = ("activation_bytes", "b_keeps_bytes")  # per stage; input_grad_bytes too on every stage but the first
+_HOW = "as `graphkit costs SPEC --pipeline --json -o FILE` writes it"
+
+
+def validate_costs_json(data: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
+    """The costs JSON ``data`` (what ``graphkit costs --json`` writes, ``PipelineCosts.to_dict()``), or the one
+    in file ``data``, checked for every field the planner reads, before any is read.
+
+    Each stage needs ``forward``, ``backward_input`` and ``backward_weight`` as ``{"seconds": s}`` (finite
+    seconds >= 0), ``activation_bytes`` and ``b_keeps_bytes`` (bytes >= 0, no default: a missing one would
+    plan zero-byte peaks), and every stage but the first ``input_grad_bytes``. ``full_backward_seconds``
+    (null or seconds) and ``recompute_seconds`` are optional.
+
+    Returns:
+        The parsed JSON, unchanged.
+
+    Raises:
+        CostsFileError (a ``ValueError``): one line naming the file (or "the costs JSON" for a dict) and
+            what is wrong: an unreadable, empty or invalid file, no ``stages`` list, a missing or bad field
+            (``stages[1].backward_weight.seconds``).
+    """
+    where = "the costs JSON"
+    if not isinstance(data, dict):
+        where = str(data)
+        try:
+            text = Path(data).read_text()
+        except OSError as error:
+            raise CostsFileError(f"{where}: cannot be read ({error.strerror or error})") from None
+        if not text.strip():
+            raise CostsFileError(f"{where}: the file is empty, not a costs JSON; measure one {_HOW}")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise CostsFileError(
+                f"{where}: not valid JSON ({error.msg}: line {error.lineno} column {error.colno}); "
+                f"a costs JSON is {_HOW}"
+            ) from None
+        if not isinstance(data, dict):
+            raise CostsFileError(f"{where}: holds a {type(data).__name__}, not a costs JSON object ({_HOW})")
+    stages = data.get("stages")
+    if not isinstance(stages, list) or not stages:
+        raise CostsFileError(f"{where}: no 'stages' list (one entry per pipeline stage, {_HOW})")
+    for index, stage in enumerate(stages):
+        if not isinstance(stage, dict):
+            raise CostsFileError(f"{where}: stages[{index}] is a {type(stage).__name__}, not an object")
+        for name in _SECONDS:
+            entry = stage.get(name)
+            value = entry.get("seconds") if isinstance(entry, dict) else None
+            _check_number(where, f"stages[{index}].{name}.seconds", value, "seconds")
+        for name in _BYTES + (("input_grad_bytes",) if index > 0 else ()):
+            _check_number(where, f"stages[{index}].{name}", stage.get(name), "bytes")
+        for name in ("full_backward_seconds", "recompute_seconds"):
+            if stage.get(name) is not None:
+                _check_number(where, f"stages[{index}].{name}", stage[name], "seconds")
+    return data
+
+
+def _check_number(where: str, field: str, value: Any, unit: str) -> None:
+    if value is None:
+        raise CostsFileError(f"{where}: {field} is missing ({unit}, {_HOW})")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value >= 0)
+    ):
+        raise CostsFileError(f"{where}: {field} must be a number of {unit} >= 0, got {value!r}")

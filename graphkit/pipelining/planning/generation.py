@@ -14,13 +14,16 @@ The zero-bubble schedules follow Qi et al., "Zero Bubble Pipeline Parallelism" (
   ``F = I = W = 1`` every rank idles ``p - 1`` (the paper's ``(p-1)(T_F + T_B - T_W)``, a third of
   1F1B's ``(p-1)(T_F + T_B + T_W)``), and rank ``i`` holds at most ``p - i`` microbatches' activations
   (plus ``i`` pending W's: ``(p-i) * activation_bytes + i * weight_bytes``).
-- **ZB-H2**: more memory, no bubble inside each rank's span. Rank ``i`` runs ``2p - 1 - 2i`` forwards
-  before its first I (filling the wait for it), then I, W's keeping ``2i`` pending, F; the layout is a
-  parallelogram: with unit costs every rank is busy without a gap from its first action to its last,
-  ``3m`` seconds (the paper's bubble ``(p-1)(T_F + T_B - 2T_W) = 0``, which counts each rank from its
-  own start: consecutive steps overlap once the optimizer step is not synchronized). One step on its own
-  still ends at ``3m + p - 1``. This needs ``m >= 2p - 1``; with fewer microbatches the order stays
-  valid (complete, deadlock-free) but leaves bubbles.
+- **ZB-H2**: up to twice 1F1B's memory, and in a synchronous step no faster than ZB-H1. Rank ``i`` runs
+  ``2p - 1 - 2i`` forwards before its first I, then I, W's keeping ``2i`` pending, F. With unit costs and
+  ``m >= 2p - 1`` every rank is busy without a gap from its first action to its last, ``3m`` - the paper's
+  bubble ``(p-1)(T_F + T_B - 2T_W) = 0`` counts each rank from its own start - but rank ``i`` starts at
+  ``i`` and the step ends when the last rank does: ``3m + p - 1``, ZB-H1's step. The paper's zero bubble
+  needs the next step's forwards to start before this step's optimizer step, i.e. the optimizer step's
+  synchronization bypassed (its §4, post-validation); PyTorch's runtime, and a training loop calling
+  ``step()`` then ``optimizer.step()``, does not do that. Rank ``i`` holds ``(2p - 1 - 2i)
+  activation_bytes + 2i weight_bytes`` (rank 0: ``2p - 1`` microbatches against 1F1B's ``p``). With
+  ``p <= m < 2p - 2`` the order stays valid (complete, deadlock-free) but is slower than ZB-H1.
 """
 
 from __future__ import annotations
@@ -109,7 +112,8 @@ def zb_h1(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
 
 
 def zb_h2(num_ranks: int, microbatches: int) -> dict[int, list[Action]]:
-    """ZB-H2 (ZB paper §3.1): ``2p - 1 - 2i`` warm-up forwards on rank ``i``, ``2i`` W's kept pending.
+    """ZB-H2 (ZB paper §3.1): ``2p - 1 - 2i`` warm-up forwards on rank ``i``, ``2i`` W's kept pending; in a
+    synchronous step as long as ZB-H1's, at up to twice the memory (module docstring).
 
     Raises:
         ValueError: fewer than one rank or microbatch.

@@ -5,7 +5,10 @@ stages' costs, a memory limit and the link model:
 
 - ``ZBH1``, ``ZBH2``: the ZB paper's handcrafted schedules (:mod:`graphkit.pipelining.planning.generation`);
 - ``Adaptive``: the ZB paper's adaptive scheduler (:func:`~graphkit.pipelining.planning.adaptive.adaptive_schedule`),
-  from the given costs (F, I and W costing the same when none are given) under the memory limit.
+  from the given costs (F, I and W costing the same when none are given) under the memory limit;
+- ``CostAware``: a full backward B or I then W per rank and microbatch, split only where the simulator
+  predicts it pays (:func:`~graphkit.pipelining.planning.cost_aware.cost_aware_schedule`), from the given
+  costs (F = I = W = 1 and B = 1.5 when none are given: the split a third dearer than B).
 
 :func:`generated_order` returns a :class:`~graphkit.pipelining.planning.actions.ScheduleOrder`: what
 ``graphkit.pipelining.schedules`` runs with PyTorch's ``_PipelineScheduleRuntime`` and the planner simulates.
@@ -14,39 +17,54 @@ stages' costs, a memory limit and the link model:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from graphkit.pipelining.planning.actions import Action, ScheduleOrder
 from graphkit.pipelining.planning.adaptive import adaptive_schedule
+from graphkit.pipelining.planning.cost_aware import cost_aware_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import zb_h1, zb_h2
 
-__all__ = ["GENERATED_SCHEDULES", "generated_order", "is_generated"]
-
-_UNIT_COST = StageCost(1.0, 1.0, 1.0, activation_bytes=1, weight_bytes=1)
+__all__ = ["GENERATED_SCHEDULES", "GeneratedSchedule", "generated_order", "is_generated"]
 
 Generator = Callable[
-    [int, int, StageCost | Sequence[StageCost], float | None, CommModel | None], dict[int, list[Action]]
+    [int, int, StageCost | Sequence[StageCost], float | None, CommModel | None, float],
+    dict[int, list[Action]],
 ]
 
 
-def _adaptive(
-    ranks: int,
-    microbatches: int,
-    costs: StageCost | Sequence[StageCost],
-    memory_limit: float | None,
-    comm: CommModel | None,
-) -> dict[int, list[Action]]:
-    return adaptive_schedule(costs, ranks, microbatches, memory_limit, comm)
+@dataclass(slots=True, frozen=True)
+class GeneratedSchedule:
+    """One generated schedule: ``build(ranks, microbatches, costs, memory_limit, comm, overhead)`` ->
+    ``{rank: [Action, ...]}``, and the costs it is built with when none are given (run by name)."""
+
+    build: Generator
+    default_costs: StageCost
 
 
-GENERATED_SCHEDULES: dict[str, Generator] = {
-    "ZBH1": lambda ranks, microbatches, *_: zb_h1(ranks, microbatches),
-    "ZBH2": lambda ranks, microbatches, *_: zb_h2(ranks, microbatches),
-    "Adaptive": _adaptive,
+GENERATED_SCHEDULES: dict[str, GeneratedSchedule] = {
+    "ZBH1": GeneratedSchedule(
+        lambda ranks, microbatches, *_: zb_h1(ranks, microbatches), StageCost(1.0, 1.0, 1.0)
+    ),
+    "ZBH2": GeneratedSchedule(
+        lambda ranks, microbatches, *_: zb_h2(ranks, microbatches), StageCost(1.0, 1.0, 1.0)
+    ),
+    "Adaptive": GeneratedSchedule(
+        lambda ranks, microbatches, costs, limit, comm, _: adaptive_schedule(
+            costs, ranks, microbatches, limit, comm
+        ),
+        StageCost(1.0, 1.0, 1.0, activation_bytes=1, weight_bytes=1),
+    ),
+    "CostAware": GeneratedSchedule(
+        lambda ranks, microbatches, costs, limit, comm, overhead: cost_aware_schedule(
+            costs, ranks, microbatches, limit, comm, overhead=overhead
+        ),
+        StageCost(1.0, 1.0, 1.0, full_backward=1.5),
+    ),
 }
-"""graphkit's generated schedules by name: ``GENERATED_SCHEDULES[name](ranks, microbatches, costs,
-memory_limit, comm)`` -> ``{rank: [Action, ...]}``; one stage per rank, separate I and W actions."""
+"""graphkit's generated schedules by name, one stage per rank, run from their order by
+``_PipelineScheduleRuntime`` (separate I and W actions; ``CostAware`` full backwards B too)."""
 
 
 def is_generated(name: Any) -> bool:
@@ -61,18 +79,21 @@ def generated_order(
     costs: StageCost | Sequence[StageCost] | None = None,
     memory_limit: float | None = None,
     comm: CommModel | None = None,
+    overhead: float = 0.0,
 ) -> ScheduleOrder:
     """The order of generated schedule ``name`` on ``ranks`` ranks (one stage each) and ``microbatches``.
 
     ``costs`` (one :class:`StageCost` or one per stage, seconds and bytes), ``memory_limit`` (activation
-    bytes per rank) and ``comm`` matter to ``Adaptive`` only; without costs F, I and W each cost 1.
+    bytes per rank), ``comm`` and ``overhead`` (seconds the runtime adds per action) matter to ``Adaptive``
+    and ``CostAware``; without costs each takes its ``default_costs``.
 
     Raises:
         KeyError: ``name`` is not a generated schedule (the message lists them).
         ValueError: fewer than one rank or microbatch, costs for another number of stages.
     """
-    for known, generator in GENERATED_SCHEDULES.items():
+    for known, generated in GENERATED_SCHEDULES.items():
         if known.lower() == name.lower():
-            order = generator(ranks, microbatches, _UNIT_COST if costs is None else costs, memory_limit, comm)
+            given = generated.default_costs if costs is None else costs
+            order = generated.build(ranks, microbatches, given, memory_limit, comm, overhead)
             return ScheduleOrder.from_actions(known, order)
     raise KeyError(f"{name!r} is not one of graphkit's generated schedules {', '.join(GENERATED_SCHEDULES)}")

@@ -58,7 +58,7 @@ class ScheduleTimeline:
     """One recorded step of one schedule on every rank.
 
     Attributes:
-        schedule: the schedule class's name (``ScheduleZBVZeroBubble``).
+        schedule: the schedule's name, as graphkit names schedules (``ZBVZeroBubble``, ``1F1B``, ``ZBH1``).
         microbatches: microbatches per step; num_stages: pipeline stages.
         ranks: one :class:`RankTimeline` per rank, by rank.
         device: where the stages ran; memory_method: how memory was sampled.
