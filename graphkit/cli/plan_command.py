@@ -83,7 +83,8 @@ def add_plan_command(commands: Any) -> None:
         "--run",
         dest="record",
         action="store_true",
-        help="record 1F1B and the --top best for real and print measured steps",
+        help="record 1F1B, the best zero-bubble schedule and the --top best for real, print the measured "
+        "steps, and recommend (and write as best.csv) what measured fastest in most rounds",
     )
     add_steps_option(plan, default=3, metavar="K", help="recorded steps per schedule with --run (default 3)")
     plan.add_argument(
@@ -92,6 +93,12 @@ def add_plan_command(commands: Any) -> None:
         default=3,
         metavar="N",
         help="schedules to record with --run besides 1F1B (default 3)",
+    )
+    plan.add_argument(
+        "--schedules",
+        metavar="NAMES",
+        help="comma-separated schedules to plan (default: every built-in one that fits and graphkit's "
+        "ZBH1, ZBH2, Adaptive and CostAware)",
     )
     plan.add_argument(
         "--what-if",
@@ -105,8 +112,9 @@ def add_plan_command(commands: Any) -> None:
         "-o",
         "--output",
         metavar="DIR",
-        help="write best.csv (the best predicted schedule), zbh1.csv, zbh2.csv, adaptive.csv, plan.json and, "
-        "with --run, recorded.json and timelines.html/.svg",
+        help="write best.csv (the recommended schedule: with --run the measured best, else the best "
+        "predicted), one CSV per generated schedule (zbh1.csv, ...), plan.json and, with --run, recorded.json "
+        "and timelines.html/.svg; without it nothing is written",
     )
     add_json_option(plan, help="print the plan as JSON instead of the table")
     plan.set_defaults(run=run_plan)
@@ -136,6 +144,7 @@ def run_plan(arguments: argparse.Namespace) -> int:
             ranks=arguments.ranks,
             microbatches=arguments.microbatches,
             costs=arguments.costs,
+            schedules=arguments.schedules.split(",") if arguments.schedules else None,
             memory_limit=arguments.memory_limit,
             comm=comm,
             overhead=arguments.overhead,
@@ -171,9 +180,15 @@ def run_plan(arguments: argparse.Namespace) -> int:
             )
         print(f"wrote {arguments.output}/timelines.html (each recorded schedule: predicted, then recorded)")
     if arguments.output:
-        recorded = " recorded.json," if plan.timelines else ""
-        print(
-            f"wrote {arguments.output}/best.csv (the best predicted, {plan.best.name}: run it as --schedule "
-            f"csv:{arguments.output}/best.csv), zbh1.csv, zbh2.csv, adaptive.csv,{recorded} and plan.json"
+        folder = Path(arguments.output)
+        recommended = plan.recommended
+        how = "measured fastest" if recommended.measured_seconds is not None else "the best predicted"
+        if (folder / "best.csv").is_file():
+            print(
+                f"wrote {folder}/best.csv ({recommended.name}, {how}: run it as --schedule csv:{folder}/best.csv)"
+            )
+        others = sorted(
+            path.name for path in folder.iterdir() if path.is_file() and path.name not in ("best.csv",)
         )
+        print(f"wrote in {folder}/: {', '.join(others)}")
     return 0

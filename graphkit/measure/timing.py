@@ -1,18 +1,22 @@
-"""Wall-clock time of one call on a device: the benchmarks' and the stage costs' one timer.
+"""Wall-clock time of one call on a device: the benchmarks' and the stage costs' one timer; and the
+machine's load, which every measured figure is read against.
 
 CUDA kernels run asynchronously, so the device is synchronized before the clock starts and before it
-stops; on the CPU the call is simply timed with :func:`time.perf_counter`.
+stops; on the CPU the call is simply timed with :func:`time.perf_counter`. :func:`load_average` says the
+load a figure was taken at, :func:`busy_machine_warning` what to expect of figures taken on a machine busier
+than its cores.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["synchronize", "timed"]
+__all__ = ["busy_machine_warning", "load_average", "synchronize", "timed"]
 
 
 def synchronize(device: torch.device) -> None:
@@ -35,3 +39,29 @@ def timed(
     result = function()
     synchronize(device)
     return clock() - start, result
+
+
+def load_average() -> str:
+    """The 1, 5 and 15 minute load averages and the CPU count, as one line ("" where unknown)."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return ""
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
+
+
+def busy_machine_warning() -> str:
+    """A warning when the load average is above the machine's cores (other processes compete for them), with
+    the error to expect; empty when the machine is not that busy or the load cannot be read."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return ""
+    cores = os.cpu_count() or 1
+    if load <= cores:
+        return ""
+    return (
+        f"the load average is {load:.1f} on {cores} cores: other processes compete for the CPU, so measured "
+        f"costs and steps may be off by up to about {(load - cores) / load:.0%} (the share of demand beyond "
+        "the cores) and rankings closer than that are not to be trusted; measure on a quiet machine"
+    )

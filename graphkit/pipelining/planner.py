@@ -34,12 +34,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from graphkit.measure.costs import spec_costs
+from graphkit.measure.timing import busy_machine_warning, load_average
 from graphkit.models.specs import SpecError
 from graphkit.pipelining.launcher import LaunchError, usable_cores
 from graphkit.pipelining.planning import calibration, cost_model
@@ -67,6 +68,7 @@ from graphkit.pipelining.schedule_plan import (
     BUILT_IN_SCHEDULES,
     PlannedSchedule,
     SchedulePlan,
+    check_memory_limit,
     simulate_schedule,
 )
 from graphkit.pipelining.schedules import is_single_stage, schedule_name
@@ -144,6 +146,9 @@ def plan_schedules(
         except LaunchError as error:
             raise ValueError(str(error)) from None
     batch_size = batch_size if batch_size is not None else 8 * microbatches
+    load_warning = busy_machine_warning() if costs is None or run else ""
+    if load_warning:
+        warnings.warn(load_warning, RuntimeWarning, stacklevel=2)
     if costs is None:
         per_stage = _measure_costs(pipeline, ranks, microbatches, batch_size, repeat)  # type: ignore[arg-type]
     elif isinstance(costs, str | os.PathLike | dict):
@@ -160,13 +165,15 @@ def plan_schedules(
     names = list(schedules) if schedules is not None else [*BUILT_IN_SCHEDULES, *GENERATED_SCHEDULES]
     planned = [_plan_one(name, ranks, microbatches, one, two, comm, overhead, memory_limit) for name in names]
     planned.sort(key=_rank_key)
-    folder = Path(output) if output is not None else Path(tempfile.mkdtemp(prefix="graphkit-plan-"))
-    folder.mkdir(parents=True, exist_ok=True)
-    for item in planned:
-        if item.simulation is not None and item.order is not None and is_generated(item.name):
-            path = folder / f"{item.name.lower()}.csv"
-            item.order.write_csv(path)
-            item.csv = str(path)
+    check_memory_limit(planned, memory_limit)
+    folder = Path(output) if output is not None else None  # without a folder nothing is written
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in planned:
+            if item.simulation is not None and item.order is not None and is_generated(item.name):
+                path = folder / f"{item.name.lower()}.csv"
+                item.order.write_csv(path)
+                item.csv = str(path)
     plan = SchedulePlan(
         pipeline if isinstance(pipeline, str) else None,
         ranks,
@@ -179,6 +186,7 @@ def plan_schedules(
         stage_costs=two,
         measured_costs=measured_one,
         overhead_source=overhead_source,
+        load_warning=load_warning,
     )
     _write_best(plan, folder)
     if run:
@@ -188,15 +196,15 @@ def plan_schedules(
             batch_size,
             steps,
             top,
-            folder if output is not None else None,
+            folder,
             threads,
             timeout_s,
             pin_cores,
         )
         if calibrate:
             _calibrate(plan, two)
-            _write_best(plan, folder)
-    if output is not None:
+        _write_best(plan, folder)  # what measured fastest, now
+    if folder is not None:
         (folder / "plan.json").write_text(plan.to_json())
     return plan
 
@@ -269,10 +277,11 @@ def _rank_key(item: PlannedSchedule) -> tuple[bool, float]:
     return (not item.fits_memory, item.predicted_seconds)
 
 
-def _write_best(plan: SchedulePlan, folder: Path) -> None:
-    """The best schedule's order as ``best.csv`` in ``folder``."""
-    if plan.best.simulation is not None and plan.best.order is not None:
-        plan.best.order.write_csv(folder / "best.csv")
+def _write_best(plan: SchedulePlan, folder: Path | None) -> None:
+    """The recommended schedule's order as ``best.csv`` in ``folder`` (None: nothing is written)."""
+    recommended = plan.recommended
+    if folder is not None and recommended.simulation is not None and recommended.order is not None:
+        recommended.order.write_csv(folder / "best.csv")
 
 
 def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
@@ -332,14 +341,6 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
             plan.timelines[position] = redrawn
 
 
-def _load_average() -> str:
-    try:
-        one, five, fifteen = os.getloadavg()
-    except OSError:
-        return ""
-    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
-
-
 def _run(
     plan: SchedulePlan,
     pipeline: str,
@@ -351,14 +352,10 @@ def _run(
     timeout_s: float,
     pin_cores: bool = False,
 ) -> None:
-    """Record 1F1B and the ``top`` best predicted schedules; fill in measured and recorded-fed predictions."""
-
-    # the top best besides 1F1B, which is always recorded (the baseline of every ratio)
-    chosen = [item for item in plan.schedules if item.simulation is not None and item is not plan.baseline][
-        :top
-    ]
-    chosen.append(plan.baseline)
-    load_before = _load_average()
+    """Record 1F1B, the best zero-bubble schedule and the ``top`` best other predicted schedules; fill in
+    measured steps (every round's) and recorded-fed predictions."""
+    chosen = plan.to_record(top)
+    load_before = load_average()
     timelines = record_schedules(
         pipeline,
         [item.runnable for item in chosen],
@@ -370,7 +367,7 @@ def _run(
         batch_size=batch_size,
         pin_cores=pin_cores,
     )
-    plan.load = f"{load_before} before, {_load_average()} after"
+    plan.load = f"{load_before} before, {load_average()} after"
     plan.recording = {"steps": steps, "threads": threads, "pin_cores": pin_cores}
     if pin_cores:
         plan.load += "; each rank pinned to one core" + (
@@ -382,6 +379,7 @@ def _run(
     plan.measured_overhead = runtime_overhead(timelines, by_count)
     for item, timeline in zip(chosen, timelines, strict=True):
         item.measured_seconds = timeline.step_seconds
+        item.measured_steps = list(timeline.ranks[0].step_times) if timeline.ranks else []
         item.recorded_prediction_seconds = predict_recorded(timeline, comm=plan.comm).step_seconds
     for item, timeline in zip(chosen, timelines, strict=True):
         assert item.simulation is not None

@@ -27,6 +27,7 @@ __all__ = [
     "BUILT_IN_SCHEDULES",
     "PlannedSchedule",
     "SchedulePlan",
+    "check_memory_limit",
     "plan_html",
     "plan_table",
     "simulate_schedule",
@@ -55,6 +56,9 @@ class PlannedSchedule:
         fits_memory: whether its peak activation memory stays within the memory limit on every rank.
         csv: the file its order was written to (generated schedules), for ``csv:PATH``.
         measured_seconds: the recorded step (with ``run``), its slowest rank; None if not run.
+        measured_steps: with ``run``, every recorded step's seconds, round by round (all schedules were
+            recorded in the same rounds, so step ``i`` of two schedules ran under the same load).
+        recorded_because: with ``run``, why it was chosen for recording (``"the baseline"``, ...).
         recorded_prediction_seconds: the step simulated from the recorded per-action durations; None if not run.
         error: why it could not be simulated (then ``simulation`` is None).
     """
@@ -68,6 +72,13 @@ class PlannedSchedule:
     recorded_prediction_seconds: float | None = None
     error: str | None = None
     order: ScheduleOrder | None = field(default=None, repr=False)
+    measured_steps: list[float] = field(default_factory=list, repr=False)
+    recorded_because: str | None = None
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether the schedule splits any backward into I and W (a zero-bubble schedule)."""
+        return self.order is not None and any(action.kind == "I" for row in self.order.rows for action in row)
 
     @property
     def predicted_seconds(self) -> float:
@@ -109,6 +120,8 @@ class SchedulePlan:
     overhead_source: str = "given"
     # with run: how the steps were recorded (steps per schedule, threads per rank, ranks pinned to cores)
     recording: dict[str, Any] | None = None
+    # the machine was busier than its cores before measuring: what to expect of the figures
+    load_warning: str = ""
 
     def by_name(self, name: str) -> PlannedSchedule:
         for item in self.schedules:
@@ -124,6 +137,43 @@ class SchedulePlan:
     def best(self) -> PlannedSchedule:
         """The schedule with the shortest predicted step within the memory limit."""
         return self.schedules[0]
+
+    @property
+    def best_zero_bubble(self) -> PlannedSchedule | None:
+        """The zero-bubble schedule (one that splits backwards into I and W) with the shortest predicted step
+        within the memory limit, or None."""
+        return next(
+            (
+                item
+                for item in self.schedules
+                if item.simulation is not None and item.fits_memory and item.splits_backward
+            ),
+            None,
+        )
+
+    def rounds_won(self, item: PlannedSchedule) -> tuple[int, int]:
+        """``(won, rounds)``: in how many of the recorded rounds ``item``'s step was shorter than 1F1B's."""
+        pairs = list(zip(item.measured_steps, self.baseline.measured_steps, strict=False))
+        return sum(step < base for step, base in pairs), len(pairs)
+
+    @property
+    def recommended(self) -> PlannedSchedule:
+        """What to run. Without recorded steps, the best predicted schedule. With them, the measured:
+        the schedule with the shortest median step among those that beat 1F1B's median and its step in
+        most recorded rounds; 1F1B when none does (keep 1F1B)."""
+        base = self.baseline
+        if base.measured_seconds is None:
+            return self.best
+        winners = [
+            item
+            for item in self.schedules
+            if item is not base
+            and item.measured_seconds is not None
+            and item.fits_memory
+            and item.measured_seconds < base.measured_seconds
+            and 2 * self.rounds_won(item)[0] > self.rounds_won(item)[1]
+        ]
+        return min(winners, key=lambda item: item.measured_seconds or math.inf, default=base)
 
     @property
     def measured_best(self) -> PlannedSchedule | None:
@@ -158,10 +208,71 @@ class SchedulePlan:
                     else None
                 ),
                 "predicted_from_recorded_seconds": item.recorded_prediction_seconds,
+                "measured_steps": list(item.measured_steps),
+                "recorded_because": item.recorded_because,
                 "error": item.error,
             }
             rows.append(row)
         return rows
+
+    def to_record(self, top: int) -> list[PlannedSchedule]:
+        """What ``--run`` records, each with the reason it was chosen: the ``top`` best predicted schedules within
+        the memory limit, the best zero-bubble one if they leave it out, and 1F1B (the baseline of every ratio),
+        last."""
+        simulated = [item for item in self.schedules if item.simulation is not None and item.fits_memory]
+        others = [item for item in simulated if item is not self.baseline]
+        chosen = []
+        for item in others[:top]:
+            rank = self.schedules.index(item) + 1
+            item.recorded_because = f"#{rank} predicted" + (
+                ", the best zero-bubble" if item is self.best_zero_bubble else ""
+            )
+            chosen.append(item)
+        zero_bubble = self.best_zero_bubble
+        if zero_bubble is not None and zero_bubble not in chosen and zero_bubble is not self.baseline:
+            zero_bubble.recorded_because = (
+                f"#{self.schedules.index(zero_bubble) + 1} predicted, the best zero-bubble"
+            )
+            chosen.append(zero_bubble)
+        self.baseline.recorded_because = "the baseline"
+        chosen.append(self.baseline)
+        return chosen
+
+    def zero_bubble_verdict(self) -> str:
+        """One line: does zero bubble pay on these stages, and why - each stage's I + W against its full
+        backward B (from the measured costs, one stage per rank), the bubble 1F1B leaves (predicted), and
+        the best zero-bubble schedule against 1F1B (measured where recorded, else predicted)."""
+        costs = self.measured_costs or self.costs
+        stages = ", ".join(
+            f"stage {index} I + W {(cost.backward_input + cost.backward_weight) * 1e3:.3g} ms = "
+            f"{(cost.backward_input + cost.backward_weight) / cost.seconds('B'):.2f} x B {cost.seconds('B') * 1e3:.3g} ms"
+            for index, cost in enumerate(costs)
+            if cost.seconds("B") > 0
+        )
+        base = self.baseline
+        bubble = base.simulation.bubble_fraction if base.simulation is not None else None
+        head = f"splitting costs {stages}" + (
+            f"; 1F1B leaves a {bubble:.0%} bubble (predicted)" if bubble is not None else ""
+        )
+        best = self.best_zero_bubble
+        if best is None:
+            return f"zero bubble: no zero-bubble schedule fits here; {head}"
+        won, rounds = self.rounds_won(best)
+        if best.measured_seconds is not None and base.measured_seconds:
+            ratio = best.measured_seconds / base.measured_seconds
+            pays = ratio < 1 and 2 * won > rounds
+            evidence = f"{best.name} measured {ratio:.2f}x 1F1B, faster in {won} of {rounds} rounds"
+        else:
+            ratio = best.predicted_seconds / base.predicted_seconds
+            pays = ratio < 1
+            evidence = f"{best.name} predicted {ratio:.2f}x 1F1B"
+        verdict = "pays" if pays else "does not pay"
+        reason = (
+            "the bubble it fills is worth more than the extra work of splitting"
+            if pays
+            else "the extra work of splitting costs more than the bubble it fills"
+        )
+        return f"zero bubble {verdict} here ({evidence}): {reason}; {head}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -178,6 +289,9 @@ class SchedulePlan:
             "overhead_seconds": self.overhead,
             "overhead_source": self.overhead_source,
             "best": self.best.run_name,
+            "recommended": self.recommended.run_name,
+            "zero_bubble": self.zero_bubble_verdict(),
+            "load_warning": self.load_warning,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
             "recording": self.recording,
@@ -253,6 +367,24 @@ def _json_number(value: Any) -> Any:
 
 
 # --- simulating every schedule ------------------------------------------------------------------------------
+def check_memory_limit(planned: list[PlannedSchedule], memory_limit: float | None) -> None:
+    """Refuse a memory limit no schedule fits, naming the smallest limit one fits.
+
+    Raises:
+        ValueError: every simulated schedule's peak on some rank is above ``memory_limit``.
+    """
+    simulated = [item for item in planned if item.simulation is not None]
+    if memory_limit is None or not simulated or any(item.fits_memory for item in simulated):
+        return
+    smallest = min(simulated, key=lambda item: max(item.simulation.peak_memory_bytes))  # type: ignore[union-attr]
+    peak = max(smallest.simulation.peak_memory_bytes)  # type: ignore[union-attr]
+    raise ValueError(
+        f"no schedule fits the memory limit of {memory_limit:,.0f} bytes per rank: the smallest peak is "
+        f"{smallest.name}'s, {peak:,} bytes ({peak / 2**20:.1f} MiB); give --memory-limit {peak} or more, "
+        "or more microbatches' worth of memory"
+    )
+
+
 def simulate_schedule(
     name: str,
     ranks: int,
@@ -284,7 +416,7 @@ def simulate_schedule(
 # --- presentation ---------------------------------------------------------------------------------------
 def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
     measured = any(item.measured_seconds is not None for item in plan.schedules)
-    header = ["#", "schedule", "st/rank", "predicted ms", "vs 1F1B", "bubble", "peak MB/rank", "msgs"]
+    header = ["#", "schedule", "st/rank", "predicted ms", "vs 1F1B", "bubble", "peak MiB/rank", "msgs"]
     if measured:
         header += ["measured ms", "vs 1F1B", "pred/meas", "from rec. ms", "rec/meas"]
     body = []
@@ -292,7 +424,7 @@ def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
         if row["error"] is not None:
             body.append([str(position), row["schedule"], str(row["stages_per_rank"]), row["error"]])
             continue
-        peaks = "/".join(f"{value / 1e6:.1f}" for value in row["peak_memory_bytes"])
+        peaks = "/".join(f"{value / 2**20:.1f}" for value in row["peak_memory_bytes"])
         cells = [
             str(position),
             row["schedule"] + ("" if row["fits_memory"] else " (over memory)"),
@@ -340,7 +472,7 @@ def _title(plan: SchedulePlan) -> str:
     return (
         f"{head}: messages {plan.comm.latency * 1e6:.0f} us"
         + (
-            f" + bytes / {plan.comm.bandwidth / 1e9:.2g} GB/s"
+            f" + bytes / {plan.comm.bandwidth / 1e9:.4g} GB/s"
             if math.isfinite(plan.comm.bandwidth)
             else " each"
         )
@@ -357,10 +489,24 @@ def _verdict(plan: SchedulePlan) -> str:
     )
     winner = plan.measured_best
     if winner is not None and base.measured_seconds:
+        won, rounds = plan.rounds_won(winner)
         text += (
             f"; best measured: {winner.name} ({winner.measured_seconds * 1e3:.2f} ms, "
-            f"{_ratio((winner.measured_seconds or 0) / base.measured_seconds)} of 1F1B)"
+            f"{_ratio((winner.measured_seconds or 0) / base.measured_seconds)} of 1F1B"
+            + (f", faster in {won} of {rounds} rounds" if winner is not base and rounds else "")
+            + ")"
         )
+        recommended = plan.recommended
+        if recommended is base:
+            text += (
+                "\nrecommended: keep 1F1B - no schedule measured faster than 1F1B in its median step and in "
+                "most rounds"
+            )
+        else:
+            text += f"\nrecommended: {recommended.name} (measured fastest; run it as --schedule {recommended.run_name})"
+        chosen = [item for item in plan.schedules if item.recorded_because]
+        text += "\nrecorded: " + ", ".join(f"{item.name} ({item.recorded_because})" for item in chosen)
+    text += "\n" + plan.zero_bubble_verdict()
     measured = plan.measured_overhead
     if measured and measured.get("between") is not None:
         inside = measured.get("inside")
@@ -368,7 +514,8 @@ def _verdict(plan: SchedulePlan) -> str:
             f"\nruntime gaps recorded: median {measured['between'] * 1e6:.0f} us between actions "
             f"({measured['gaps']} gaps with nothing to wait for)"
             + (
-                f", median {inside * 1e6:+.0f} us inside each action against graphkit costs"
+                f", actions a median {abs(inside) * 1e6:.0f} us {'longer' if inside >= 0 else 'shorter'} than "
+                "graphkit costs measured them"
                 if inside is not None
                 else ""
             )
@@ -376,6 +523,8 @@ def _verdict(plan: SchedulePlan) -> str:
         )
     if plan.load:
         text += f"\nload while measuring: {plan.load}"
+    if plan.load_warning:
+        text += f"\nwarning: {plan.load_warning}"
     return text
 
 
@@ -399,7 +548,7 @@ def plan_html(plan: SchedulePlan) -> str:
 def what_if_table(rows: list[dict[str, Any]]) -> str:
     """:meth:`SchedulePlan.what_if`'s rows as plain text."""
     lines = [
-        f"{'ranks':>5}  {'mb':>4}  {'schedule':<22}  {'step ms':>10}  {'vs 1F1B':>7}  {'bubble':>6}  {'rank-0 MB':>9}"
+        f"{'ranks':>5}  {'mb':>4}  {'schedule':<22}  {'step ms':>10}  {'vs 1F1B':>7}  {'bubble':>6}  {'rank-0 MiB':>10}"
     ]
     for row in rows:
         if "error" in row:
@@ -410,7 +559,7 @@ def what_if_table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{row['ranks']:>5}  {row['microbatches']:>4}  {row['schedule']:<22}  "
             f"{row['predicted_step_seconds'] * 1e3:>10.2f}  {_ratio(row['predicted_vs_1f1b']):>7}  "
-            f"{row['bubble_fraction']:>6.1%}  {row['peak_memory_bytes_rank0'] / 1e6:>9.1f}"
+            f"{row['bubble_fraction']:>6.1%}  {row['peak_memory_bytes_rank0'] / 2**20:>10.1f}"
         )
     return "\n".join(lines)
 

@@ -1,0 +1,204 @@
+"""What `graphkit plan` tells its user: the recommendation follows what was measured (keep 1F1B when it
+measured fastest), whether zero bubble pays and why, what --run recorded and why, a memory limit nothing
+fits, a busy machine, and files written only when asked for - each against hand-made recorded steps."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from graphkit.pipelining import planner
+from graphkit.pipelining.planner import plan_schedules
+from graphkit.pipelining.planning import CommModel, StageCost, read_schedule_csv, simulate
+from graphkit.pipelining.schedules import schedule_name, schedule_order
+
+MS = 1e-3
+
+
+def costs_json(f: float, i: float, w: float, full: float) -> dict:
+    """What `graphkit costs --json` writes, for two equal stages."""
+    return {
+        "stages": [
+            {
+                "forward": {"seconds": f},
+                "backward_input": {"seconds": i},
+                "backward_weight": {"seconds": w},
+                "full_backward_seconds": full,
+                "activation_bytes": 1 << 20,
+                "b_keeps_bytes": 1 << 18,
+                "input_grad_bytes": 0 if index == 0 else 1000,
+            }
+            for index in range(2)
+        ]
+    }
+
+
+def recorder(steps_by_name: dict[str, list[float]]):
+    """A stand-in for record_schedules: each schedule's step times, round by round, as given (the median
+    is the recorded step); 1F1B's order simulated for the shapes."""
+
+    def record(pipeline, schedules, microbatches, ranks, steps, **_):
+        timelines = []
+        for schedule in schedules:
+            name = schedule_name(schedule)
+            order = schedule_order(schedule, ranks, microbatches)
+            timeline = simulate(
+                order, StageCost(1 * MS, 1 * MS, 1 * MS), CommModel(), name=name
+            ).to_schedule_timeline()
+            times = steps_by_name[name][:steps]
+            for rank in timeline.ranks:
+                rank.step_times = list(times)
+                rank.step_seconds = sorted(times)[(len(times) - 1) // 2]
+            timelines.append(timeline)
+        return timelines
+
+    return record
+
+
+def run_plan(monkeypatch, tmp_path, steps_by_name, **options):
+    monkeypatch.setattr(planner, "record_schedules", recorder(steps_by_name))
+    monkeypatch.setattr(planner, "busy_machine_warning", lambda: "")
+    return plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=4,
+        costs=costs_json(2 * MS, 1 * MS, 1 * MS, 1.6 * MS),
+        schedules=["1F1B", "GPipe", "ZBH1", "ZBH2"],
+        run=True,
+        steps=5,
+        top=1,
+        overhead=0.0,
+        comm=CommModel(),
+        output=tmp_path,
+        **options,
+    )
+
+
+def test_when_1f1b_measured_fastest_the_plan_says_keep_1f1b_and_best_csv_holds_it(monkeypatch, tmp_path):
+    steps = {
+        "1F1B": [10.0, 10.0, 10.0, 10.0, 10.0],
+        "GPipe": [12.0] * 5,
+        "ZBH1": [11.0] * 5,
+        "ZBH2": [11.5] * 5,
+    }
+    plan = run_plan(monkeypatch, tmp_path, steps)
+    assert plan.recommended is plan.baseline
+    assert "recommended: keep 1F1B" in plan.table()
+    assert read_schedule_csv(tmp_path / "best.csv") == plan.baseline.order.actions()
+    assert json.loads((tmp_path / "plan.json").read_text())["recommended"] == "1F1B"
+
+
+def test_a_schedule_is_recommended_only_when_it_beat_1f1b_in_most_rounds(monkeypatch, tmp_path):
+    # ZBH1's median is lower, but it won 2 of 5 rounds: one lucky streak is no recommendation
+    steps = {"1F1B": [10, 10, 10, 10, 10], "GPipe": [12] * 5, "ZBH1": [9, 9, 11, 11, 9.5], "ZBH2": [13] * 5}
+    steps["ZBH1"] = [9.0, 11.0, 11.0, 9.0, 11.0]
+    plan = run_plan(monkeypatch, tmp_path, steps)
+    assert plan.rounds_won(plan.by_name("ZBH1")) == (2, 5) and plan.recommended is plan.baseline
+    steps["ZBH1"] = [9.0, 9.0, 11.0, 9.0, 11.0]
+    plan = run_plan(monkeypatch, tmp_path, steps)
+    assert plan.rounds_won(plan.by_name("ZBH1")) == (3, 5)
+    assert plan.recommended.name == "ZBH1"
+    assert "recommended: ZBH1 (measured fastest" in plan.table()
+    assert read_schedule_csv(tmp_path / "best.csv") == plan.by_name("ZBH1").order.actions()
+
+
+def test_run_records_1f1b_the_best_zero_bubble_and_top_others_and_says_why(monkeypatch, tmp_path):
+    steps = {name: [10.0] * 5 for name in ("1F1B", "GPipe", "ZBH1", "ZBH2")}
+    plan = run_plan(monkeypatch, tmp_path, steps)
+    recorded = {item.name: item.recorded_because for item in plan.schedules if item.recorded_because}
+    zero_bubble = plan.best_zero_bubble
+    assert (
+        zero_bubble is not None
+        and zero_bubble.name in recorded
+        and "the best zero-bubble" in recorded[zero_bubble.name]
+    )
+    assert recorded["1F1B"] == "the baseline"
+    assert len(recorded) in (2, 3)  # --top 1, plus the best zero-bubble when the top one is not it
+    assert "recorded: " in plan.table() and "(the baseline)" in plan.table()
+
+
+def test_the_zero_bubble_line_gives_i_plus_w_against_b_per_stage_and_1f1bs_bubble():
+    plan = plan_schedules(
+        ranks=2, microbatches=8, costs=costs_json(6 * MS, 5.6 * MS, 12.7 * MS, 12.7 * MS), overhead=0.0,
+        schedules=["1F1B", "ZBH1", "ZBH2"],
+    )  # fmt: skip
+    line = plan.zero_bubble_verdict()
+    # I + W = 18.3 ms against B = 12.7 ms: 1.44 x on both stages; ZB-H1 is predicted slower than 1F1B
+    assert "stage 0 I + W 18.3 ms = 1.44 x B 12.7 ms" in line and "stage 1 I + W 18.3 ms = 1.44 x B" in line
+    assert line.startswith("zero bubble does not pay here (ZBH")
+    bubble = plan.baseline.simulation.bubble_fraction
+    assert f"1F1B leaves a {bubble:.0%} bubble (predicted)" in line
+    paper = plan_schedules(
+        ranks=2, microbatches=8, costs=costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS), overhead=0.0
+    )
+    assert paper.zero_bubble_verdict().startswith("zero bubble pays here")
+    assert "zero bubble" in paper.table()
+
+
+def test_a_memory_limit_nothing_fits_is_refused_naming_the_smallest_that_fits_and_writes_nothing(tmp_path):
+    costs = costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS)
+    fitting = plan_schedules(ranks=2, microbatches=8, costs=costs, overhead=0.0)
+    smallest = min(max(item.simulation.peak_memory_bytes) for item in fitting.schedules if item.simulation)
+    with pytest.raises(ValueError, match=f"give --memory-limit {smallest} or more"):
+        plan_schedules(ranks=2, microbatches=8, costs=costs, memory_limit=1000, output=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert plan_schedules(ranks=2, microbatches=8, costs=costs, memory_limit=smallest).best.fits_memory
+
+
+def test_plan_without_an_output_folder_leaves_no_folder_behind(monkeypatch):
+    made = []
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *args, **kwargs: made.append(args) or "/nonexistent")
+    plan = plan_schedules(ranks=2, microbatches=4, costs=costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS))
+    assert made == [] and all(item.csv is None for item in plan.schedules)
+
+
+def test_a_busy_machine_is_warned_about_with_the_error_to_expect(monkeypatch):
+    from graphkit.measure import timing
+
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (6.0, 5.0, 4.0))
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 2)
+    warning = timing.busy_machine_warning()
+    assert "load average is 6.0 on 2 cores" in warning and "off by up to about 67%" in warning
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
+    assert timing.busy_machine_warning() == ""
+
+
+def test_the_table_prints_mib_and_readable_bandwidth():
+    plan = plan_schedules(
+        ranks=2, microbatches=4, costs=costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS), overhead=0.0,
+        comm=CommModel(100e-6, 100e9), schedules=["1F1B"],
+    )  # fmt: skip
+    table = plan.table()
+    assert "peak MiB/rank" in table and "bytes / 100 GB/s" in table and "e+" not in table
+    peak = max(plan.baseline.simulation.peak_memory_bytes) / 2**20
+    assert f"{peak:.1f}" in table
+
+
+def test_plan_command_refuses_a_memory_limit_nothing_fits_with_exit_2(tmp_path, capsys):
+    from graphkit.cli import main
+
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS)))
+    output = tmp_path / "plan"
+    assert main(["plan", "--costs", str(path), "--memory-limit", "1000", "-o", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert "no schedule fits the memory limit" in captured.err and "wrote" not in captured.out
+    assert not output.exists()
+
+
+def test_plan_command_names_only_the_files_it_wrote(tmp_path, capsys):
+    from graphkit.cli import main
+
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS)))
+    output = tmp_path / "plan"
+    assert main(["plan", "--costs", str(path), "--schedules", "1F1B,ZBH1", "-o", str(output)]) == 0
+    out = capsys.readouterr().out
+    written = sorted(item.name for item in Path(output).iterdir())
+    assert written == ["best.csv", "plan.json", "zbh1.csv"]
+    for name in written:
+        assert name in out
+    assert "adaptive.csv" not in out
