@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,7 @@ def add_plan_command(commands: Any) -> None:
 
 
 def run_plan(arguments: argparse.Namespace) -> int:
+    from graphkit.measure.timing import busy_machine_warning
     from graphkit.pipelining.planner import plan_schedules
     from graphkit.pipelining.planning.calibration import DEFAULT_COMM
     from graphkit.pipelining.planning.cost_model import CommModel
@@ -138,25 +141,31 @@ def run_plan(arguments: argparse.Namespace) -> int:
             arguments.bandwidth if arguments.bandwidth is not None else DEFAULT_COMM.bandwidth,
             rendezvous=DEFAULT_COMM.rendezvous,
         )
+    if arguments.spec is not None and (arguments.costs is None or arguments.record):
+        busy = busy_machine_warning()  # said before minutes of measuring, and again under the table
+        if busy:
+            print(f"warning: {busy}", file=sys.stderr)
     try:
-        plan = plan_schedules(
-            arguments.spec,
-            ranks=arguments.ranks,
-            microbatches=arguments.microbatches,
-            costs=arguments.costs,
-            schedules=arguments.schedules.split(",") if arguments.schedules else None,
-            memory_limit=arguments.memory_limit,
-            comm=comm,
-            overhead=arguments.overhead,
-            batch_size=arguments.batch_size,
-            run=arguments.record,
-            steps=arguments.steps,
-            top=arguments.top,
-            output=arguments.output,
-            threads=arguments.threads or 1,
-            timeout_s=arguments.timeout,
-            pin_cores=arguments.pin_cores,
-        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the warning above
+            plan = plan_schedules(
+                arguments.spec,
+                ranks=arguments.ranks,
+                microbatches=arguments.microbatches,
+                costs=arguments.costs,
+                schedules=arguments.schedules.split(",") if arguments.schedules else None,
+                memory_limit=arguments.memory_limit,
+                comm=comm,
+                overhead=arguments.overhead,
+                batch_size=arguments.batch_size,
+                run=arguments.record,
+                steps=arguments.steps,
+                top=arguments.top,
+                output=arguments.output,
+                threads=arguments.threads or 1,
+                timeout_s=arguments.timeout,
+                pin_cores=arguments.pin_cores,
+            )
     except TimelineError as error:  # a failed or stuck rank under --run: bad input or a too short --timeout
         raise ValueError(str(error)) from error
     what_if = plan.what_if() if arguments.what_if else None
