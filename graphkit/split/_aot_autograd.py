@@ -8,7 +8,7 @@ small file (and the keyed tests that pin it, ``tests/test_splitting_backend.py``
   ``torch._dynamo.backends.common.aot_autograd`` wraps; it traces the joint forward-backward graph and
   calls ``partition_fn``, then ``fw_compiler`` (the backward compiler lazily, at the first backward);
 - ``torch._functorch.partitioners.default_partition`` (what ``"aot_eager"`` uses) and
-  ``min_cut_rematerialization_partition`` (what inductor uses);
+  ``torch._inductor.compile_fx.partition_fn`` (what inductor uses);
 - ``torch._guards.TracingContext.fw_metadata``: AOTAutograd's ``ViewAndMutationMeta`` of the region (which
   inputs it mutates, which outputs alias what), readable while ``fw_compiler`` runs;
 - the *boxed* calling convention of AOTAutograd's compilers: a compiled graph takes one list of
@@ -17,6 +17,8 @@ small file (and the keyed tests that pin it, ``tests/test_splitting_backend.py``
   (``retain_graph=True``), as AOTAutograd's own backward asks it;
 - ``torch._C._is_any_autocast_enabled`` and ``torch._C._DisableAutocast``: the compiled graphs ran their
   autocast casts at trace time, so AOTAutograd runs them with autocast off (``disable_amp``);
+- ``torch._inductor.virtualized.V.set_fake_mode``: the fake mode inductor's passes read;
+- ``TracingContext.output_strides``: where inductor reports a compiled graph's output strides;
 - ``torch._inductor.compile_fx.compile_fx_inner`` and ``torch._inductor.decomposition.select_decomp_table``:
   inductor's compiler of one aten graph, and the decompositions its graphs are traced with.
 """
@@ -53,19 +55,27 @@ def aot_compile(
     bw_compiler: Callable[[fx.GraphModule, list[Any]], Any],
     partition_fn: Callable[..., tuple[fx.GraphModule, fx.GraphModule]],
     decompositions: dict[Any, Any] | None,
+    inductor: bool,
 ) -> Callable[..., Any]:
     """AOTAutograd over a dynamo graph: the callable torch.compile runs (``aot_module_simplified``).
 
     Called outside dynamo (a graph from ``torch.fx.symbolic_trace``), it opens the tracing context dynamo
-    would have opened, so that :func:`forward_metadata` can read the region's metadata.
+    would have opened, so that :func:`forward_metadata` can read the region's metadata. For inductor it
+    also sets inductor's fake mode (``V.set_fake_mode``), as ``torch._inductor.compile_fx.compile_fx``
+    does around the same call: inductor's joint-graph passes and compilers read it.
     """
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    context: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if torch._guards.TracingContext.try_get() is None:
-        context = torch._guards.tracing(torch._guards.TracingContext(FakeTensorMode()))
-    with context:
+    with contextlib.ExitStack() as stack:
+        context = torch._guards.TracingContext.try_get()
+        if context is None:
+            context = torch._guards.TracingContext(FakeTensorMode())
+            stack.enter_context(torch._guards.tracing(context))
+        if inductor:
+            from torch._inductor.virtualized import V
+
+            stack.enter_context(V.set_fake_mode(context.fake_mode))
         return aot_module_simplified(
             module,
             example_inputs,
@@ -77,19 +87,17 @@ def aot_compile(
 
 
 def partitioner(inner: str) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
-    """The joint-graph partitioner the ``inner`` compiler uses: the default one for ``"aot_eager"``, the
-    min-cut one (which recomputes cheap ops in the backward instead of saving them) for inductor."""
-    from torch._functorch import partitioners
-
+    """The joint-graph partitioner the ``inner`` compiler uses: the default one for ``"aot_eager"``;
+    for inductor its own (``torch._inductor.compile_fx.partition_fn``: inductor's joint-graph passes, which
+    turn random ops into seeded ``inductor_random`` draws, then the min-cut partitioner, which recomputes
+    cheap ops in the backward instead of saving them, random ops never)."""
     if inner == "inductor":
+        from torch._inductor.compile_fx import partition_fn
 
-        def min_cut(joint: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
-            return partitioners.min_cut_rematerialization_partition(
-                joint, joint_inputs, compiler="inductor", **kwargs
-            )
+        return partition_fn
+    from torch._functorch.partitioners import default_partition
 
-        return min_cut
-    return partitioners.default_partition
+    return default_partition
 
 
 def inductor_decompositions() -> dict[Any, Any]:
@@ -154,7 +162,17 @@ def compile_with_inductor(module: fx.GraphModule, example_inputs: Sequence[Any],
     """Inductor's compiled form of one aten graph (boxed), as AOTAutograd's inductor compilers make it."""
     from torch._inductor.compile_fx import compile_fx_inner
 
-    return compile_fx_inner(module, list(example_inputs), is_backward=backward)
+    # inductor reports each graph's output strides to the tracing context, which holds the forward's for
+    # AOTAutograd: a backward part reports into a list of its own
+    context = torch._guards.TracingContext.try_get()
+    kept = None if context is None else context.output_strides
+    if kept is not None:
+        context.output_strides = []
+    try:
+        return compile_fx_inner(module, list(example_inputs), is_backward=backward)
+    finally:
+        if kept is not None:
+            context.output_strides = kept
 
 
 def keeps_graph() -> bool:

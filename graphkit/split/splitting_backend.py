@@ -225,6 +225,7 @@ def compile_split_region(
         bw_compiler=region_compiler.compile_backward,
         partition_fn=region_compiler.partition,
         decompositions=_aot_autograd.inductor_decompositions() if inner == "inductor" else None,
+        inductor=inner == "inductor",
     )
     if region_compiler.refusal is not None:
         warnings.warn(
