@@ -74,7 +74,7 @@ def __getattr__(name: str) -> Any:
 
         return verify_split
     if name == "splitting_backend":
-        from graphkit.split.splitting_backend import splitting_backend
+        from graphkit.split.compile_backend import splitting_backend
 
         return splitting_backend
     if name in ("current_phase", "Phase"):

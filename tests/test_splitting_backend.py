@@ -19,9 +19,9 @@ import graphkit
 from graphkit.analysis.opaque import OpaqueKind
 from graphkit.measure.benchmark import memory_kept
 from graphkit.split import backward_input, backward_weight
+from graphkit.split.compile_backend import REGISTERED_NAMES, register_backends, splitting_backend
 from graphkit.split.compiled_partition import UnsplittableBackward, partition_backward
 from graphkit.split.compiled_region import SplitRegion, SplitRegionFunction
-from graphkit.split.splitting_backend import REGISTERED_NAMES, register_backends, splitting_backend
 
 
 @pytest.fixture(autouse=True)

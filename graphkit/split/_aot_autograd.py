@@ -1,4 +1,4 @@
-"""Small, isolated accessors for the parts of ``torch.compile`` that :mod:`graphkit.split.splitting_backend`
+"""Small, isolated accessors for the parts of ``torch.compile`` that :mod:`graphkit.split.compile_backend`
 needs and that have no public API.
 
 Everything private that the splitting backend touches lives here, so that a change in PyTorch breaks one

@@ -1,6 +1,6 @@
 """A compiled region whose backward runs in two parts: I (input gradients) and W (weight gradients).
 
-:class:`SplitRegion` holds what :mod:`graphkit.split.splitting_backend` compiled for one captured graph: the
+:class:`SplitRegion` holds what :mod:`graphkit.split.compile_backend` compiled for one captured graph: the
 forward, the whole backward, and that backward cut in two (:mod:`graphkit.split.compiled_partition`).
 Running it applies :class:`SplitRegionFunction`, a ``torch.autograd.Function`` whose backward computes
 what ``ctx.needs_input_grad`` asks for - the contract graphkit's split already drives for custom Functions
@@ -37,7 +37,7 @@ __all__ = ["SplitRegion", "SplitRegionFunction"]
 
 @dataclass(slots=True, eq=False)
 class SplitRegion:
-    """One compiled region, split (module docstring); built by :mod:`graphkit.split.splitting_backend`.
+    """One compiled region, split (module docstring); built by :mod:`graphkit.split.compile_backend`.
 
     Attributes:
         forward: the compiled forward (boxed): takes the region's inputs (``parameters`` first), returns its

@@ -88,7 +88,8 @@ def register_backends() -> None:
     selects it as ``torch.compile(backend="graphkit_split")`` or torchtitan's ``compile.backend`` do.
 
     An installed graphkit declares both names as ``torch_dynamo_backends`` entry points, which dynamo
-    finds by itself; this registers them for a graphkit run from a source tree.
+    finds by itself; this registers them for a graphkit run from a source tree. ``graphkit.pipelining``
+    and :func:`graphkit.measure.costs.spec_costs` call it, for the ``compile=`` key of pipeline specs.
     """
     from torch._dynamo import list_backends, register_backend
 
