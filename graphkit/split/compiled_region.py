@@ -106,6 +106,7 @@ class SplitRegionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, region: SplitRegion, *arguments: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run the compiled forward; keep the saved tensors (detached) on the Node; return the outputs."""
         with _aot_autograd.no_autocast(region.disable_autocast):
             results = _aot_autograd.call_boxed(region.forward, list(arguments))
         outputs = tuple(results[: region.output_count])
@@ -131,6 +132,12 @@ class SplitRegionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """The gradients ``ctx.needs_input_grad`` asks for: the whole backward, I, or W (module docstring).
+
+        Raises:
+            RuntimeError: a saved tensor was changed in place since the forward; an input gradient asked
+                for after I ran; a backward after the Node released what it held.
+        """
         region: SplitRegion = ctx.region
         needed = ctx.needs_input_grad[1:]
         wanted = {position for position, flag in enumerate(needed) if flag}
