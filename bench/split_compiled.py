@@ -1,7 +1,7 @@
 """Compiled blocks split by graphkit.splitting_backend(): compiled I + compiled W against full backwards.
 
-    python bench/split_compiled.py [--inner inductor|aot_eager] [--repeat N] [--warmup N] [--threads N]
-                                   [--clock wall|cpu] [--only NAME ...] [--no-floor]
+    python bench/split_compiled.py [--inner inductor|aot_eager] [--device cpu|cuda] [--repeat N] [--warmup N]
+                                   [--threads N] [--clock wall|cpu] [--only NAME ...] [--no-floor]
 
 For every model of ``bench/split.py`` named below, three copies of the stage with the same weights: eager,
 its blocks compiled as usual (``torch.compile`` with the inner compiler), and its blocks compiled with
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
     )
     parser.add_argument("--inner", choices=("inductor", "aot_eager"), default="inductor")
+    parser.add_argument("--device", default="cpu", help="where the stages run (cpu, cuda)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, help="intra-op CPU threads (default: PyTorch's choice)")
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     models = {name: MODELS[name] for name in STAGES}
     for name, module, inputs in built_models(models, arguments.only or list(STAGES)):
+        module.to(arguments.device)  # the inputs follow the parameters (microbatch_forward)
         result = measure(
             module,
             inputs,
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             clock=clock,
         )
         floor = "-"
-        if not arguments.no_floor:
+        if not arguments.no_floor and arguments.device == "cpu":
             try:
                 floored = floor_split(
                     module, inputs, repeat=arguments.repeat, warmup=arguments.warmup, clock=clock
