@@ -305,6 +305,37 @@ def test_registered_names_select_the_backend_by_string():
     assert _region_nodes(out)
 
 
+def test_the_private_torch_accesses_exist_on_this_release():
+    # graphkit/split/_aot_autograd.py reads these; a release that renames one fails here first
+    import torch._inductor.compile_fx as compile_fx
+
+    from graphkit.split import _aot_autograd
+
+    assert callable(compile_fx.partition_fn) and callable(compile_fx.compile_fx_inner)
+    seen = {}
+
+    def forward_compiler(module, example_inputs):
+        seen["metadata"] = _aot_autograd.forward_metadata()
+        seen["context"] = torch._guards.TracingContext.try_get()
+        return _aot_autograd.boxed(module)
+
+    def backend(module, example_inputs):
+        return _aot_autograd.aot_compile(
+            module,
+            example_inputs,
+            fw_compiler=forward_compiler,
+            bw_compiler=forward_compiler,
+            partition_fn=_aot_autograd.partitioner("aot_eager"),
+            decompositions=None,
+            inductor=False,
+        )
+
+    torch.compile(lambda x: x.sin() * 2, backend=backend)(torch.randn(3, requires_grad=True))
+    assert _aot_autograd.region_refusal(seen["metadata"]) is None
+    assert isinstance(seen["context"].output_strides, list | type(None))
+    assert isinstance(_aot_autograd.keeps_graph(), bool) and not _aot_autograd.autocast_enabled()
+
+
 def test_unknown_inner_compiler_is_refused():
     with pytest.raises(ValueError, match="inductor"):
         splitting_backend("eager")
