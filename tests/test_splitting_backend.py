@@ -271,6 +271,21 @@ def test_partition_refuses_a_backward_that_mutates_in_place():
         partition_backward(fx.GraphModule({}, graph), [1])
 
 
+def test_partition_refuses_a_backward_that_draws_random_numbers():
+    graph = fx.Graph()
+    saved = graph.placeholder("saved")
+    tangent = graph.placeholder("tangents_1")
+    noise = graph.call_function(torch.ops.aten.rand_like.default, (tangent,))
+    graph.output(
+        (
+            graph.call_function(torch.ops.aten.mul.Tensor, (tangent, noise)),
+            graph.call_function(torch.ops.aten.mul.Tensor, (tangent, saved)),
+        )
+    )
+    with pytest.raises(UnsplittableBackward, match="draws random numbers"):
+        partition_backward(fx.GraphModule({}, graph), [1])
+
+
 def test_partition_runs_each_node_once_and_hands_w_only_what_it_reads():
     graph = fx.Graph()
     x = graph.placeholder("x")

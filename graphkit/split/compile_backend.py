@@ -15,8 +15,9 @@ module's parameters into graph inputs, or the graph holds them as attributes; bo
 gradient is computed in I.
 
 A region the backend cannot split runs as AOTAutograd compiled it (its whole backward once, in I) and a
-``UserWarning`` names why: an input mutated in place, an output aliasing an input, a backward that mutates
-or has side effects, dynamic shapes (SymInt arguments), functionalized RNG, tensor subclasses.
+``UserWarning`` names why: an input mutated in place, an output aliasing an input, a backward that mutates,
+has side effects or draws random numbers, dynamic shapes (SymInt arguments), hooks registered inside the
+region (a BackwardState argument), functionalized RNG, tensor subclasses.
 
 Dropout is exact: the forward draws its random mask once and saves it (neither partitioner recomputes a
 random op), and both backward parts read the saved mask.
@@ -155,7 +156,10 @@ class _RegionCompiler:
         placeholders = [node for node in backward.graph.nodes if node.op == "placeholder"]
         values = [node.meta.get("val") for node in placeholders]
         if not all(isinstance(value, torch.Tensor) for value in values):
-            raise UnsplittableBackward("the backward takes SymInts or other non-tensors (dynamic shapes)")
+            raise UnsplittableBackward(
+                "the backward takes arguments that are no tensors (SymInts under dynamic shapes, or the "
+                "BackwardState of hooks registered inside the region)"
+            )
         saved_nodes = forward_outputs[output_count:]
         tangent_count = len(placeholders) - len(saved_nodes)
         if any(

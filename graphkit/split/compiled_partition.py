@@ -16,7 +16,8 @@ the whole backward: bit for bit the same result. The idea is meta-pytorch/autopa
 (``autoparallel/graph_passes/split_di_dw_graph.py``, built on ``torch._functorch.partitioners``); this one
 uses only the public ``torch.fx`` API and refuses (:class:`UnsplittableBackward`) the graphs it cannot cut
 without changing what runs: an op that mutates a tensor in place, an op with side effects that no gradient
-needs, a graph whose output is not one node or None per gradient.
+needs, a random op (the backward would be no function of the saved values alone), a graph whose output is
+not one node or None per gradient.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
 __all__ = ["BackwardPartition", "UnsplittableBackward", "partition_backward"]
@@ -88,6 +90,11 @@ def _check_splittable(graph: fx.Graph, outputs: Sequence[object]) -> None:
             continue
         if _mutates(node):
             raise UnsplittableBackward(f"the backward mutates a tensor in place ({node.target})")
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            raise UnsplittableBackward(
+                f"the backward draws random numbers ({node.target}): it is no function of the saved values "
+                "alone, and I then W would draw them in another order than the whole backward"
+            )
         if node not in needed and node.is_impure():
             raise UnsplittableBackward(f"the backward runs {node.target} for its side effect")
         if node.op not in ("call_function", "call_method"):
@@ -118,8 +125,9 @@ def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]
         A :class:`BackwardPartition`; ``backward`` is left unchanged.
 
     Raises:
-        UnsplittableBackward: the graph mutates a tensor in place, runs an op for its side effect alone, holds
-            a node other than an op, or returns something other than one value or None per gradient.
+        UnsplittableBackward: the graph mutates a tensor in place, runs an op for its side effect alone, draws
+            random numbers, holds a node other than an op, or returns something other than one value or None
+            per gradient.
     """
     graph = backward.graph
     output_node = next(node for node in graph.nodes if node.op == "output")
