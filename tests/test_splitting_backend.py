@@ -374,3 +374,25 @@ def test_inductor_i_then_w_matches_the_compiled_full_backward_within_the_measure
     for name, reference in expected.items():
         torch.testing.assert_close(split[name], reference, rtol=1e-5, atol=1e-6, msg=name)
     torch.testing.assert_close(split_input, expected_input, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_inductor_parts_never_overwrite_saved_tensors_a_later_part_or_a_retained_graph_reads():
+    # AOTAutograd lets inductor reuse the memory of saved tensors in a backward (donated buffers); W reads
+    # saved tensors after I, and a retained graph reads them again
+    torch.manual_seed(0)
+    block = Block(width=32)
+    compiled = torch.compile(block, backend=splitting_backend())
+    h = torch.randn(64, 32, requires_grad=True)
+    grad = torch.randn(64, 32)
+    out = compiled(h)
+    out.backward(grad, retain_graph=True)
+    first = [p.grad.clone() for p in block.parameters()]
+    out.backward(grad)
+    assert all(torch.equal(p.grad, 2 * g) for p, g in zip(block.parameters(), first, strict=True))
+    block.zero_grad(set_to_none=True)
+    out = compiled(h)
+    state = backward_input(out, grad, h)
+    del out
+    backward_weight(state)
+    assert all(torch.equal(p.grad, g) for p, g in zip(block.parameters(), first, strict=True))

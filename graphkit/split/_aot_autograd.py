@@ -18,7 +18,9 @@ small file (and the keyed tests that pin it, ``tests/test_splitting_backend.py``
 - ``torch._C._is_any_autocast_enabled`` and ``torch._C._DisableAutocast``: the compiled graphs ran their
   autocast casts at trace time, so AOTAutograd runs them with autocast off (``disable_amp``);
 - ``torch._inductor.virtualized.V.set_fake_mode``: the fake mode inductor's passes read;
-- ``TracingContext.output_strides``: where inductor reports a compiled graph's output strides;
+- ``TracingContext.output_strides``: where inductor reports a compiled graph's output strides, and
+  ``fw_metadata.bw_donated_idxs``: the saved tensors inductor may overwrite in a backward (none, here);
+- ``Tensor._version``: the version counter, to check saved tensors against in-place changes;
 - ``torch._inductor.compile_fx.compile_fx_inner`` and ``torch._inductor.decomposition.select_decomp_table``:
   inductor's compiler of one aten graph, and the decompositions its graphs are traced with.
 """
@@ -44,6 +46,7 @@ __all__ = [
     "no_autocast",
     "partitioner",
     "region_refusal",
+    "version",
 ]
 
 
@@ -163,16 +166,30 @@ def compile_with_inductor(module: fx.GraphModule, example_inputs: Sequence[Any],
     from torch._inductor.compile_fx import compile_fx_inner
 
     # inductor reports each graph's output strides to the tracing context, which holds the forward's for
-    # AOTAutograd: a backward part reports into a list of its own
+    # AOTAutograd: a backward part reports into a list of its own. And it may reuse the memory of the saved
+    # tensors AOTAutograd lists as donated (fw_metadata.bw_donated_idxs) for its outputs: W reads saved
+    # tensors after I, and a retained graph reads them again, so no part may (as AOTAutograd clears the
+    # list itself for a backward under retain_graph=True)
     context = torch._guards.TracingContext.try_get()
     kept = None if context is None else context.output_strides
+    metadata = None if context is None else getattr(context, "fw_metadata", None)
+    donated = None if metadata is None else metadata.bw_donated_idxs
     if kept is not None:
         context.output_strides = []
+    if donated:
+        metadata.bw_donated_idxs = []
     try:
         return compile_fx_inner(module, list(example_inputs), is_backward=backward)
     finally:
         if kept is not None:
             context.output_strides = kept
+        if donated:
+            metadata.bw_donated_idxs = donated
+
+
+def version(tensor: torch.Tensor) -> int:
+    """The version counter of ``tensor`` (shared with its views and ``detach()``), bumped by in-place ops."""
+    return tensor._version
 
 
 def keeps_graph() -> bool:

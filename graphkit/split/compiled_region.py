@@ -116,7 +116,7 @@ class SplitRegionFunction(torch.autograd.Function):
         ctx.region = region
         ctx.phase = _Phase.FRESH
         ctx.saved = saved
-        ctx.saved_versions = [value._version for value in saved]
+        ctx.saved_versions = [_aot_autograd.version(value) for value in saved]
         ctx.kept_for_weight = []
         ctx.kept_reads = {}
         ctx.kept_gradients = {}
@@ -217,10 +217,10 @@ def _requires(ctx: Any) -> set[int]:
 def _saved_values(ctx: Any) -> list[torch.Tensor]:
     """The saved tensors, checked against in-place changes since the forward (as autograd checks its own)."""
     for index, (value, version) in enumerate(zip(ctx.saved, ctx.saved_versions, strict=True)):
-        if value._version != version:
+        if _aot_autograd.version(value) != version:
             raise RuntimeError(
                 f"one of the tensors a compiled region saved for its backward (saved tensor {index}, "
                 f"{tuple(value.shape)}) was modified by an inplace operation after the forward: it is at "
-                f"version {value._version}, expected version {version}"
+                f"version {_aot_autograd.version(value)}, expected version {version}"
             )
     return list(ctx.saved)
