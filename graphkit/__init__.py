@@ -58,6 +58,7 @@ __all__ = [
     "parameter_closure",
     "param_groups",
     "reverse_adjacency",
+    "splitting_backend",
     "trace",
     "verify_split",
     "weight_only_nodes",
@@ -75,6 +76,10 @@ def __getattr__(name: str) -> Any:
         from graphkit.measure.verification import verify_split
 
         return verify_split
+    if name == "splitting_backend":
+        from graphkit.split.compile_backend import splitting_backend
+
+        return splitting_backend
     if name in ("current_phase", "Phase"):
         from graphkit.split import REMOVED_PHASE_API
 

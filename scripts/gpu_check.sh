@@ -8,6 +8,8 @@
 # 2. The split unit tests and the random-model property test, with their models moved to DEVICE.
 # 3. The split benchmark on DEVICE: (B+W)/full per model, among them GPT-2-small-sized stages (4 blocks,
 #    d=768) with microbatches of 1x1024 and 8x1024 tokens; Bpy: B's host time outside its engine call.
+# 4. The compiled split benchmark on DEVICE (bench/split_compiled.py): blocks compiled with
+#    graphkit.splitting_backend() (inductor), their I + W against the compiled and the eager full backward.
 # Uses .venv/bin/python when present (set PYTHON to override). Exit status: non-zero if any check failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -58,5 +60,8 @@ echo "== split benchmark on $device"
 "$python_bin" bench/split.py --device "$device" --repeat 20 --warmup 5 \
     --only encoder-12x64 mlp-48-linear-gelu encoder-4x512 gpt2-stage llama-stage gpt2-small-1x1024 gpt2-small-8x1024 \
     || failed=1
+
+echo "== compiled split benchmark on $device"
+"$python_bin" bench/split_compiled.py --device "$device" --repeat 20 --warmup 5 --no-floor || failed=1
 
 exit "$failed"

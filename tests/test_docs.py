@@ -131,7 +131,15 @@ PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
 @pytest.mark.parametrize(
-    "page", ["index.md", "getting_started.md", "cli.md", "pipeline_specs.md", "pipeline_costs.md"]
+    "page",
+    [
+        "index.md",
+        "getting_started.md",
+        "cli.md",
+        "pipeline_specs.md",
+        "pipeline_costs.md",
+        "compiled_blocks.md",
+    ],
 )
 def test_python_examples_on_the_page_run(
     page: str, repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -14,6 +14,8 @@ kind                        what the split does with it
                             B; the parameters inside get their ``.grad`` in B
 ``compiled-region``         a ``torch.compile``'d region: one compiled backward for every input, run once
                             in B; W feeds in the weight gradients it returned there
+``split-compiled-region``   a region compiled with ``graphkit.splitting_backend()``: its compiled I graph
+                            runs in B, its compiled W graph in W; no work runs twice
 ``custom-function``         a Python ``torch.autograd.Function`` that W calls again: graphkit sets its
                             ``ctx.needs_input_grad`` per phase; unless its backward computes only what
                             that asks for, it computes every gradient in both phases
@@ -60,6 +62,7 @@ class OpaqueKind(enum.StrEnum):
     CHECKPOINTED = "checkpointed"
     REENTRANT_CHECKPOINT = "reentrant-checkpoint"
     COMPILED_REGION = "compiled-region"
+    SPLIT_COMPILED_REGION = "split-compiled-region"
     CUSTOM_FUNCTION = "custom-function"
     NO_OUTPUT_SKIP = "no-output-skip"
 
@@ -81,6 +84,10 @@ OPAQUE_MEANINGS: dict[str, str] = {
     OpaqueKind.COMPILED_REGION.value: (
         "a torch.compile'd region: its compiled backward computes every gradient at once, so it runs once, "
         "in B, weight gradients included (W reuses them)"
+    ),
+    OpaqueKind.SPLIT_COMPILED_REGION.value: (
+        "a torch.compile'd region of graphkit.splitting_backend(): its compiled backward is cut in two, the "
+        "input gradients run in B and the weight gradients in W, and no work runs twice"
     ),
     OpaqueKind.CUSTOM_FUNCTION.value: (
         "a Python torch.autograd.Function that W calls again: graphkit sets its ctx.needs_input_grad per "
@@ -118,6 +125,9 @@ _RUN_ONCE_NAMES = {
     "CheckpointFunctionBackward": OpaqueKind.REENTRANT_CHECKPOINT,
     "CompiledFunctionBackward": OpaqueKind.COMPILED_REGION,
 }
+
+_SPLIT_REGION_NAME = "SplitRegionFunctionBackward"
+"""The Node class name of a region compiled by ``graphkit.splitting_backend()``, for graphs read back."""
 """The run-once kinds by Node class name, for graphs whose live Nodes are gone."""
 
 _run_once_by_class: dict[type, OpaqueKind | None] = {}
@@ -160,6 +170,8 @@ def opaque_kind(node: Node, *, intermediate: bool) -> OpaqueKind | None:
     kind = _run_once_kind(node)
     if kind is not None or not intermediate:
         return kind
+    if getattr(_autograd.forward_class(node), "computes_only_needed_gradients", False):
+        return OpaqueKind.SPLIT_COMPILED_REGION
     if _autograd.uses_saved_tensor_hooks(node):
         return OpaqueKind.CHECKPOINTED
     if _autograd.is_custom_function(node):
@@ -240,7 +252,11 @@ def _opaque_kind_by_name(data: Mapping[str, Any], *, intermediate: bool) -> Opaq
     if data.get("saved_reason") == _autograd.HOOKED_SAVED_TENSORS_REASON:
         return OpaqueKind.CHECKPOINTED
     if data["is_custom_function"]:
-        return OpaqueKind.CUSTOM_FUNCTION
+        return (
+            OpaqueKind.SPLIT_COMPILED_REGION
+            if data["name"] == _SPLIT_REGION_NAME
+            else OpaqueKind.CUSTOM_FUNCTION
+        )
     if data["name"] in NO_OUTPUT_SKIP_NODES:
         return OpaqueKind.NO_OUTPUT_SKIP
     return None

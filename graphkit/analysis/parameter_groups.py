@@ -365,7 +365,8 @@ def param_groups(graph: AutogradGraph) -> ParamGroups:
         if any(found[node].is_custom_function for node in group_intermediates):
             flags.append(GroupFlag.CUSTOM_FUNCTION)
         group_opaque = tuple(opaque[node] for node in group_intermediates if node in opaque)
-        if any(entry.kind is not OpaqueKind.CUSTOM_FUNCTION for entry in group_opaque):
+        split_kinds = (OpaqueKind.CUSTOM_FUNCTION, OpaqueKind.SPLIT_COMPILED_REGION)
+        if any(entry.kind not in split_kinds for entry in group_opaque):
             flags.append(GroupFlag.OPAQUE_NODE)  # a custom Function has its own flag
         groups.append(
             ParamGroup(

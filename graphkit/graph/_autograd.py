@@ -11,6 +11,8 @@ in PyTorch breaks one small file and nothing else - except the per-op weight-sid
   ``torch.autograd.graph.saved_tensors_hooks`` packed it);
 - ``_sequence_nr()``: the per-thread creation counter the autograd engine assigns to nodes;
 - ``RemovableHandle.hooks_dict_ref`` of a ``Node.register_hook`` handle: the Node's Python post-hooks;
+- ``held_tensors`` of a custom Function's Node (its ctx), a graphkit convention: tensors it holds as
+  attributes rather than through ``save_for_backward`` (a region of ``graphkit.splitting_backend``);
 - ``_forward_cls`` of a custom Function's Node: the ``torch.autograd.Function`` subclass it belongs to;
 - ``run_function`` of a reentrant checkpoint's Node (its ctx): the function whose parameters the nested
   backward reaches;
@@ -383,6 +385,9 @@ def saved_tensors(node: Node) -> tuple[list[SavedTensorInfo], list[torch.Tensor]
                 if isinstance(tensor, torch.Tensor):
                     infos.append(_tensor_info(f"saved_tensors[{index}]", tensor))
                     tensors.append(tensor)
+            for index, tensor in enumerate(getattr(node, "held_tensors", ())):
+                infos.append(_tensor_info(f"held_tensors[{index}]", tensor))
+                tensors.append(tensor)
             return infos, tensors
         for attribute in _saved_attribute_names(node):
             value = getattr(node, attribute)

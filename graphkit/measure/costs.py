@@ -53,6 +53,7 @@ from graphkit.measure.timing import timed
 from graphkit.models.pipeline_specs import PIPELINE_ARCHITECTURES, PipelineModel, load_stage_or_pipeline
 from graphkit.models.specs import SpecError
 from graphkit.split.backward import SplitState, backward_input, backward_weight
+from graphkit.split.compile_backend import register_backends
 
 __all__ = ["PassCost", "PipelineCosts", "StageCosts", "pipeline_costs", "spec_costs", "stage_costs"]
 
@@ -516,6 +517,7 @@ def spec_costs(
             spec and ``num_stages``, ``batch_size`` or ``microbatches`` is given (they shape a pipeline).
         GraphkitInputError: as :func:`stage_costs`.
     """
+    register_backends()  # compile=split in a pipeline spec names graphkit's splitting backend
     loaded = load_stage_or_pipeline(spec, pipeline=pipeline, num_stages=num_stages, batch_size=batch_size)
     if isinstance(loaded, PipelineModel):
         inputs, target = loaded.microbatch(microbatches)

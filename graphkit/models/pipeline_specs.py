@@ -28,6 +28,10 @@ It has one of three forms:
     ``tie_word_embeddings`` (0; 1 only with one stage). Both also take the other's layer, width and head names (``n_layer`` / ``num_hidden_layers``,
     ...), as the model specs of :mod:`graphkit.models.huggingface` do.
 
+Both built-in forms also take ``compile=split`` (``zoo-pipeline:mlp?compile=split``): each stage's blocks are
+compiled with graphkit's splitting backend, whose backward splits into a compiled I and a compiled W
+(:mod:`graphkit.models.compiling`; ``split-eager``, ``inductor`` and ``aot_eager`` too).
+
 What the function returns:
 
 - ``stages``: a list of ``nn.Module``, stage 0 first. Stage ``i`` receives the outputs of stage ``i - 1`` as
@@ -70,6 +74,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from graphkit.models.compiling import compile_blocks, split_compile_key
 from graphkit.models.huggingface_stages import (
     PIPELINE_ARCHITECTURES,
     GPT2PipelineStage,
@@ -257,6 +262,12 @@ def _load(spec: Any, num_stages: int | None, batch_size: int | None) -> Pipeline
             f"hf:gpt2 or hf:llama; got {spec!r}"
         )
     spec = spec.strip()
+    if spec.startswith(("hf:", "zoo-pipeline:")):
+        spec, compile_value = split_compile_key(spec)
+        if compile_value is not None:  # build as without the key, then compile each stage's blocks
+            model = _load(spec, num_stages, batch_size)
+            compile_blocks(model.stages, compile_value)
+            return model
     if spec.startswith("hf:"):
         stages = num_stages if num_stages is not None else DEFAULT_NUM_STAGES
         batch = batch_size if batch_size is not None else DEFAULT_MICROBATCH_SIZE

@@ -79,6 +79,7 @@ from graphkit.pipelining.verification import (
     verify_cases,
     verify_pipeline,
 )
+from graphkit.split.compile_backend import register_backends
 
 __all__ = [
     "SCHEDULE_NAMES",
@@ -116,6 +117,8 @@ _DEPRECATED = {
     "ParameterCheck": "ParameterVerification",
 }
 """Names of the previous release, kept for one release: graphkit verifies, with one verb everywhere."""
+
+register_backends()  # compile=split in pipeline specs selects graphkit's splitting backend by name
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,190 @@
+"""Partition a compiled region's backward graph into an I graph (input gradients) and a W graph (weights).
+
+AOTAutograd hands a ``torch.compile``'d region's backward to its compiler as one ``torch.fx`` graph: its
+placeholders are the saved tensors and the tangents (the gradients of the region's outputs), its output one
+gradient per forward input (None where none is needed). :func:`partition_backward` cuts that graph, once,
+in two:
+
+- the **I graph** takes every placeholder and returns the input gradients, then the values the W graph reads
+  that only it computes (the *boundary*: a ``grad_output`` of an inner matmul, say);
+- the **W graph** takes the boundary values, then the placeholders it reads itself, and returns the weight
+  gradients.
+
+Each node of the backward graph runs in exactly one of them (in I when an input gradient needs it, else in
+W), with its own arguments, so I then W computes every gradient with the same ops on the same values as
+the whole backward: bit for bit the same result. The idea is meta-pytorch/autoparallel's dI/dW split
+(``autoparallel/graph_passes/split_di_dw_graph.py``, built on ``torch._functorch.partitioners``); this one
+uses only the public ``torch.fx`` API and refuses (:class:`UnsplittableBackward`) the graphs it cannot cut
+without changing what runs: an op that mutates a tensor in place, an op with side effects that no gradient
+needs, a random op (the backward would be no function of the saved values alone), a graph whose output is
+not one node or None per gradient.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+__all__ = ["BackwardPartition", "UnsplittableBackward", "partition_backward"]
+
+
+class UnsplittableBackward(ValueError):
+    """A backward graph :func:`partition_backward` cannot cut into I and W; the message says why."""
+
+
+@dataclass(slots=True, frozen=True)
+class BackwardPartition:
+    """A backward graph cut into an I graph and a W graph (:func:`partition_backward`).
+
+    Attributes:
+        input_graph: takes the backward's placeholders, in order; returns the gradients at
+            ``input_positions``, then ``boundary_count`` values for the W graph.
+        weight_graph: takes the ``boundary_count`` values, then the backward's placeholders at
+            ``weight_reads``; returns the gradients at ``weight_positions``.
+        input_positions: positions in the backward's output of the gradients I computes (not None).
+        weight_positions: positions of the gradients W computes (not None).
+        boundary_count: how many values I hands to W.
+        weight_reads: positions among the backward's placeholders of those W reads itself.
+    """
+
+    input_graph: fx.GraphModule
+    weight_graph: fx.GraphModule
+    input_positions: tuple[int, ...]
+    weight_positions: tuple[int, ...]
+    boundary_count: int
+    weight_reads: tuple[int, ...]
+
+
+def _ancestors(roots: Iterable[fx.Node]) -> set[fx.Node]:
+    """``roots`` and every node they read, directly or not (an explicit stack, no recursion)."""
+    found: set[fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node in found:
+            continue
+        found.add(node)
+        stack.extend(node.all_input_nodes)
+    return found
+
+
+def _mutates(node: fx.Node) -> bool:
+    """Whether an op node writes to one of its arguments (an aten overload whose schema says so)."""
+    schema = getattr(node.target, "_schema", None)
+    return node.op == "call_function" and schema is not None and schema.is_mutable
+
+
+def _check_splittable(graph: fx.Graph, outputs: Sequence[object]) -> None:
+    for position, value in enumerate(outputs):
+        if value is not None and not isinstance(value, fx.Node):
+            raise UnsplittableBackward(
+                f"the backward's output {position} is {type(value).__name__}, not a graph value or None"
+            )
+    needed = _ancestors(value for value in outputs if isinstance(value, fx.Node))
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output"):
+            continue
+        if _mutates(node):
+            raise UnsplittableBackward(f"the backward mutates a tensor in place ({node.target})")
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            raise UnsplittableBackward(
+                f"the backward draws random numbers ({node.target}): it is no function of the saved values "
+                "alone, and I then W would draw them in another order than the whole backward"
+            )
+        if node not in needed and node.is_impure():
+            raise UnsplittableBackward(f"the backward runs {node.target} for its side effect")
+        if node.op not in ("call_function", "call_method"):
+            raise UnsplittableBackward(f"the backward holds a {node.op} node ({node.target})")
+
+
+def _with_tuple_parts(nodes: set[fx.Node]) -> set[fx.Node]:
+    """``nodes`` and every ``getitem`` of a multi-output op among them, so that no graph hands a tuple on:
+    the parts of one op (a ``convolution_backward``'s input and weight gradients) run where the op runs."""
+    return nodes | {user for node in nodes for user in node.users if user.target is operator.getitem}
+
+
+def _copy(nodes: Sequence[fx.Node], environment: dict[fx.Node, fx.Node], graph: fx.Graph) -> None:
+    for node in nodes:
+        environment[node] = graph.node_copy(node, lambda argument: environment[argument])
+
+
+def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]) -> BackwardPartition:
+    """Cut ``backward`` into an I graph and a W graph (module docstring).
+
+    Args:
+        backward: AOTAutograd's backward graph of a region (placeholders: saved tensors and tangents;
+            output: a tuple with one gradient or None per forward input).
+        weight_positions: positions in that tuple of the weight gradients (the forward inputs that are
+            parameters); the other non-None entries are input gradients.
+
+    Returns:
+        A :class:`BackwardPartition`; ``backward`` is left unchanged.
+
+    Raises:
+        UnsplittableBackward: the graph mutates a tensor in place, runs an op for its side effect alone, draws
+            random numbers, holds a node other than an op, or returns something other than one value or None
+            per gradient.
+    """
+    graph = backward.graph
+    output_node = next(node for node in graph.nodes if node.op == "output")
+    outputs = output_node.args[0]
+    if not isinstance(outputs, tuple | list):
+        raise UnsplittableBackward("the backward does not return a tuple of gradients")
+    _check_splittable(graph, outputs)
+    weights = set(weight_positions)
+    input_positions = tuple(p for p, value in enumerate(outputs) if value is not None and p not in weights)
+    weight_positions_found = tuple(p for p, value in enumerate(outputs) if value is not None and p in weights)
+
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    in_input_graph = _with_tuple_parts(_ancestors(outputs[p] for p in input_positions))
+    in_weight_graph = _ancestors(outputs[p] for p in weight_positions_found) - in_input_graph
+    weight_outputs = {outputs[p] for p in weight_positions_found}
+    computed_in_input = [node for node in graph.nodes if node in in_input_graph and node.op != "placeholder"]
+    boundary = [
+        node
+        for node in computed_in_input
+        if node in weight_outputs or any(user in in_weight_graph for user in node.users)
+    ]
+    weight_reads = tuple(
+        position
+        for position, node in enumerate(placeholders)
+        if node in weight_outputs or any(user in in_weight_graph for user in node.users)
+    )
+
+    input_graph = fx.Graph()
+    environment: dict[fx.Node, fx.Node] = {}
+    for node in placeholders:
+        environment[node] = input_graph.node_copy(node)
+    _copy(computed_in_input, environment, input_graph)
+    input_graph.output(
+        tuple(environment[outputs[p]] for p in input_positions) + tuple(environment[n] for n in boundary)
+    )
+
+    weight_graph = fx.Graph()
+    environment = {}
+    for index, node in enumerate(boundary):
+        copied = weight_graph.placeholder(f"boundary_{index}")
+        copied.meta = dict(node.meta)
+        environment[node] = copied
+    for position in weight_reads:
+        environment[placeholders[position]] = weight_graph.node_copy(placeholders[position])
+    _copy(
+        [node for node in graph.nodes if node in in_weight_graph and node.op != "placeholder"],
+        environment,
+        weight_graph,
+    )
+    weight_graph.output(tuple(environment[outputs[p]] for p in weight_positions_found))
+    for part in (input_graph, weight_graph):
+        part.lint()
+    return BackwardPartition(
+        input_graph=fx.GraphModule(backward, input_graph),
+        weight_graph=fx.GraphModule(backward, weight_graph),
+        input_positions=input_positions,
+        weight_positions=weight_positions_found,
+        boundary_count=len(boundary),
+        weight_reads=weight_reads,
+    )
