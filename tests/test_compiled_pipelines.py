@@ -54,7 +54,7 @@ def test_each_block_of_each_stage_becomes_a_split_region(spec: str, regions_per_
 
 def test_compiled_blocks_are_exact_in_graphkits_pipeline_stage_in_one_process():
     results = verify_cases([PipelineCase(MLP, "ZBVZeroBubble", 4, 1)], ranks=1)
-    assert results[0].passed, results[0].table()
+    assert results[0].ok, results[0].table()
     assert results[0].max_relative_error == 0.0
 
 
@@ -65,7 +65,7 @@ def test_compiled_blocks_are_exact_under_the_zero_bubble_schedules_on_two_gloo_r
     cases.append(PipelineCase(GPT2, "ZBVZeroBubble", 4, 1))
     results = verify_cases(cases, ranks=2, deadline=400)
     for result in results:
-        assert result.passed, (result.case.schedule, result.error, result.table())
+        assert result.ok, (result.case.schedule, result.error, result.table())
         assert result.ranks == 2 and result.max_relative_error == 0.0
         assert result.backward_calls["input"] > 0 and result.backward_calls["weight"] > 0
 
@@ -75,5 +75,5 @@ def test_compiled_blocks_with_ddp_average_like_a_full_backward_on_two_gloo_ranks
     (result,) = verify_cases(
         [PipelineCase(MLP, "ZBVZeroBubble", 4, 2, data_parallel="ddp")], ranks=2, deadline=400
     )
-    assert result.passed, (result.error, result.table())
+    assert result.ok, (result.error, result.table())
     assert result.max_relative_error < 1e-12

@@ -188,7 +188,7 @@ def test_verify_split_reports_the_region_as_split_with_its_parameters_in_w():
     report = graphkit.verify_split(stage, (torch.randn(4, 8, dtype=torch.float64, requires_grad=True),))
     assert report.ok
     assert report.grads_in_b == []
-    assert all(check.max_abs_err == 0 for check in report.params)
+    assert all(check.max_abs_error == 0 for check in report.params)
     (opaque,) = report.opaque
     assert opaque.kind == str(OpaqueKind.SPLIT_COMPILED_REGION)
     # nothing of the region runs twice: B and W add up to the full backward
