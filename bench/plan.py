@@ -1,6 +1,6 @@
 """Does the schedule planner's prediction hold, and does its best schedule beat 1F1B? Measured, re-runnable.
 
-    python bench/plan.py [--spec zoo-pipeline:mlp_wide --spec 'hf:gpt2?n_layer=4'] [--ranks 2]
+    .venv/bin/python bench/plan.py [--spec zoo-pipeline:mlp_wide --spec 'hf:gpt2?n_layer=4'] [--ranks 2]
                          [--microbatches 8] [--batch-size 256] [--steps 9] [--top N]
                          [--pin-cores auto|on|off] [--json] [-o DIR]
 
@@ -24,8 +24,9 @@ from dataclasses import replace
 
 import torch
 
-from graphkit.pipelining.planner import costs_from_recorded, plan_schedules
+from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import simulate
+from graphkit.pipelining.planning.calibration import costs_from_recorded
 from graphkit.pipelining.schedules import schedule_order
 
 
@@ -60,6 +61,25 @@ def replan(plan) -> None:
     print()
 
 
+def rounds(plan) -> None:
+    """Every recorded schedule's step round by round against 1F1B's in the same round: the median ratio and
+    the rounds it was faster in (the rounds ran the schedules in turn, so a change of load touches all)."""
+    base = plan.baseline.measured_steps
+    print(f"rounds ({len(base)}), step / 1F1B's step in the same round:")
+    for item in plan.schedules:
+        if not item.measured_steps or item is plan.baseline:
+            continue
+        ratios = sorted(step / other for step, other in zip(item.measured_steps, base, strict=False))
+        won, total = plan.rounds_won(item)
+        median = ratios[(len(ratios) - 1) // 2]
+        print(
+            f"  {item.name:<22} median {median:.3f}x, faster in {won} of {total} rounds "
+            f"(range {ratios[0]:.3f}-{ratios[-1]:.3f})"
+        )
+    print(f"  recommended: {plan.recommended.name}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -73,6 +93,7 @@ def main() -> None:
         "--top", type=int, default=100, help="record the N best predicted and 1F1B (default: all)"
     )
     parser.add_argument("--memory-limit", type=float, default=None)
+    parser.add_argument("--schedules", help="comma-separated schedules to plan (default: every one)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("-o", "--output", help="a folder per spec under DIR: CSVs, plan.json, timelines")
     parser.add_argument(
@@ -99,6 +120,7 @@ def main() -> None:
             microbatches=arguments.microbatches,
             batch_size=arguments.batch_size,
             memory_limit=arguments.memory_limit,
+            schedules=arguments.schedules.split(",") if arguments.schedules else None,
             run=True,
             steps=arguments.steps,
             top=arguments.top,
@@ -108,6 +130,7 @@ def main() -> None:
         )
         print(plan.table())
         print()
+        rounds(plan)
         replan(plan)
         if output is not None and plan.timelines:
             from graphkit.drawing.timeline import write_timeline
