@@ -23,3 +23,8 @@ def make() -> tuple[nn.Module, tuple[torch.Tensor]]:
 def pipeline(num_stages: int, batch_size: int):
     stages = [WrongShape() for _ in range(num_stages)]
     return stages, lambda output, target: output.sum(), (torch.randn(batch_size, 4),), None
+
+
+def make_sequential() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """Two layers that do not fit: PyTorch's own Linear raises, no frame of this file is on the stack."""
+    return nn.Sequential(nn.Linear(5, 4), nn.Linear(5, 4)), (torch.randn(2, 5, requires_grad=True),)
