@@ -350,3 +350,44 @@ def test_two_forwards_that_differ_are_said_so_instead_of_reported_as_wrong_gradi
     with pytest.raises(NondeterministicForwardError, match="different outputs in verify's two forwards"):
         verify_split(module, (torch.randn(2, 3, dtype=torch.float64, requires_grad=True),))
     assert all(parameter.grad is None for parameter in module.parameters()), "restored"
+
+
+class _NaNGradient(torch.nn.Module):
+    """sqrt at 0 has an infinite derivative, times the 0 that made it: the full backward gives NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(3, 3).double()
+        self.second = torch.nn.Linear(3, 3).double()
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x))) + torch.sqrt(self.first(x) * 0)
+
+
+def test_nan_gradients_of_the_full_backward_are_compared_by_place_not_reported_as_wrong():
+    torch.manual_seed(0)
+    module = _NaNGradient()
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    reference = _NaNGradient()
+    reference.load_state_dict(module.state_dict())
+    reference(x.detach()).sum().backward()
+    assert reference.first.weight.grad.isnan().all() and not reference.second.weight.grad.isnan().any()
+    report = verify_split(module, (x,))
+    assert report.ok, report.table()
+    assert report.extra["nonfinite"] == ["0", "first.weight", "first.bias"]  # the input's gradient too
+    assert "NaN or inf in the full backward's gradients too" in report.table()
+
+
+@pytest.mark.parametrize(
+    ("reference", "split", "status"),
+    [
+        ([float("nan"), 1.0], [float("nan"), 1.0], "ok"),
+        ([float("nan"), 1.0], [1.0, 1.0], "wrong"),  # a NaN the split lost
+        ([1.0, 1.0], [float("nan"), 1.0], "wrong"),  # a NaN the split made
+        ([float("inf"), 1.0], [float("-inf"), 1.0], "wrong"),
+        ([float("nan"), 1.0], [float("nan"), 2.0], "wrong"),  # the finite rest still compared
+    ],
+)
+def test_non_finite_values_compare_by_place_and_the_finite_rest_by_value(reference, split, status):
+    check = _compare("g", torch.tensor(reference), torch.tensor(split), 1e-9)
+    assert check.status == status

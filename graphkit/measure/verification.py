@@ -33,6 +33,10 @@ Tolerances (relative to the largest magnitude of the reference gradient):
 - float32: 1e-4, which leaves room for reordered sums over deep stages (errors ~1e-6) while still
   catching a wrong contribution.
 - bfloat16 / float16 (or autocast to them): 2e-2, for the same reason at 8-11 bits of mantissa.
+
+NaN and inf compare by place: where the full backward's gradient holds them (a row of attention masked out
+entirely, an overflow), the split's must hold the same ones at the same places, and the finite rest is
+compared as above; ``extra["nonfinite"]`` names those gradients and the table says so.
 """
 
 from __future__ import annotations
@@ -233,6 +237,12 @@ class VerifyReport:
         if note:  # as graphkit inspect says it: "partial: 1 node(s) not counted (MatmulTanh)"
             lines.append(f"FLOPs {note}" if note.startswith("partial") else f"FLOPs: {note}")
         lines.extend(self._opaque_lines())
+        nonfinite = self.extra.get("nonfinite")
+        if nonfinite:
+            listed = ", ".join(nonfinite[:4]) + (f" (+{len(nonfinite) - 4})" if len(nonfinite) > 4 else "")
+            lines.append(
+                f"NaN or inf in the full backward's gradients too (compared by place, the rest by value): {listed}"
+            )
         lines.append(
             f"{self.verdict()} ({self.dtype}, {self.device}, rel tol {self.tolerance:g}, {self.groups} groups)"
         )
@@ -313,9 +323,17 @@ def _compare(
     if reference.shape != split.shape:
         return GradientCheck(name, "wrong", None, None)
     wide = torch.complex128 if reference.is_complex() or split.is_complex() else torch.float64
-    reference64 = reference.detach().to(wide)
-    difference = (split.detach().to(wide) - reference64).abs().max().item() if reference.numel() else 0.0
-    scale = reference64.abs().max().item() if reference.numel() else 0.0
+    reference64, split64 = reference.detach().to(wide), split.detach().to(wide)
+    finite = torch.isfinite(reference64)
+    if not bool(finite.all()) or not bool(torch.isfinite(split64).all()):
+        # a full backward that gives NaN or inf (a row of attention masked out entirely, an overflow): the
+        # split must give them at the same places (NaN where NaN, the same inf); the rest is compared
+        same = (reference64 == split64) | (reference64.isnan() & split64.isnan())
+        if not (torch.equal(finite, torch.isfinite(split64)) and bool(same[~finite].all())):
+            return GradientCheck(name, "wrong", float("inf"), float("inf"))
+        reference64, split64 = reference64[finite], split64[finite]
+    difference = (split64 - reference64).abs().max().item() if reference64.numel() else 0.0
+    scale = reference64.abs().max().item() if reference64.numel() else 0.0
     relative = difference / scale if scale > 0 else (0.0 if difference == 0 else float("inf"))
     status = "ok" if relative <= tolerance else "wrong"
     return GradientCheck(name, status, difference, relative)
@@ -692,6 +710,18 @@ def _verify_in_place(
         _compare(name, reference, split, tolerance)
         for name, reference, split in zip(names, reference_params, split_params, strict=True)
     ]
+    references = [
+        reference
+        for reference, (_, tensor) in zip(reference_inputs, _named(prepared), strict=True)
+        if tensor.requires_grad
+    ] + reference_params
+    nonfinite = [
+        check.name
+        for check, reference in zip([*input_checks, *param_checks], references, strict=True)
+        if reference is not None and not bool(torch.isfinite(reference).all())
+    ]
+    if nonfinite:  # the model's own NaN or inf, which the split gives at the same places (else "wrong")
+        extra["nonfinite"] = nonfinite
     return VerifyReport(
         inputs=input_checks,
         params=param_checks,
