@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import inspect
 import json
 import signal
 import sys
@@ -178,7 +179,10 @@ def _embedded(model: nn.Module, ids: torch.Tensor, with_grad: bool) -> dict[str,
 def _language_inputs(config: Any, model: nn.Module, with_grad: bool) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(1)
     ids = _token_ids(config, generator)
-    return {**_embedded(model, ids, with_grad), "labels": _token_ids(config, generator)}
+    inputs = {**_embedded(model, ids, with_grad), "labels": _token_ids(config, generator)}
+    if "use_cache" in inspect.signature(model.forward).parameters:
+        inputs["use_cache"] = False  # a training step keeps no cache (hybrid models' caches refuse a loss)
+    return inputs
 
 
 def _ctc_inputs(config: Any, model: nn.Module, with_grad: bool) -> dict[str, Any]:
