@@ -14,16 +14,15 @@ uses ``np.random``); their states are saved before and restored after, so the ca
 on as if verify had not run. When the two forwards still give different outputs (a random source graphkit
 cannot seed, state that changes between calls), the gradients of the two runs cannot be compared, and
 :class:`NondeterministicForwardError` says so instead of reporting them as wrong. Every floating or complex
-output that requires grad receives the same seeded random cotangent in both runs. Every stage-input gradient and the gradient of every leaf the outputs
-reach (registered parameters or not) is compared - complex ones as complex values; a leaf the forward
-itself makes (``h = x[:, None]; h.requires_grad = True``, as transformers' audio encoders do) is a new
-tensor in each run, and the split run's is compared with the reference run's at the same place of the
-graph - and the FLOPs of
-each phase are counted (:class:`graphkit.measure.flops.PhaseFlops`), also per *opaque Node*
-(:mod:`graphkit.analysis.opaque`: activation checkpoints, compiled regions, custom Functions,
-``linalg.solve`` with a learned matrix): the report names each one with its FLOPs in the full backward,
-in B and in W, so a user sees where B + W costs more than a full backward, and which parameters received
-their gradient in B already (reentrant checkpoints).
+output that requires grad receives the same seeded random cotangent in both runs. Every stage-input gradient
+and the gradient of every leaf the outputs reach (registered parameters or not) is compared - complex ones as
+complex values; a leaf the forward itself makes (``h = x[:, None]; h.requires_grad = True``, as transformers'
+audio encoders do) is a new tensor in each run, and the split run's is compared with the reference run's at
+the same place of the graph - and the FLOPs of each phase are counted
+(:class:`graphkit.measure.flops.PhaseFlops`), also per *opaque Node* (:mod:`graphkit.analysis.opaque`:
+activation checkpoints, compiled regions, custom Functions, ``linalg.solve`` with a learned matrix): the
+report names each one with its FLOPs in the full backward, in B and in W, so a user sees where B + W costs
+more than a full backward, and which parameters received their gradient in B already (reentrant checkpoints).
 
 Tolerances (relative to the largest magnitude of the reference gradient):
 
@@ -537,6 +536,8 @@ def verify_split(
         graphkit.graph.tensors.GraphkitInputError: ``module`` is not a module, ``dtype`` or
             ``autocast_dtype`` not a ``torch.dtype``, the module's outputs have no autograd graph, or
             ``device`` is not a device name or a CUDA device this torch cannot use.
+        NondeterministicForwardError: the two forwards gave different outputs although every random
+            generator verify seeds was seeded alike (see the module docstring): nothing to compare.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
     if not isinstance(module, torch.nn.Module):
