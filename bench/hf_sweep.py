@@ -35,7 +35,8 @@ does not know how to make) is ``skipped`` with the model's error, since graphkit
 - ``skipped``: the family does not build from the small config, or its model raised before graphkit ran;
 - ``timeout``: building, the plain run and verify together took longer than ``--timeout``.
 
-``--only`` picks families by ``model_type`` (``gpt2,llama,wav2vec2``); ``--tasks`` the tasks; ``--limit``
+Each family runs in a process forked for it (``--in-process`` runs them all in this one: a few hundred
+models leave enough memory behind to exhaust a 24 GB machine). ``--only`` picks families by ``model_type`` (``gpt2,llama,wav2vec2``); ``--tasks`` the tasks; ``--limit``
 stops after N families; ``--timeout`` (default 120 s) gives up on a family after that long. The exit status
 is 1 when a family is ``NOT EXACT`` or ``ERROR``, else 0.
 """
@@ -47,6 +48,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import multiprocessing
 import signal
 import sys
 import time
@@ -437,6 +439,42 @@ def sweep_one(
     return outcome
 
 
+def sweep_in_child(
+    model_type: str, task: Task, class_name: str, attention: str, checkpoint: bool, timeout: float
+) -> Outcome:
+    """:func:`sweep_one` in a process forked from this one, which ends with the family: what a model leaves
+    behind (caches, fragmented memory) goes with it, and a family that exhausts memory is killed alone."""
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+
+    def run() -> None:
+        sender.send(sweep_one(model_type, task, class_name, attention, checkpoint, timeout))
+
+    process = context.Process(target=run, daemon=True)
+    process.start()
+    sender.close()
+    try:
+        if receiver.poll(timeout + 60):
+            return receiver.recv()
+        return Outcome(
+            model_type, task.name, class_name, "timeout", detail=f"no answer after {timeout + 60:g} s"
+        )
+    except EOFError:
+        return Outcome(
+            model_type,
+            task.name,
+            class_name,
+            "skipped",
+            detail=f"its process ended without an answer (exit code {process.exitcode}; out of memory?)",
+        )
+    finally:
+        receiver.close()
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
 def table(outcomes: list[Outcome]) -> str:
     """The outcomes as a plain-text table, then the counts per status."""
     rows = [("family", "task", "status", "grad input", "grads", "max rel", "s", "detail")]
@@ -475,6 +513,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="stop after N families")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the outcomes as JSON")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run every family in this process (default: one forked each)",
+    )
     arguments = parser.parse_args(argv)
     torch.set_num_threads(arguments.threads)
     tasks = tuple(task for task in TASKS if not arguments.tasks or task.name in arguments.tasks.split(","))
@@ -485,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = chosen[: arguments.limit]
     outcomes = []
     for model_type, task, class_name in chosen:
-        outcome = sweep_one(
+        run = sweep_one if arguments.in_process else sweep_in_child
+        outcome = run(
             model_type, task, class_name, arguments.attention, arguments.checkpoint, arguments.timeout
         )
         outcomes.append(outcome)
