@@ -202,3 +202,25 @@ def test_split_floor_refuses_an_intermediate_without_a_formula():
     output = torch.cdist(x, weight)  # CdistBackward0: graphkit calls the Node in W, the floor has no formula
     with pytest.raises(floor.FloorUnsupported, match="no weight formula for CdistBackward0"):
         floor._prepare_floor([output], [torch.ones_like(output)], (x,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model_type", "checkpoint"),
+    [
+        ("wav2vec2", False),  # SpecAugment draws its masks from np.random in training mode
+        ("t5", True),  # non-reentrant checkpointing makes position_bias a new leaf in each forward
+        ("gpt2", False),
+        ("qwen2_moe", False),
+        ("clip", False),
+        ("whisper", False),
+    ],
+)
+def test_the_transformers_sweep_finds_the_split_exact_on_real_families(model_type: str, checkpoint: bool):
+    pytest.importorskip("transformers")
+    sweep = _bench_script("hf_sweep")
+    (family,) = [entry for entry in sweep.families() if entry[0] == model_type]
+    outcome = sweep.sweep_one(*family, checkpoint=checkpoint)
+    assert outcome.status == "exact", outcome
+    assert outcome.gradients > 10 and outcome.max_rel_err <= 1e-9
+    assert outcome.input_with_grad != "-"

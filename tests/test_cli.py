@@ -417,6 +417,37 @@ def test_an_error_in_the_users_forward_is_one_line_naming_the_spec_with_exit_2(c
     assert status == 2 and "Traceback (most recent call last)" in err and "broken_forward.py" in err
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["verify", f"{BROKEN_FORWARD}:make_sequential"],
+        ["inspect", f"{BROKEN_FORWARD}:make_sequential", "-o", "{tmp}/report"],
+        ["render", f"{BROKEN_FORWARD}:make_sequential", "-o", "{tmp}/x.svg"],
+        ["groups", f"{BROKEN_FORWARD}:make_sequential"],
+        ["costs", f"{BROKEN_FORWARD}:make_sequential", "--repeat", "1", "--warmup", "0"],
+        ["bench", f"{BROKEN_FORWARD}:make_sequential", "--repeat", "1"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_an_error_raised_inside_pytorchs_own_modules_of_the_model_is_the_models_error_too(
+    capsys, tmp_path, command
+):
+    # nn.Sequential(nn.Linear(5, 4), nn.Linear(5, 4)): no frame of the spec's file is on the stack, only
+    # torch's, below the module call graphkit made
+    command = [part.replace("{tmp}", str(tmp_path)) for part in command]
+    status, out, err = run(capsys, *command)
+    assert status == 2, (out, err)
+    (line,) = [line for line in err.splitlines() if "error:" in line]  # inspect also prints its steps
+    assert "Traceback" not in err
+    assert line.startswith(
+        f"graphkit {command[0]}: error: the model of {command[1]} raised RuntimeError: mat1 and mat2 shapes "
+        "cannot be multiplied (2x4 and 5x4) (linear.py:"
+    ), line
+    assert line.endswith("in forward); --traceback prints the whole traceback")
+    status, out, err = run(capsys, *command, "--traceback")
+    assert status == 2 and "Traceback (most recent call last)" in err and "linear.py" in err
+
+
 def test_an_error_graphkit_itself_raises_is_not_blamed_on_the_model(monkeypatch):
     # a TypeError raised in a graphkit frame, as a bug would: the whole traceback, not "the model raised"
     import graphkit.analysis.parameter_groups as parameter_groups

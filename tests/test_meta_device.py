@@ -87,3 +87,25 @@ def test_a_forward_that_reads_values_on_meta_says_so(
         capsys, "render", "hf:gpt2?n_layer=1", "--device", "meta", "-o", str(tmp_path / "g.dot")
     )
     assert status == 2 and "reads tensor values" in err and "stage=middle" in err
+
+
+MASKED_WRITE = f"{Path(__file__).parent / 'specs' / 'broken_forward.py'}:make_masked_write"
+
+
+def test_a_backward_that_cannot_run_on_meta_is_one_line_with_exit_2_and_render_still_draws(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # y[mask] = row: the forward runs on meta; the row's gradient, grad[mask], needs PyTorch's meta nonzero
+    status, out, err = run(
+        capsys, "inspect", MASKED_WRITE, "--device", "meta", "-o", str(tmp_path / "report")
+    )
+    assert status == 2, (out, err)
+    (line,) = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith(
+        f"graphkit inspect: error: the backward of {MASKED_WRITE!r} cannot run on the meta"
+    )
+    assert "nonzero" in line and "graphkit render --device meta" in line and "Traceback" not in err
+    status, _, _ = run(capsys, "render", MASKED_WRITE, "--device", "meta", "-o", str(tmp_path / "g.dot"))
+    assert status == 0 and (tmp_path / "g.dot").read_text().count("->") > 3
+    status, _, _ = run(capsys, "inspect", MASKED_WRITE, "-o", str(tmp_path / "cpu"))
+    assert status == 0, "on cpu the same model inspects and verifies"

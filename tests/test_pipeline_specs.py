@@ -321,3 +321,23 @@ def test_bad_pipeline_specs_say_what_is_wrong(pipeline_file: Path):
         load_pipeline_spec(lambda: ([nn.Linear(2, 2)], 3, (torch.zeros(2, 2),), None))
     with pytest.raises(SpecError, match="the stages must be a non-empty list of nn.Module"):
         load_pipeline_spec(lambda: (["not a module"], torch.sum, (torch.zeros(2, 2),), None))
+
+
+def test_the_docs_say_what_every_pipeline_command_asks_its_spec_for(repo_root: Path):
+    from graphkit.cli import build_parser
+
+    (subcommands,) = [
+        action for action in build_parser()._actions if action.__class__.__name__ == "_SubParsersAction"
+    ]
+    takes_pipeline_spec = {
+        name
+        for name, parser in subcommands.choices.items()
+        if any(action.dest == "spec" and action.metavar == "PIPELINE_SPEC" for action in parser._actions)
+    }
+    assert takes_pipeline_spec >= {"plan", "timeline", "verify-pipeline"}
+    text = (repo_root / "docs" / "pipeline_specs.md").read_text()
+    table = text.split("## What each command asks for", 1)[1].split("\n\n")[1]
+    listed = {
+        name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z-]+)`", row.split("|")[1])
+    }
+    assert takes_pipeline_spec | {"costs"} <= listed, "add the missing commands to the table"

@@ -104,6 +104,24 @@ def test_a_stage_output_graphkit_cannot_use_is_a_clear_error_never_a_none_gradie
         split_input_gradients([get_gradient_edge(output)], [torch.ones(2, 2)], [x])
 
 
+def test_the_drop_ins_errors_are_also_the_types_pytorchs_functions_raise_with_its_words() -> None:
+    from graphkit.pipelining.stage_backward import OutputGradientsRequiredError, StageBackwardInputError
+
+    stage = _stage()
+    x = _input().requires_grad_()
+    # as PyTorch's test_stage_backward_input_edge_requires_output_grads (test/distributed/pipelining)
+    with pytest.raises(AssertionError, match="requires output gradients") as raised:
+        stage_backward_input([get_gradient_edge(stage(x))], None, [x], stage.parameters())
+    assert type(raised.value) is OutputGradientsRequiredError and isinstance(raised.value, GraphkitInputError)
+    # a cotangent of the wrong shape: PyTorch's function wraps its backward's error in a RuntimeError
+    with pytest.raises(RuntimeError, match="Failed to run stage backward input"):
+        torch_backward.stage_backward_input([stage(x)], [torch.ones(2, 2)], [x], stage.parameters())
+    with pytest.raises(RuntimeError, match="Failed to run stage backward input") as raised:
+        stage_backward_input([stage(x)], [torch.ones(2, 2)], [x], stage.parameters())
+    assert type(raised.value) is StageBackwardInputError and isinstance(raised.value, GraphkitInputError)
+    assert "cotangent for output" in str(raised.value) and "shape (2, 2)" in str(raised.value)
+
+
 # --- the drop-ins on the caller's side, as PyTorch's ------------------------------------------------
 
 

@@ -200,6 +200,28 @@ def test_the_bare_command_finder():
     assert bare_commands("    .venv/bin/python examples/capture_and_draw.py") == []
 
 
+def bare_inline_commands(text: str) -> list[str]:
+    """The inline commands of a markdown text (`` `python bench/plan.py ...` ``) that a fresh shell after the
+    set-up runs with another program or none: a bare ``python``, ``pip``, ``pytest`` or ``torchrun`` (a bare
+    ``graphkit`` in prose names the command: "`graphkit verify` compares ...")."""
+    return [
+        command
+        for command in INLINE_COMMAND.findall(text)
+        if {"python", "pip", "pytest", "torchrun"} & set(bare_commands(command))
+    ]
+
+
+def test_the_bare_inline_command_finder():
+    text = (
+        "run `python bench/plan.py --ranks 2 -o DIR` or `.venv/bin/python bench/split.py`; "
+        "`graphkit verify` compares, `torchrun --nproc-per-node 2 x.py` starts"
+    )
+    assert bare_inline_commands(text) == [
+        "python bench/plan.py --ranks 2 -o DIR",
+        "torchrun --nproc-per-node 2 x.py",
+    ]
+
+
 def test_every_documented_shell_line_runs_in_a_fresh_shell_after_the_set_up(repo_root: Path):
     # the shell code blocks of README.md and docs/*.md, and the usage lines of examples/*.py: a bare
     # `graphkit ...` or `torchrun ...` is "command not found" after bash scripts/setup.sh
@@ -209,6 +231,14 @@ def test_every_documented_shell_line_runs_in_a_fresh_shell_after_the_set_up(repo
             for line in block.replace("\\\n", " ").splitlines():
                 if bare_commands(line):
                     failures.append(f"{path.relative_to(repo_root)}: {line.strip()}")
+        # and the commands written inline in the prose (`python bench/plan.py ...`)
+        failures += [
+            f"{path.relative_to(repo_root)}: {line}" for line in bare_inline_commands(path.read_text())
+        ]
+    for path in sorted((repo_root / "notebooks").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        markdown = "\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
+        failures += [f"{path.relative_to(repo_root)}: {line}" for line in bare_inline_commands(markdown)]
     for path in sorted((repo_root / "examples").glob("*.py")):
         for line in example_usage_lines(path):
             if bare_commands(line):

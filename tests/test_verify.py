@@ -267,3 +267,130 @@ def test_verify_says_what_is_wrong_with_a_dtype_name_or_a_function_instead_of_a_
     call = {"module": torch.nn.Linear(3, 3), "inputs": (torch.randn(2, 3, requires_grad=True),), **arguments}
     with pytest.raises(GraphkitInputError, match=message):
         verify_split(call.pop("module"), call.pop("inputs"), **call)
+
+
+class _LeafMadeInForward(torch.nn.Module):
+    """As transformers' audio encoders: ``h = x[:, None]; h.requires_grad = True`` makes a new leaf in each
+    forward, which the outputs reach besides the module's parameters."""
+
+    def __init__(self, broken: bool = False) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4).double()
+        self.broken = broken
+
+    def forward(self, x, features):
+        made = features[:, :]  # a view of an input without grad: a leaf
+        made.requires_grad = True
+        hidden = torch.tanh(self.first(x))
+        return WrongInWeightPhase.apply(hidden, made) if self.broken else hidden @ made
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_leaf_the_forward_makes_is_compared_with_the_split_runs_own(broken):
+    torch.manual_seed(0)
+    x = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    report = verify_split(_LeafMadeInForward(broken), (x, torch.randn(4, 4, dtype=torch.float64)))
+    assert [check.status for check in report.inputs] == ["ok"]
+    assert [check.name for check in report.params] == ["first.weight", "first.bias", "unregistered[0] (4, 4)"]
+    assert [check.status for check in report.params] == ["ok", "ok", "wrong" if broken else "ok"]
+    if not broken:  # the split run's leaf got exactly a full backward's gradient
+        assert report.params[2].max_abs_err == 0.0
+
+
+class _DrawsFromNumpyAndRandom(torch.nn.Module):
+    """Masks drawn from ``np.random`` (as Wav2Vec2's SpecAugment) and a scale from Python's ``random``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6).double()
+
+    def forward(self, x):
+        import random
+
+        import numpy as np
+
+        mask = torch.as_tensor(np.random.rand(6) > 0.5, dtype=x.dtype)
+        return torch.tanh(self.linear(x)) * mask * (1 + random.random())
+
+
+def test_a_forward_drawing_from_numpy_and_pythons_random_verifies_and_their_streams_go_on_undisturbed():
+    import random
+
+    np = pytest.importorskip("numpy")
+    torch.manual_seed(0)
+    module = _DrawsFromNumpyAndRandom()
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    np.random.seed(5)
+    random.seed(5)
+    torch.manual_seed(5)
+    expected = (np.random.rand(), random.random(), torch.rand(1))  # the caller's next draws
+    np.random.seed(5)
+    random.seed(5)
+    torch.manual_seed(5)
+    report = verify_split(module, (x,))
+    assert report.ok, report.table()
+    assert {check.max_abs_err for check in [*report.inputs, *report.params]} == {0.0}
+    assert (np.random.rand(), random.random(), torch.rand(1)) == expected
+
+
+class _CountsItsCalls(torch.nn.Module):
+    """A forward that depends on state changing from call to call: no seed makes two forwards agree."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3).double()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.linear(x) * self.calls
+
+
+def test_two_forwards_that_differ_are_said_so_instead_of_reported_as_wrong_gradients():
+    from graphkit.measure.verification import NondeterministicForwardError
+
+    module = _CountsItsCalls()
+    with pytest.raises(NondeterministicForwardError, match="different outputs in verify's two forwards"):
+        verify_split(module, (torch.randn(2, 3, dtype=torch.float64, requires_grad=True),))
+    assert all(parameter.grad is None for parameter in module.parameters()), "restored"
+
+
+class _NaNGradient(torch.nn.Module):
+    """sqrt at 0 has an infinite derivative, times the 0 that made it: the full backward gives NaN."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(3, 3).double()
+        self.second = torch.nn.Linear(3, 3).double()
+
+    def forward(self, x):
+        return self.second(torch.tanh(self.first(x))) + torch.sqrt(self.first(x) * 0)
+
+
+def test_nan_gradients_of_the_full_backward_are_compared_by_place_not_reported_as_wrong():
+    torch.manual_seed(0)
+    module = _NaNGradient()
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    reference = _NaNGradient()
+    reference.load_state_dict(module.state_dict())
+    reference(x.detach()).sum().backward()
+    assert reference.first.weight.grad.isnan().all() and not reference.second.weight.grad.isnan().any()
+    report = verify_split(module, (x,))
+    assert report.ok, report.table()
+    assert report.extra["nonfinite"] == ["0", "first.weight", "first.bias"]  # the input's gradient too
+    assert "NaN or inf in the full backward's gradients too" in report.table()
+
+
+@pytest.mark.parametrize(
+    ("reference", "split", "status"),
+    [
+        ([float("nan"), 1.0], [float("nan"), 1.0], "ok"),
+        ([float("nan"), 1.0], [1.0, 1.0], "wrong"),  # a NaN the split lost
+        ([1.0, 1.0], [float("nan"), 1.0], "wrong"),  # a NaN the split made
+        ([float("inf"), 1.0], [float("-inf"), 1.0], "wrong"),
+        ([float("nan"), 1.0], [float("nan"), 2.0], "wrong"),  # the finite rest still compared
+    ],
+)
+def test_non_finite_values_compare_by_place_and_the_finite_rest_by_value(reference, split, status):
+    check = compare_gradients("g", torch.tensor(reference), torch.tensor(split), 1e-9)
+    assert check.status == status

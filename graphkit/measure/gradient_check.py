@@ -10,6 +10,7 @@ surround it. Both sides are widened to float64 (complex128 for complex gradients
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -101,6 +102,9 @@ def compare_gradients(
         tolerance: the largest relative error (see the module docstring) that still passes; 0 asks for
             equality within rounding to float64.
 
+    NaN and inf compare by place: where ``reference`` holds them, ``gradient`` must hold the same ones at
+    the same places (else ``wrong``, with infinite errors), and the finite rest is compared by value.
+
     Returns:
         A :class:`GradientCheck`: ``ok`` or ``wrong`` by the relative error, ``missing`` / ``unexpected``
         when one side has no gradient, ``wrong`` when the shapes differ.
@@ -115,12 +119,24 @@ def compare_gradients(
         return GradientCheck(name, "wrong", None, None, False)
     reference, gradient = reference.detach(), gradient.detach()
     wide = torch.complex128 if reference.is_complex() or gradient.is_complex() else torch.float64
-    reference_wide = reference.to(wide)
-    if reference.numel():
-        difference = (gradient.to(wide) - reference_wide).abs().max().item()
+    reference_wide, gradient_wide = reference.to(wide), gradient.to(wide)
+    finite = torch.isfinite(reference_wide)
+    same_places = True
+    if not bool(finite.all()) or not bool(torch.isfinite(gradient_wide).all()):
+        # a full backward that gives NaN or inf (a row of attention masked out entirely, an overflow): the
+        # checked gradient must hold the same ones at the same places; the finite rest is compared by value
+        same = (reference_wide == gradient_wide) | (reference_wide.isnan() & gradient_wide.isnan())
+        if not (torch.equal(finite, torch.isfinite(gradient_wide)) and bool(same[~finite].all())):
+            return GradientCheck(name, "wrong", math.inf, math.inf, False)
+        reference_wide, gradient_wide = reference_wide[finite], gradient_wide[finite]
+        same_places = bool(same.all())
+    if reference_wide.numel():
+        difference = (gradient_wide - reference_wide).abs().max().item()
         scale = reference_wide.abs().max().item()
     else:
         difference = scale = 0.0
     relative = relative_error(difference, scale)
-    bitwise = reference.dtype == gradient.dtype and torch.equal(gradient, reference)
+    bitwise = reference.dtype == gradient.dtype and same_places and difference == 0.0
+    if bitwise and finite.all():
+        bitwise = torch.equal(gradient, reference)
     return GradientCheck(name, "ok" if relative <= tolerance else "wrong", difference, relative, bitwise)

@@ -7,14 +7,22 @@ modules, tensor hooks and leaves kept outside the module stay as they are); its 
 the forward changed in place, and the random state are restored before the second forward (a forward
 may update buffers: batch norm's running statistics, spectral norm's power iteration; or parameters:
 ``nn.Embedding(max_norm=...)``), and the parameters, their ``.grad`` and the buffers are restored at
-the end. Every floating or complex output that requires grad receives the same seeded
-random cotangent in both runs. Every stage-input gradient and the gradient of every leaf the outputs
-reach (registered parameters or not) is compared - complex ones as complex values - and the FLOPs of
-each phase are counted (:class:`graphkit.measure.flops.PhaseFlops`), also per *opaque Node*
-(:mod:`graphkit.analysis.opaque`: activation checkpoints, compiled regions, custom Functions,
-``linalg.solve`` with a learned matrix): the report names each one with its FLOPs in the full backward,
-in B and in W, so a user sees where B + W costs more than a full backward, and which parameters received
-their gradient in B already (reentrant checkpoints).
+the end. Before each forward and each backward, every random number generator a model commonly draws
+from is seeded alike: torch's (CPU, and the CUDA device it runs on), numpy's global one (when numpy is
+installed) and Python's ``random`` (a model may draw its masks from any of them: Wav2Vec2's SpecAugment
+uses ``np.random``); their states are saved before and restored after, so the caller's random streams go
+on as if verify had not run. When the two forwards still give different outputs (a random source graphkit
+cannot seed, state that changes between calls), the gradients of the two runs cannot be compared, and
+:class:`NondeterministicForwardError` says so instead of reporting them as wrong. Every floating or complex
+output that requires grad receives the same seeded random cotangent in both runs. Every stage-input gradient
+and the gradient of every leaf the outputs reach (registered parameters or not) is compared - complex ones as
+complex values; a leaf the forward itself makes (``h = x[:, None]; h.requires_grad = True``, as transformers'
+audio encoders do) is a new tensor in each run, and the split run's is compared with the reference run's at
+the same place of the graph - and the FLOPs of each phase are counted
+(:class:`graphkit.measure.flops.PhaseFlops`), also per *opaque Node* (:mod:`graphkit.analysis.opaque`:
+activation checkpoints, compiled regions, custom Functions, ``linalg.solve`` with a learned matrix): the
+report names each one with its FLOPs in the full backward, in B and in W, so a user sees where B + W costs
+more than a full backward, and which parameters received their gradient in B already (reentrant checkpoints).
 
 Each gradient is compared by :func:`graphkit.measure.gradient_check.compare_gradients` (the comparison
 ``verify_pipeline`` uses too). Tolerances (relative to the largest magnitude of the reference gradient):
@@ -25,6 +33,10 @@ Each gradient is compared by :func:`graphkit.measure.gradient_check.compare_grad
 - float32: 1e-4, which leaves room for reordered sums over deep stages (errors ~1e-6) while still
   catching a wrong contribution.
 - bfloat16 / float16 (or autocast to them): 2e-2, for the same reason at 8-11 bits of mantissa.
+
+NaN and inf compare by place: where the full backward's gradient holds them (a row of attention masked out
+entirely, an overflow), the split's must hold the same ones at the same places, and the finite rest is
+compared as above; ``extra["nonfinite"]`` names those gradients and the table says so.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import html
+import random
 import warnings
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -53,7 +66,7 @@ from graphkit.models.devices import checked_device
 from graphkit.split.backward import backward_full, backward_input, backward_weight
 from graphkit.split.checkpointing import Recompute, recompute_policy
 
-__all__ = ["OpaqueNodeCost", "VerifyReport", "tolerance_for", "verify_split"]
+__all__ = ["NondeterministicForwardError", "OpaqueNodeCost", "VerifyReport", "tolerance_for", "verify_split"]
 
 _TOLERANCES = {
     torch.float64: 1e-9,
@@ -64,6 +77,12 @@ _TOLERANCES = {
     torch.complex64: 1e-4,
     torch.complex32: 2e-2,
 }
+
+
+class NondeterministicForwardError(GraphkitInputError):
+    """Two forwards of the stage from the same inputs, parameters, buffers and seeded random state gave
+    different outputs, so :func:`verify_split` cannot compare a split backward with a full one (each would
+    differentiate another function). Raised instead of a report of wrong gradients."""
 
 
 def tolerance_for(dtype: torch.dtype) -> float:
@@ -192,6 +211,12 @@ class VerifyReport:
         if note:  # as graphkit inspect says it: "partial: 1 node(s) not counted (MatmulTanh)"
             lines.append(f"FLOPs {note}" if note.startswith("partial") else f"FLOPs: {note}")
         lines.extend(self._opaque_lines())
+        nonfinite = self.extra.get("nonfinite")
+        if nonfinite:
+            listed = ", ".join(nonfinite[:4]) + (f" (+{len(nonfinite) - 4})" if len(nonfinite) > 4 else "")
+            lines.append(
+                f"NaN or inf in the full backward's gradients too (compared by place, the rest by value): {listed}"
+            )
         lines.append(
             f"{self.verdict()} ({self.dtype}, {self.device}, rel tol {self.tolerance:g}, {self.groups} groups)"
         )
@@ -403,6 +428,8 @@ def verify_split(
         graphkit.graph.tensors.GraphkitInputError: ``module`` is not a module, ``dtype`` or
             ``autocast_dtype`` not a ``torch.dtype``, the module's outputs have no autograd graph, or
             ``device`` is not a device name or a CUDA device this torch cannot use.
+        NondeterministicForwardError: the two forwards gave different outputs although every random
+            generator verify seeds was seeded alike (see the module docstring): nothing to compare.
         ValueError: ``recompute`` is not a :class:`~graphkit.split.checkpointing.Recompute` value.
     """
     if not isinstance(module, torch.nn.Module):
@@ -437,20 +464,18 @@ def _verify_in_place(
     run_device = device or next((p.device for p in stage.parameters()), torch.device("cpu"))
     initial_buffers = _snapshot(buffers)
 
-    @contextlib.contextmanager
-    def seeded_backward() -> Iterator[None]:
+    cuda_devices = [run_device] if run_device.type == "cuda" else []
+
+    def seeded_backward() -> contextlib.AbstractContextManager[None]:
         # the full backward and the split's B and W start from one random state, so a checkpointed
         # region that does not restore the forward's (preserve_rng_state=False) draws the same in both
-        with torch.random.fork_rng(devices=[run_device] if run_device.type == "cuda" else []):
-            torch.manual_seed(seed + 1)
-            yield
+        return _seeded_random_state(seed + 1, cuda_devices)
 
     def forward() -> tuple[Any, Any]:
         _reset(buffers, initial_buffers)  # a forward may update buffers: both start from the same ones
         _reset_changed(parameter_values)  # and parameters a forward changed in place
         prepared = fresh_inputs(inputs, dtype, device)
-        with torch.random.fork_rng(devices=[run_device] if run_device.type == "cuda" else []):
-            torch.manual_seed(seed)
+        with _seeded_random_state(seed, cuda_devices):  # torch, numpy and Python's random alike
             if autocast_dtype is not None:
                 with torch.autocast(device_type=run_device.type, dtype=autocast_dtype):
                     outputs = call_stage(stage, prepared)
@@ -465,10 +490,28 @@ def _verify_in_place(
     known = {id(p) for p in registered}
     reached = _reached_leaves(outputs, [tensor for _, tensor in stage_input_tensors(prepared)])
     leaves = registered + [leaf for leaf in reached if id(leaf) not in known]
+    flat_outputs = flatten_tensors(outputs)
+    # the module's parameters (reached or not), then any other leaf the outputs reach
+    registered = [p for _, p in stage.named_parameters() if p.requires_grad]
+    known = {id(p) for p in registered}
+    reached = _reached_leaves(outputs, [tensor for _, tensor in stage_input_tensors(prepared)])
+    outside = [leaf for leaf in reached if id(leaf) not in known]
+    leaves = registered + outside
     names = _leaf_names(stage, leaves)
     saved_grads = [leaf.grad for leaf in leaves]  # of leaves outside the module; restored at the end
+    # the leaves of the split run, in the order of ``leaves``: the same tensors, but for leaves the forward
+    # makes anew each time (``h = x[:, None]; h.requires_grad = True``)
+    split_leaves: list[torch.Tensor | None] = list(leaves)
+    parameters = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
+    dominant = _dominant_dtype(parameters) if parameters else _dominant_leaf_dtype(leaves)
+    tolerance = tolerance_for(autocast_dtype or dtype or dominant)
     generator = torch.Generator().manual_seed(seed)
     cotangents = [_cotangent(tensor, generator) for _, tensor in flat_outputs]
+    # what the second forward must give again (the outputs that receive a cotangent)
+    reference_outputs = [
+        (name, None if cotangent is None else tensor.detach().clone())
+        for (name, tensor), cotangent in zip(flat_outputs, cotangents, strict=True)
+    ]
     cotangent_structure = (
         cotangents[0] if isinstance(outputs, torch.Tensor) else unflatten_like(outputs, cotangents)
     )
@@ -492,6 +535,13 @@ def _verify_in_place(
             for leaf in leaves:
                 leaf.grad = None
             prepared, outputs = forward()
+            _check_same_forward(reference_outputs, outputs, tolerance)
+            made = [
+                leaf
+                for leaf in _reached_leaves(outputs, [t for _, t in stage_input_tensors(prepared)])
+                if id(leaf) not in known
+            ]
+            split_leaves[:] = registered + _matching_leaves(outside, made)
             graph = capture(outputs, inputs=prepared, details=False)
             groups = len(param_groups(graph))
             watched = (
@@ -511,12 +561,16 @@ def _verify_in_place(
                 with seeded_backward():
                     state = backward_input(outputs, cotangent_structure, prepared, recompute=recompute)
                     # W goes on from the random state B left, as a full backward goes on after B's part
-                    after_b = torch.get_rng_state()
-            grads_in_b[:] = [name for name, leaf in zip(names, leaves, strict=True) if leaf.grad is not None]
+                    after_b = _random_states()
+            grads_in_b[:] = [
+                name
+                for name, leaf in zip(names, split_leaves, strict=True)
+                if leaf is not None and leaf.grad is not None
+            ]
             regions = state.checkpoint_regions
             del outputs
             with counting("w", watched), seeded_backward():
-                torch.set_rng_state(after_b)
+                _set_random_states(after_b)
                 backward_weight(state)
             del watched
             if regions is not None:
@@ -536,7 +590,9 @@ def _verify_in_place(
             extra["flops_note"] = (
                 f"B and W FLOPs not counted: FlopCounterMode failed with this model ({reason})"
             )
-        split_params = [None if leaf.grad is None else leaf.grad.detach().clone() for leaf in leaves]
+        split_params = [
+            None if leaf is None or leaf.grad is None else leaf.grad.detach().clone() for leaf in split_leaves
+        ]
     finally:
         for leaf, grad in zip(leaves, saved_grads, strict=True):
             leaf.grad = grad
@@ -544,6 +600,7 @@ def _verify_in_place(
     parameters = [(name, p) for name, p in stage.named_parameters() if p.requires_grad]
     dominant = _dominant_dtype(parameters) if parameters else _dominant_leaf_dtype(leaves)
     tolerance = tolerance_for(autocast_dtype or dtype or dominant)
+    input_names = [name for name, tensor in stage_input_tensors(prepared)]
     input_names = [name for name, tensor in stage_input_tensors(prepared)]
     input_checks = [
         compare_gradients(name, reference, split, tolerance)
@@ -556,6 +613,18 @@ def _verify_in_place(
         compare_gradients(name, reference, split, tolerance)
         for name, reference, split in zip(names, reference_params, split_params, strict=True)
     ]
+    references = [
+        reference
+        for reference, (_, tensor) in zip(reference_inputs, stage_input_tensors(prepared), strict=True)
+        if tensor.requires_grad
+    ] + reference_params
+    nonfinite = [
+        check.name
+        for check, reference in zip([*input_checks, *param_checks], references, strict=True)
+        if reference is not None and not bool(torch.isfinite(reference).all())
+    ]
+    if nonfinite:  # the model's own NaN or inf, which the split gives at the same places (else "wrong")
+        extra["nonfinite"] = nonfinite
     return VerifyReport(
         inputs=input_checks,
         params=param_checks,
@@ -572,6 +641,101 @@ def _verify_in_place(
         ],
         grads_in_b=grads_in_b,
     )
+
+
+def _check_same_forward(
+    reference: list[tuple[str, torch.Tensor | None]], outputs: Any, tolerance: float
+) -> None:
+    """Raise :class:`NondeterministicForwardError` when the split run's forward gave other outputs than the
+    reference run's (``reference``: their values, None for an output without cotangent)."""
+    flat = flatten_tensors(outputs)
+    if [name for name, _ in flat] != [name for name, _ in reference]:
+        difference = f"outputs {[name for name, _ in reference]} first, {[name for name, _ in flat]} then"
+    else:
+        checks = [
+            compare_gradients(name, value, tensor, tolerance)
+            for (name, value), (_, tensor) in zip(reference, flat, strict=True)
+            if value is not None
+        ]
+        wrong = next((check for check in checks if check.status != "ok"), None)
+        if wrong is None:
+            return
+        difference = (
+            f"output {wrong.name!r}: shapes differ"
+            if wrong.max_abs_error is None
+            else f"output {wrong.name!r}: max |difference| {wrong.max_abs_error:.3g}, "
+            f"{wrong.relative_error:.3g} of its largest value"
+        )
+    raise NondeterministicForwardError(
+        f"the stage gave different outputs in verify's two forwards, from the same inputs, parameters, buffers "
+        f"and seeds ({difference}), so a split backward of one cannot be compared with a full backward of the "
+        "other: the forward draws random numbers verify cannot seed (it seeds torch, numpy's global generator "
+        "and Python's random alike before each forward) or depends on state that changes between calls. Make "
+        "the forward repeatable for the check (module.eval(), a generator seeded inside the forward) and verify "
+        "again"
+    )
+
+
+def _matching_leaves(reference: list[torch.Tensor], split: list[torch.Tensor]) -> list[torch.Tensor | None]:
+    """For each leaf outside the module that the reference run reached, the split run's leaf in its place.
+
+    The same tensor where the split run reached it too (a leaf kept outside the module); else the split
+    run's next leaf that the reference run did not reach, in the order of :func:`_reached_leaves` (a leaf the
+    forward makes, a new tensor in each run at the same place of the graph); None when none is left.
+    """
+    reference_ids = {id(leaf) for leaf in reference}
+    split_ids = {id(leaf) for leaf in split}
+    made = iter([leaf for leaf in split if id(leaf) not in reference_ids])
+    return [leaf if id(leaf) in split_ids else next(made, None) for leaf in reference]
+
+
+@contextlib.contextmanager
+def _seeded_random_state(seed: int, cuda_devices: list[torch.device]) -> Iterator[None]:
+    """torch's generators (CPU and ``cuda_devices``), numpy's global one (when numpy imports) and Python's
+    ``random`` seeded with ``seed`` for the block; their states before it are restored after it."""
+    numpy_random = _numpy_random()
+    python_state = random.getstate()
+    numpy_state = numpy_random.get_state() if numpy_random is not None else None
+    with torch.random.fork_rng(devices=cuda_devices):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        if numpy_random is not None:
+            numpy_random.seed(seed % 2**32)
+        try:
+            yield
+        finally:
+            random.setstate(python_state)
+            if numpy_random is not None:
+                numpy_random.set_state(numpy_state)
+
+
+def _random_states() -> tuple[torch.Tensor, Any, Any]:
+    """The states of torch's CPU generator, numpy's global one (None without numpy) and Python's random."""
+    numpy_random = _numpy_random()
+    return (
+        torch.get_rng_state(),
+        numpy_random.get_state() if numpy_random is not None else None,
+        random.getstate(),
+    )
+
+
+def _set_random_states(states: tuple[torch.Tensor, Any, Any]) -> None:
+    """Put back what :func:`_random_states` read."""
+    torch_state, numpy_state, python_state = states
+    torch.set_rng_state(torch_state)
+    numpy_random = _numpy_random()
+    if numpy_random is not None and numpy_state is not None:
+        numpy_random.set_state(numpy_state)
+    random.setstate(python_state)
+
+
+def _numpy_random() -> Any:
+    """``numpy.random``, or None when numpy is not installed (torch does not need it)."""
+    try:
+        import numpy.random
+    except ImportError:
+        return None
+    return numpy.random
 
 
 def _cotangent(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor | None:

@@ -176,12 +176,18 @@ def meta_graph_note(module: nn.Module) -> str:
 
 
 def model_frame(error: BaseException) -> traceback.FrameSummary | None:
-    """Where the user's model raised ``error``: the deepest frame of its traceback outside PyTorch and the
-    standard library (and the ``__torch_function__`` / ``__torch_dispatch__`` handlers that run each op of
-    the model under graphkit's modes), when that frame is not graphkit's own (a spec's file, its module,
-    ``transformers``); None when graphkit raised it (a frame of graphkit is the deepest one left).
+    """Where the user's model raised ``error``, or None when graphkit raised it.
 
-    The commands use it to tell a mistake in the user's forward (one line, exit status 2) from a bug in
+    The deepest frame of its traceback outside PyTorch and the standard library (and the
+    ``__torch_function__`` / ``__torch_dispatch__`` handlers that run each op of the model under graphkit's
+    modes), when that frame is not graphkit's own (a spec's file, its module, ``transformers``). When the
+    frames below the deepest graphkit frame are all PyTorch's and one of them is a module call
+    (``nn.Module.__call__``), a module of PyTorch's that the model is built from raised it
+    (``nn.Sequential(nn.Linear(5, 4), nn.Linear(5, 4))``: "mat1 and mat2 shapes cannot be multiplied"):
+    that is the model's error too, and the frame is the deepest one, in PyTorch. None when graphkit raised
+    it (a frame of graphkit is the deepest one left, with no module call below it).
+
+    The commands use it to tell a mistake in the user's model (one line, exit status 2) from a bug in
     graphkit (a traceback). An error raised from another (``raise ... from error``) is looked up by its
     cause when its own traceback ends in graphkit.
     """
@@ -189,11 +195,15 @@ def model_frame(error: BaseException) -> traceback.FrameSummary | None:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        deepest: traceback.FrameSummary | None = None
         for frame in reversed(traceback.extract_tb(current.__traceback__)):
             if frame.filename.startswith("<"):  # generated code (a dataclass's __setattr__, <frozen ...>)
                 continue
             where = Path(frame.filename).resolve()
             if _within(where, _TORCH) or _in_stdlib(where):
+                deepest = deepest or frame
+                if _is_module_call(frame, where):
+                    return deepest  # a module of PyTorch's in the model raised, nothing of graphkit below
                 continue
             if frame.name in _PASS_THROUGH:  # a mode's handler that runs the model's op (graphkit's tracing)
                 continue
@@ -202,6 +212,11 @@ def model_frame(error: BaseException) -> traceback.FrameSummary | None:
             return frame
         current = current.__cause__
     return None
+
+
+def _is_module_call(frame: traceback.FrameSummary, where: Path) -> bool:
+    """Whether ``frame`` is ``torch.nn.Module.__call__`` running a module (``_call_impl``)."""
+    return frame.name in _MODULE_CALLS and where == _MODULE_FILE
 
 
 def _within(path: Path, folder: Path) -> bool:
@@ -215,6 +230,8 @@ def _in_stdlib(path: Path) -> bool:
 _GRAPHKIT = Path(__file__).resolve().parents[1]
 _PASS_THROUGH = {"__torch_function__", "__torch_dispatch__"}
 _TORCH = Path(nn.__file__).resolve().parents[1]
+_MODULE_FILE = Path(nn.Module.__call__.__code__.co_filename).resolve()
+_MODULE_CALLS = {"_call_impl", "_wrapped_call_impl"}
 _STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
 
 

@@ -17,6 +17,16 @@ so a runtime that calls PyTorch's functions directly can call these. Where they 
   view);
 - ``GradientEdge`` outputs (released stage outputs) are accepted on every torch release, and an output
   that is neither a tensor, a ``GradientEdge`` nor None raises ``GraphkitInputError``.
+
+Errors are drop-ins too: where PyTorch's functions raise a type of their own for bad input, graphkit's error
+is also that type (it subclasses both ``GraphkitInputError`` and PyTorch's type) and holds PyTorch's words,
+so code (and PyTorch's own tests) written against PyTorch's functions catch graphkit's:
+
+- a ``GradientEdge`` output with ``output_grads=None``: :class:`OutputGradientsRequiredError`, an
+  ``AssertionError`` saying "requires output gradients", as PyTorch's ``stage_backward_input``;
+- input the B phase refuses (a cotangent whose shape differs from its output's):
+  :class:`StageBackwardInputError`, a ``RuntimeError`` beginning "Failed to run stage backward input", as
+  PyTorch's function wraps whatever its backward raised.
 """
 
 from __future__ import annotations
@@ -31,9 +41,27 @@ from torch.nn import Parameter
 from graphkit.graph.tensors import GraphkitInputError
 from graphkit.split.backward import SplitState, backward_input, backward_weight
 
-__all__ = ["split_input_gradients", "stage_backward_input", "stage_backward_weight"]
+__all__ = [
+    "OutputGradientsRequiredError",
+    "StageBackwardInputError",
+    "split_input_gradients",
+    "stage_backward_input",
+    "stage_backward_weight",
+]
 
 _STATE_KEY = "graphkit_split_state"
+
+
+class OutputGradientsRequiredError(GraphkitInputError, AssertionError):
+    """A ``GradientEdge`` stage output (a released output) was given without its gradient
+    (``output_grads=None``). An ``AssertionError`` as well, as PyTorch's ``stage_backward_input`` raises
+    for the same input, with its words "requires output gradients"."""
+
+
+class StageBackwardInputError(GraphkitInputError, RuntimeError):
+    """The B phase refused its input (a cotangent whose shape differs from its output's). A
+    ``RuntimeError`` as well, beginning "Failed to run stage backward input", as PyTorch's
+    ``stage_backward_input`` wraps what its backward raises."""
 
 
 def split_input_gradients(
@@ -61,11 +89,13 @@ def split_input_gradients(
         run backward for: W then has nothing to do).
 
     Raises:
+        OutputGradientsRequiredError: a ``GradientEdge`` output with ``output_grads`` None (also an
+            ``AssertionError``, as PyTorch's).
+        StageBackwardInputError: the B phase refused its input, such as a cotangent whose shape differs
+            from its output's (also a ``RuntimeError``, as PyTorch's).
         graphkit.graph.tensors.GraphkitInputError: an output graphkit cannot run backward from (neither a
-            tensor, a ``GradientEdge`` nor None), a ``GradientEdge`` or a cotangent for an output that
-            has no graph where no cotangent is given, a cotangent whose shape differs from its output's,
-            more or fewer cotangents than outputs, or (``output_grads`` None) a loss that does not
-            require grad.
+            tensor, a ``GradientEdge`` nor None), more or fewer cotangents than outputs, or
+            (``output_grads`` None) a loss that does not require grad.
     """
     if output_grads is not None and len(output_grads) != len(stage_outputs):
         raise GraphkitInputError(
@@ -80,9 +110,10 @@ def split_input_gradients(
                 "gradient); return tensors from the stage"
             )
         if isinstance(output, GradientEdge) and output_grads is None:
-            raise GraphkitInputError(
-                f"stage output {position} is a GradientEdge (a released output), which needs the gradient "
-                "the next stage sent; output_grads=None means the outputs are scalar losses"
+            raise OutputGradientsRequiredError(
+                f"stage output {position} is a GradientEdge (a released output), which requires output "
+                "gradients: pass the gradient the next stage sent (output_grads=None means the outputs are "
+                "scalar losses)"
             )
     if output_grads is None and not any(
         isinstance(output, torch.Tensor) and output.requires_grad for output in stage_outputs
@@ -107,9 +138,12 @@ def split_input_gradients(
     input_grads: list[torch.Tensor | None] = [None] * len(input_values)
     if not outputs:
         return tuple(input_grads), None
-    state = backward_input(
-        outputs, cotangents, [input_values[position] for position in tensor_positions], params
-    )
+    try:
+        state = backward_input(
+            outputs, cotangents, [input_values[position] for position in tensor_positions], params
+        )
+    except GraphkitInputError as error:
+        raise StageBackwardInputError(f"Failed to run stage backward input: {error}") from error
     for position, grad in zip(tensor_positions, state.input_grads, strict=True):
         input_grads[position] = grad
     return tuple(input_grads), state
@@ -141,8 +175,12 @@ def stage_backward_input(
         flows), and an opaque list to pass to :func:`stage_backward_weight`.
 
     Raises:
-        graphkit.graph.tensors.GraphkitInputError: mismatched output gradients, an output that is
-            neither a tensor, a ``GradientEdge`` nor None.
+        OutputGradientsRequiredError: a ``GradientEdge`` output with ``output_grads`` None (an
+            ``AssertionError`` too, as PyTorch's).
+        StageBackwardInputError: a cotangent whose shape differs from its output's (a ``RuntimeError``
+            too, as PyTorch's).
+        graphkit.graph.tensors.GraphkitInputError: more or fewer output gradients than outputs, an output
+            that is neither a tensor, a ``GradientEdge`` nor None.
         graphkit.split.backward.GraphFreedError: the graph was freed by an earlier backward.
     """
     grads, state = split_input_gradients(stage_outputs_or_loss, output_grads, input_values, list(weights))

@@ -23,3 +23,27 @@ def make() -> tuple[nn.Module, tuple[torch.Tensor]]:
 def pipeline(num_stages: int, batch_size: int):
     stages = [WrongShape() for _ in range(num_stages)]
     return stages, lambda output, target: output.sum(), (torch.randn(batch_size, 4),), None
+
+
+def make_sequential() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """Two layers that do not fit: PyTorch's own Linear raises, no frame of this file is on the stack."""
+    return nn.Sequential(nn.Linear(5, 4), nn.Linear(5, 4)), (torch.randn(2, 5, requires_grad=True),)
+
+
+class MaskedWrite(nn.Module):
+    """Writes a learned row into the rows a boolean mask picks: the forward runs on the meta device, its
+    backward (the row's gradient: grad[mask], PyTorch's nonzero) cannot."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.row = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x).clone()
+        y[torch.ones(x.shape[0], dtype=torch.bool, device=x.device)] = self.row
+        return torch.tanh(y)
+
+
+def make_masked_write() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    return MaskedWrite(), (torch.randn(3, 4, requires_grad=True),)

@@ -32,6 +32,7 @@ from graphkit.graph.tracing import trace
 from graphkit.measure.flops import PhaseFlops
 from graphkit.measure.verification import VerifyReport, verify_split
 from graphkit.models.specs import (
+    SpecError,
     load_spec,
     load_spec_on,
     meta_forward_error,
@@ -41,7 +42,16 @@ from graphkit.models.specs import (
 from graphkit.models.zoo import DEFAULT_MODEL
 from graphkit.split.backward import backward_input, backward_weight
 
-__all__ = ["DEFAULT_SPEC", "FILES", "MAX_NODES", "META_VERIFY_NOTE", "STEPS", "Inspection", "collect"]
+__all__ = [
+    "DEFAULT_SPEC",
+    "FILES",
+    "MAX_NODES",
+    "META_VERIFY_NOTE",
+    "STEPS",
+    "Inspection",
+    "collect",
+    "meta_backward_error",
+]
 
 DEFAULT_SPEC = f"zoo:{DEFAULT_MODEL}"
 """The model :func:`inspect` looks at when no spec is given."""
@@ -256,6 +266,10 @@ def _meta_backward_flops(
     A full backward (ones as cotangents, the graph kept), then the split's B and W phases
     (:func:`graphkit.backward_input`, :func:`graphkit.backward_weight`) on the same graph; no value is
     read, so nothing is verified. B and W are -1 when the split cannot run there.
+
+    Raises:
+        RuntimeError: the full backward cannot run on the meta device (PyTorch's error, such as the
+            NotImplementedError of its meta ``nonzero``, which boolean indexing reaches).
     """
     roots = [tensor for _, tensor in flatten_tensors(outputs) if tensor.requires_grad]
     leaves = [parameter for parameter in module.parameters() if parameter.requires_grad] + stage_inputs
@@ -271,6 +285,20 @@ def _meta_backward_flops(
     except Exception:  # noqa: BLE001 - a split that cannot run on meta leaves B and W uncounted
         flops.forget("b", "w")
     return flops.backward()
+
+
+def meta_backward_error(spec: str, error: BaseException) -> SpecError:
+    """The one-line refusal of an inspection on the meta device whose full backward cannot run there
+    (``error``: what PyTorch raised; its meta ``nonzero``, reached by boolean indexing in a backward, has no
+    data-independent result)."""
+    lines = str(error).strip().splitlines()
+    first = lines[0].split(". ")[0][:200] if lines else ""  # its first sentence
+    reason = f"{type(error).__name__}: {first}"
+    return SpecError(
+        f"the backward of {spec!r} cannot run on the meta device ({reason}), so graphkit inspect cannot count "
+        "its FLOPs from shapes: run it on cpu (with a smaller config if it is too large), or draw the graph "
+        "alone with graphkit render --device meta"
+    )
 
 
 def collect(
@@ -303,7 +331,8 @@ def collect(
         An :class:`Inspection`.
 
     Raises:
-        graphkit.models.specs.SpecError: the spec cannot be loaded (or not on the meta device).
+        graphkit.models.specs.SpecError: the spec cannot be loaded (or not on the meta device), or on the meta
+            device its forward reads tensor values or its backward cannot run (:func:`meta_backward_error`).
         ValueError: ``collapse_depth < 1``, ``max_nodes < 1``, or ``device`` is unknown or unavailable.
         graphkit.graph.tensors.GraphkitInputError: the model's outputs have no autograd graph.
     """
@@ -349,7 +378,10 @@ def collect(
         if on_meta:
             report = None
             stage_inputs = [tensor for _, tensor in flatten_tensors((args, kwargs)) if tensor.requires_grad]
-            counted = _meta_backward_flops(outputs, traced_module, stage_inputs)
+            try:
+                counted = _meta_backward_flops(outputs, traced_module, stage_inputs)
+            except RuntimeError as error:  # NotImplementedError too
+                raise meta_backward_error(spec, error) from error
             parameter = next(iter(traced_module.parameters()), None)
             run_dtype = str(parameter.dtype if parameter is not None else torch.float32).removeprefix(
                 "torch."
