@@ -117,7 +117,9 @@ def test_run_records_1f1b_the_best_zero_bubble_and_top_others_and_says_why(monke
     )
     assert recorded["1F1B"] == "the baseline"
     assert len(recorded) in (2, 3)  # --top 1, plus the best zero-bubble when the top one is not it
-    assert "recorded: " in plan.table() and "(the baseline)" in plan.table()
+    assert "recorded (chosen by the prediction" in plan.table() and "(the baseline)" in plan.table()
+    # the verdict on zero bubble reads the recorded zero-bubble schedule, not a prediction
+    assert f"({zero_bubble.name} measured 1.00x 1F1B, faster in 0 of 5 rounds)" in plan.zero_bubble_verdict()
 
 
 def test_the_zero_bubble_line_gives_i_plus_w_against_b_per_stage_and_1f1bs_bubble():

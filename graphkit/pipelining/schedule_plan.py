@@ -254,7 +254,15 @@ class SchedulePlan:
         head = f"splitting costs {stages}" + (
             f"; 1F1B leaves a {bubble:.0%} bubble (predicted)" if bubble is not None else ""
         )
-        best = self.best_zero_bubble
+        measured = [
+            item
+            for item in self.schedules
+            if item.splits_backward and item.fits_memory and item.measured_seconds is not None
+        ]
+        # what was measured speaks over what was predicted
+        best = min(
+            measured, key=lambda item: item.measured_seconds or math.inf, default=self.best_zero_bubble
+        )
         if best is None:
             return f"zero bubble: no zero-bubble schedule fits here; {head}"
         won, rounds = self.rounds_won(best)
@@ -505,7 +513,9 @@ def _verdict(plan: SchedulePlan) -> str:
         else:
             text += f"\nrecommended: {recommended.name} (measured fastest; run it as --schedule {recommended.run_name})"
         chosen = [item for item in plan.schedules if item.recorded_because]
-        text += "\nrecorded: " + ", ".join(f"{item.name} ({item.recorded_because})" for item in chosen)
+        text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
+            f"{item.name} ({item.recorded_because})" for item in chosen
+        )
     text += "\n" + plan.zero_bubble_verdict()
     measured = plan.measured_overhead
     if measured and measured.get("between") is not None:
