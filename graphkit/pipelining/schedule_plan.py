@@ -87,7 +87,7 @@ class PlannedSchedule:
     @property
     def run_name(self) -> str:
         """What to run it by on the command line: ``csv:PATH`` for a cost-built order, else its name."""
-        return f"csv:{self.csv}" if self.name in ("Adaptive", "CostAware") and self.csv else self.name
+        return f"csv:{self.csv}" if is_generated(self.name) and self.csv else self.name
 
     @property
     def runnable(self) -> str | ScheduleOrder:
@@ -511,7 +511,11 @@ def _verdict(plan: SchedulePlan) -> str:
                 "most rounds"
             )
         else:
-            text += f"\nrecommended: {recommended.name} (measured fastest; run it as --schedule {recommended.run_name})"
+            if is_generated(recommended.name) and recommended.csv is None:
+                how = "plan with -o DIR to write the order built from these costs, then run csv:DIR/best.csv"
+            else:
+                how = f"run it as --schedule {recommended.run_name}"
+            text += f"\nrecommended: {recommended.name} (measured fastest; {how})"
         chosen = [item for item in plan.schedules if item.recorded_because]
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
             f"{item.name} ({item.recorded_because})" for item in chosen
