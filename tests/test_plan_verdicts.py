@@ -144,7 +144,7 @@ def test_a_memory_limit_nothing_fits_is_refused_naming_the_smallest_that_fits_an
     costs = costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS)
     fitting = plan_schedules(ranks=2, microbatches=8, costs=costs, overhead=0.0)
     smallest = min(max(item.simulation.peak_memory_bytes) for item in fitting.schedules if item.simulation)
-    with pytest.raises(ValueError, match=f"give --memory-limit {smallest} or more"):
+    with pytest.raises(ValueError, match=f"--memory-limit {smallest} fits at least that one"):
         plan_schedules(ranks=2, microbatches=8, costs=costs, memory_limit=1000, output=tmp_path / "out")
     assert not (tmp_path / "out").exists()
     assert plan_schedules(ranks=2, microbatches=8, costs=costs, memory_limit=smallest).best.fits_memory
@@ -204,3 +204,12 @@ def test_plan_command_names_only_the_files_it_wrote(tmp_path, capsys):
     for name in written:
         assert name in out
     assert "adaptive.csv" not in out
+
+
+def test_plan_command_run_without_a_spec_says_what_to_give(tmp_path, capsys):
+    from graphkit.cli import main
+
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS)))
+    assert main(["plan", "--costs", str(path), "--run"]) == 2
+    assert "--run records the schedules on real ranks: give the PIPELINE_SPEC" in capsys.readouterr().err

@@ -132,6 +132,8 @@ def run_plan(arguments: argparse.Namespace) -> int:
 
     if arguments.spec is None and arguments.costs is None:
         raise ValueError("give a PIPELINE_SPEC or --costs FILE.json")
+    if arguments.spec is None and arguments.record:
+        raise ValueError("--run records the schedules on real ranks: give the PIPELINE_SPEC to run")
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
     comm = None  # with --run: calibrated on the recorded schedules; without: DEFAULT_COMM

@@ -272,7 +272,7 @@ class SchedulePlan:
             evidence = f"{best.name} measured {ratio:.2f}x 1F1B, faster in {won} of {rounds} rounds"
         else:
             ratio = best.predicted_seconds / base.predicted_seconds
-            pays = ratio < 1
+            pays = ratio < 0.99  # a prediction within 1% of 1F1B is no reason to split
             evidence = f"{best.name} predicted {ratio:.2f}x 1F1B"
         verdict = "pays" if pays else "does not pay"
         reason = (
@@ -280,6 +280,8 @@ class SchedulePlan:
             if pays
             else "the extra work of splitting costs more than the bubble it fills"
         )
+        if not base.fits_memory:
+            reason += " (1F1B itself is over the memory limit: these ratios compare with a schedule that cannot run)"
         return f"zero bubble {verdict} here ({evidence}): {reason}; {head}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -387,9 +389,10 @@ def check_memory_limit(planned: list[PlannedSchedule], memory_limit: float | Non
     smallest = min(simulated, key=lambda item: max(item.simulation.peak_memory_bytes))  # type: ignore[union-attr]
     peak = max(smallest.simulation.peak_memory_bytes)  # type: ignore[union-attr]
     raise ValueError(
-        f"no schedule fits the memory limit of {memory_limit:,.0f} bytes per rank: the smallest peak is "
-        f"{smallest.name}'s, {peak:,} bytes ({peak / 2**20:.1f} MiB); give --memory-limit {peak} or more, "
-        "or more microbatches' worth of memory"
+        f"no schedule fits the memory limit of {memory_limit:,.0f} bytes per rank: the smallest peak of the "
+        f"schedules planned is {smallest.name}'s, {peak:,} bytes ({peak / 2**20:.1f} MiB), so "
+        f"--memory-limit {peak} fits at least that one (Adaptive and CostAware are built under the limit "
+        "and may fit a lower one, but not this one)"
     )
 
 
