@@ -65,6 +65,7 @@ from graphkit.pipelining.schedules import (
     common_stage_count,
     resolve_schedule,
     schedule_name,
+    schedule_order,
     stage_count,
     stage_indices,
 )
@@ -329,6 +330,11 @@ def schedule_compute_order(schedule: Any, rank: int) -> list[str]:
     ``_PipelineScheduleRuntime._step_microbatches`` executes; ``OVERLAP_F_B`` expanded into its
     sub-actions) or ``pipeline_order`` (single-stage schedules); idle slots (None) are skipped.
     """
+    if isinstance(schedule, torch_schedules.Schedule1F1B | torch_schedules.ScheduleGPipe):
+        # their step runs graphkit's generation order; Schedule1F1B.pipeline_order names a microbatch too
+        # many on its last rank (schedule_order says more)
+        order = schedule_order(type(schedule), schedule._num_stages, schedule._n_microbatches)
+        return order.labels().get(rank, [])
     order = getattr(schedule, "pipeline_order_with_comms", None) or getattr(schedule, "pipeline_order", None)
     if not order or rank not in order:
         return []
