@@ -279,7 +279,18 @@ def test_plan_command_draws_predicted_next_to_recorded_timelines(tmp_path, capsy
     monkeypatch.setattr(planner, "plan_schedules", recorded_plan)
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(costs_json(4)))
-    assert main(["plan", "--costs", str(path), "--ranks", "2", "--run", "-o", str(tmp_path / "out")]) == 0
+    argv = [
+        "plan",
+        "zoo-pipeline:mlp",
+        "--costs",
+        str(path),
+        "--ranks",
+        "2",
+        "--run",
+        "-o",
+        str(tmp_path / "out"),
+    ]
+    assert main(argv) == 0
     assert "timelines.html" in capsys.readouterr().out
     assert (tmp_path / "out" / "timelines.html").is_file() and (tmp_path / "out" / "timelines.svg").is_file()
 
