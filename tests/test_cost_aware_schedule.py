@@ -175,4 +175,4 @@ def test_verify_pipeline_finds_it_exact_over_two_gloo_ranks(tmp_path, capsys, st
     argv = ["verify-pipeline", "zoo-pipeline:mlp", "--schedule", schedule, "--ranks", "2"]
     assert main([*argv, "--microbatches", str(microbatches), "--json"]) == 0, capsys.readouterr()
     out = capsys.readouterr().out
-    assert '"exact": true' in out and '"passed": true' in out
+    assert '"exact": true' in out and '"ok": true' in out
