@@ -156,6 +156,11 @@ class SchedulePlan:
         pairs = list(zip(item.measured_steps, self.baseline.measured_steps, strict=False))
         return sum(step < base for step, base in pairs), len(pairs)
 
+    def won_most_rounds(self, item: PlannedSchedule) -> bool:
+        """Whether ``item``'s step was shorter than 1F1B's in more than half the recorded rounds."""
+        won, rounds = self.rounds_won(item)
+        return 2 * won > rounds
+
     @property
     def recommended(self) -> PlannedSchedule:
         """What to run. Without recorded steps, the best predicted schedule. With them, the measured:
@@ -171,7 +176,7 @@ class SchedulePlan:
             and item.measured_seconds is not None
             and item.fits_memory
             and item.measured_seconds < base.measured_seconds
-            and 2 * self.rounds_won(item)[0] > self.rounds_won(item)[1]
+            and self.won_most_rounds(item)
         ]
         return min(winners, key=lambda item: item.measured_seconds or math.inf, default=base)
 
@@ -268,7 +273,7 @@ class SchedulePlan:
         won, rounds = self.rounds_won(best)
         if best.measured_seconds is not None and base.measured_seconds:
             ratio = best.measured_seconds / base.measured_seconds
-            pays = ratio < 1 and 2 * won > rounds
+            pays = ratio < 1 and self.won_most_rounds(best)
             evidence = f"{best.name} measured {ratio:.2f}x 1F1B, faster in {won} of {rounds} rounds"
         else:
             ratio = best.predicted_seconds / base.predicted_seconds
