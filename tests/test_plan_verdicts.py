@@ -129,7 +129,8 @@ def test_the_zero_bubble_line_gives_i_plus_w_against_b_per_stage_and_1f1bs_bubbl
     )  # fmt: skip
     line = plan.zero_bubble_verdict()
     # I + W = 18.3 ms against B = 12.7 ms: 1.44 x on both stages; ZB-H1 is predicted slower than 1F1B
-    assert "stage 0 I + W 18.3 ms = 1.44 x B 12.7 ms" in line and "stage 1 I + W 18.3 ms = 1.44 x B" in line
+    assert "stage 1 I + W 18.3 ms = 1.44 x B 12.7 ms" in line and "stage 0 I + W" not in line
+    assert "stage 0 none (the first stage sends no input gradient: its W runs as one full backward)" in line
     assert line.startswith("zero bubble does not pay here (ZBH")
     bubble = plan.baseline.simulation.bubble_fraction
     assert f"1F1B leaves a {bubble:.0%} bubble (predicted)" in line
@@ -213,3 +214,32 @@ def test_plan_command_run_without_a_spec_says_what_to_give(tmp_path, capsys):
     path.write_text(json.dumps(costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS)))
     assert main(["plan", "--costs", str(path), "--run"]) == 2
     assert "--run records the schedules on real ranks: give the PIPELINE_SPEC" in capsys.readouterr().err
+
+
+def test_a_not_planned_row_keeps_the_table_columns():
+    plan = plan_schedules(
+        ranks=2, microbatches=4, costs=costs_json(1 * MS, 1 * MS, 1 * MS, 2 * MS), overhead=0.0,
+        schedules=["1F1B", "Interleaved1F1B", "ZBH1"],
+    )  # fmt: skip
+    lines = plan.table().splitlines()
+    header = lines[1]
+    row = next(line for line in lines if "Interleaved1F1B" in line)
+    planned = next(line for line in lines if " 1F1B " in line)
+    # the schedule and st/rank columns end where the header's do; the reason runs on after them
+    for column in ("schedule", "st/rank"):
+        end = header.index(column) + len(column)
+        assert row[end - 1] != " " and planned[end - 1] != " " and row[end] == " "
+    assert row.split()[2] == "2" and "not planned: needs costs of 4 stages" in row
+    assert header.index("predicted ms") - header.index("st/rank") == len("st/rank  ")
+
+
+def test_a_busy_machine_is_warned_about_once_then_reminded(monkeypatch):
+    monkeypatch.setattr(planner, "busy_machine_warning", lambda: "the load average is 6.0 on 2 cores: ...")
+    monkeypatch.setattr(planner, "load_average", lambda: "load average 6.00, 5.00, 4.00 on 2 CPUs")
+    with pytest.warns(RuntimeWarning, match="the load average is 6.0 on 2 cores"):
+        plan = plan_schedules(
+            "zoo-pipeline:mlp", ranks=2, microbatches=4, schedules=["1F1B"], overhead=0.0, batch_size=8
+        )
+    table = plan.table()
+    assert "the load average is 6.0 on 2 cores" not in table  # said once, before measuring
+    assert "load while measuring: load average 6.00" in table and "busier than the cores" in table

@@ -421,7 +421,8 @@ def backwards_line(calls: dict[str, int]) -> str:
     return (
         f"backwards run: {calls.get('input', 0)} I, {calls.get('weight', 0)} W (graphkit's split: "
         f"I = input-gradient backward, the ZB paper's B; W = weight-gradient backward), "
-        f"{calls.get('full', 0)} B (full backward)"
+        f"{calls.get('full', 0)} B (full backward; PyTorch's runtime runs a first stage's I as nothing and its "
+        "W as one full backward, counted here as B)"
     )
 
 

@@ -71,7 +71,7 @@ from graphkit.pipelining.schedule_plan import (
     check_memory_limit,
     simulate_schedule,
 )
-from graphkit.pipelining.schedules import is_single_stage, schedule_name
+from graphkit.pipelining.schedules import is_single_stage, schedule_name, stage_count
 
 __all__ = ["BUILT_IN_SCHEDULES", "PlannedSchedule", "SchedulePlan", "plan_schedules"]
 
@@ -149,7 +149,9 @@ def plan_schedules(
     load_warning = busy_machine_warning() if costs is None or run else ""
     if load_warning:
         warnings.warn(load_warning, RuntimeWarning, stacklevel=2)
+    load = ""
     if costs is None:
+        load = f"{load_average()} (measuring costs)" if load_average() else ""
         per_stage = _measure_costs(pipeline, ranks, microbatches, batch_size, repeat)  # type: ignore[arg-type]
     elif isinstance(costs, str | os.PathLike | dict):
         per_stage = costs_from_json(costs)
@@ -187,6 +189,7 @@ def plan_schedules(
         measured_costs=measured_one,
         overhead_source=overhead_source,
         load_warning=load_warning,
+        load=load,
     )
     _write_best(plan, folder)
     if run:
@@ -269,7 +272,11 @@ def _plan_one(
             canonical, ranks, microbatches, one, two or one, comm, overhead, memory_limit
         )
     except (ScheduleError, ValueError, RuntimeError, AssertionError) as error:
-        return PlannedSchedule(name, 0, None, False, error=f"not planned: {error}")
+        try:
+            per_rank = stage_count(name, ranks) // ranks
+        except (ScheduleError, ValueError):
+            per_rank = 0  # a name that does not resolve: no layout to show
+        return PlannedSchedule(name, per_rank, None, False, error=f"not planned: {error}")
 
 
 def _rank_key(item: PlannedSchedule) -> tuple[bool, float]:
@@ -367,7 +374,7 @@ def _run(
         batch_size=batch_size,
         pin_cores=pin_cores,
     )
-    plan.load = f"{load_before} before, {load_average()} after"
+    plan.load = (f"{plan.load}; " if plan.load else "") + f"{load_before} before recording, {load_average()} after"
     plan.recording = {"steps": steps, "threads": threads, "pin_cores": pin_cores}
     if pin_cores:
         plan.load += "; each rank pinned to one core" + (

@@ -252,7 +252,11 @@ class SchedulePlan:
             f"stage {index} I + W {(cost.backward_input + cost.backward_weight) * 1e3:.3g} ms = "
             f"{(cost.backward_input + cost.backward_weight) / cost.seconds('B'):.2f} x B {cost.seconds('B') * 1e3:.3g} ms"
             for index, cost in enumerate(costs)
-            if cost.seconds("B") > 0
+            if index > 0 and cost.seconds("B") > 0
+        )
+        # PyTorch's runtime runs the first stage's I as nothing and its W as one full backward
+        stages = "stage 0 none (the first stage sends no input gradient: its W runs as one full backward)" + (
+            f", {stages}" if stages else ""
         )
         base = self.baseline
         bubble = base.simulation.bubble_fraction if base.simulation is not None else None
@@ -468,12 +472,17 @@ def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
 def plan_table(plan: SchedulePlan) -> str:
     """The ranked table as plain text, under a line saying what was planned and with which model."""
     header, body = _cells(plan)
-    widths = [max(len(row[i]) for row in [header, *body] if i < len(row)) for i in range(len(header))]
+    # a not-planned row's reason runs on past the columns: only its first three cells set widths
+    widths = [
+        max(len(row[i]) for row in [header, *body] if i < len(row) and (i < 3 or len(row) == len(header)))
+        for i in range(len(header))
+    ]
     lines = [_title(plan)]
     lines.append("  ".join(cell.rjust(width) for cell, width in zip(header, widths, strict=True)))
     for row in body:
-        if len(row) < len(header):
-            lines.append("  ".join(row))
+        if len(row) < len(header):  # not planned: the reason runs on from the schedule's columns
+            named = [cell.rjust(width) for cell, width in zip(row[:3], widths, strict=False)]
+            lines.append("  ".join([*named, *row[3:]]))
             continue
         lines.append("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
     lines.append(_verdict(plan))
@@ -545,7 +554,9 @@ def _verdict(plan: SchedulePlan) -> str:
         )
     if plan.load:
         text += f"\nload while measuring: {plan.load}"
-    if plan.load_warning:
+        if plan.load_warning:  # said in full before measuring (stderr, or a RuntimeWarning): a reminder here
+            text += " - busier than the cores: rankings within the error warned of before measuring are not to be trusted"
+    elif plan.load_warning:
         text += f"\nwarning: {plan.load_warning}"
     return text
 
