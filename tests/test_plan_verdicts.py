@@ -58,7 +58,7 @@ def recorder(steps_by_name: dict[str, list[float]]):
     return record
 
 
-def run_plan(monkeypatch, tmp_path, steps_by_name, **options):
+def run_plan(monkeypatch, tmp_path, steps_by_name, top=1, **options):
     monkeypatch.setattr(planner, "record_schedules", recorder(steps_by_name))
     monkeypatch.setattr(planner, "busy_machine_warning", lambda: "")
     return plan_schedules(
@@ -69,7 +69,7 @@ def run_plan(monkeypatch, tmp_path, steps_by_name, **options):
         schedules=["1F1B", "GPipe", "ZBH1", "ZBH2"],
         run=True,
         steps=5,
-        top=1,
+        top=top,
         overhead=0.0,
         comm=CommModel(),
         output=tmp_path,
@@ -243,3 +243,26 @@ def test_a_busy_machine_is_warned_about_once_then_reminded(monkeypatch):
     table = plan.table()
     assert "the load average is 6.0 on 2 cores" not in table  # said once, before measuring
     assert "load while measuring: load average 6.00" in table and "busier than the cores" in table
+
+
+def test_a_pick_holding_much_more_memory_than_1f1b_says_so(monkeypatch, tmp_path):
+    # GPipe measured fastest in every round: recommended, with its memory against 1F1B's
+    plan = run_plan(
+        monkeypatch, tmp_path,
+        {"1F1B": [10.0] * 5, "GPipe": [8.0] * 5, "ZBH1": [11.0] * 5, "ZBH2": [11.0] * 5},
+        top=3,
+    )  # fmt: skip
+    gpipe, base = plan.by_name("GPipe"), plan.baseline
+    ratio = max(gpipe.simulation.peak_memory_bytes) / max(base.simulation.peak_memory_bytes)
+    assert ratio > 1.5
+    (line,) = [line for line in plan.table().splitlines() if line.startswith("recommended:")]
+    assert line.startswith("recommended: GPipe (measured fastest")
+    assert f"it holds {ratio:.1f}x 1F1B's peak memory per rank" in line and "--memory-limit" in line
+    # a pick that holds about what 1F1B holds gets no note
+    plan = run_plan(
+        monkeypatch, tmp_path,
+        {"1F1B": [10.0] * 5, "GPipe": [12.0] * 5, "ZBH1": [8.0] * 5, "ZBH2": [11.0] * 5},
+        top=3,
+    )  # fmt: skip
+    (line,) = [line for line in plan.table().splitlines() if line.startswith("recommended:")]
+    assert line.startswith("recommended: ZBH1") and "peak memory" not in line

@@ -45,6 +45,9 @@ BUILT_IN_SCHEDULES = (
 )
 """PyTorch's schedules the planner simulates (one stage per rank for the first two, two for the others)."""
 
+MEMORY_NOTE_RATIO = 1.5
+"""A pick whose predicted peak memory per rank is above this many times 1F1B's is printed with a note."""
+
 
 @dataclass(slots=True)
 class PlannedSchedule:
@@ -512,6 +515,8 @@ def _verdict(plan: SchedulePlan) -> str:
         f"best predicted: {best.name} ({best.predicted_seconds * 1e3:.2f} ms, "
         f"{_ratio(best.predicted_seconds / base.predicted_seconds)} of 1F1B)"
     )
+    if base.measured_seconds is None:
+        text += _memory_note(plan, best)
     winner = plan.measured_best
     if winner is not None and base.measured_seconds:
         won, rounds = plan.rounds_won(winner)
@@ -532,7 +537,7 @@ def _verdict(plan: SchedulePlan) -> str:
                 how = "plan with -o DIR to write the order built from these costs, then run csv:DIR/best.csv"
             else:
                 how = f"run it as --schedule {recommended.run_name}"
-            text += f"\nrecommended: {recommended.name} (measured fastest; {how})"
+            text += f"\nrecommended: {recommended.name} (measured fastest; {how}){_memory_note(plan, recommended)}"
         chosen = [item for item in plan.schedules if item.recorded_because]
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
             f"{item.name} ({item.recorded_because})" for item in chosen
@@ -559,6 +564,21 @@ def _verdict(plan: SchedulePlan) -> str:
     elif plan.load_warning:
         text += f"\nwarning: {plan.load_warning}"
     return text
+
+
+def _memory_note(plan: SchedulePlan, item: PlannedSchedule) -> str:
+    """A warning where ``item`` holds much more memory than 1F1B (GPipe keeps every microbatch's
+    activations): speed is not all a pick costs; empty otherwise."""
+    base = plan.baseline
+    if item is base or item.simulation is None or base.simulation is None:
+        return ""
+    peak, base_peak = max(item.simulation.peak_memory_bytes), max(base.simulation.peak_memory_bytes)
+    if base_peak <= 0 or peak <= MEMORY_NOTE_RATIO * base_peak:
+        return ""
+    return (
+        f"; note: it holds {peak / base_peak:.1f}x 1F1B's peak memory per rank ({peak / 2**20:.1f} against "
+        f"{base_peak / 2**20:.1f} MiB): where memory is short, plan with --memory-limit BYTES to rule it out"
+    )
 
 
 def plan_html(plan: SchedulePlan) -> str:
