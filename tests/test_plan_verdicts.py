@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,29 @@ def test_a_pick_holding_much_more_memory_than_1f1b_says_so(monkeypatch, tmp_path
     )  # fmt: skip
     (line,) = [line for line in plan.table().splitlines() if line.startswith("recommended:")]
     assert line.startswith("recommended: ZBH1") and "peak memory" not in line
+
+
+def test_the_zero_bubble_line_says_what_a_free_split_would_gain():
+    # a split 1.44x dearer than B does not pay; were it free (I + W = B) it would fill 1F1B's bubble
+    plan = plan_schedules(
+        ranks=2, microbatches=8, costs=costs_json(6 * MS, 5.6 * MS, 12.7 * MS, 12.7 * MS), overhead=0.0,
+        schedules=["1F1B", "ZBH1"],
+    )  # fmt: skip
+    freed = [plan.costs[0]] + [
+        replace(c, backward_input=c.seconds("B") * 5.6 / 18.3, backward_weight=c.seconds("B") * 12.7 / 18.3)
+        for c in plan.costs[1:]
+    ]
+    assert all(abs(f.backward_input + f.backward_weight - f.seconds("B")) < 1e-12 for f in freed[1:])
+    from graphkit.pipelining.planning import generated_order
+
+    order = generated_order("CostAware", 2, 8, freed, None, plan.comm, plan.overhead)
+    expected = simulate(order, freed, plan.comm, microbatches=8, overhead=0.0).step_seconds
+    base = simulate(schedule_order("1F1B", 2, 8), freed, plan.comm, microbatches=8, overhead=0.0).step_seconds
+    assert plan.free_split_vs_1f1b == pytest.approx(expected / base)
+    assert plan.free_split_vs_1f1b < 0.99
+    line = plan.zero_bubble_verdict()
+    assert line.startswith("zero bubble does not pay here")
+    assert (
+        f"were splitting free (I + W = B), CostAware would predict {plan.free_split_vs_1f1b:.3f}x 1F1B: a cheaper split would pay"
+        in line
+    )

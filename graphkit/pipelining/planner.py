@@ -69,6 +69,7 @@ from graphkit.pipelining.schedule_plan import (
     PlannedSchedule,
     SchedulePlan,
     check_memory_limit,
+    free_split_ratio,
     simulate_schedule,
 )
 from graphkit.pipelining.schedules import is_single_stage, schedule_name, stage_count
@@ -207,6 +208,7 @@ def plan_schedules(
         if calibrate:
             _calibrate(plan, two)
         _write_best(plan, folder)  # what measured fastest, now
+    plan.free_split_vs_1f1b = free_split_ratio(plan)
     if folder is not None:
         (folder / "plan.json").write_text(plan.to_json())
     return plan
@@ -374,7 +376,9 @@ def _run(
         batch_size=batch_size,
         pin_cores=pin_cores,
     )
-    plan.load = (f"{plan.load}; " if plan.load else "") + f"{load_before} before recording, {load_average()} after"
+    plan.load = (
+        f"{plan.load}; " if plan.load else ""
+    ) + f"{load_before} before recording, {load_average()} after"
     plan.recording = {"steps": steps, "threads": threads, "pin_cores": pin_cores}
     if pin_cores:
         plan.load += "; each rank pinned to one core" + (

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from graphkit.pipelining.planning.actions import ScheduleError, ScheduleOrder
-from graphkit.pipelining.planning.cost_model import CommModel, StageCost, mean_cost, scaled
+from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_split, mean_cost, scaled
 from graphkit.pipelining.planning.registry import generated_order, is_generated
 from graphkit.pipelining.planning.simulator import Simulation, simulate
 from graphkit.pipelining.planning.timelines import ScheduleTimeline
@@ -28,6 +28,7 @@ __all__ = [
     "PlannedSchedule",
     "SchedulePlan",
     "check_memory_limit",
+    "free_split_ratio",
     "plan_html",
     "plan_table",
     "simulate_schedule",
@@ -123,6 +124,8 @@ class SchedulePlan:
     overhead_source: str = "given"
     # with run: how the steps were recorded (steps per schedule, threads per rank, ranks pinned to cores)
     recording: dict[str, Any] | None = None
+    # CostAware's predicted step over 1F1B's were splitting free (I + W = B): see free_split_ratio()
+    free_split_vs_1f1b: float | None = None
     # the machine was busier than its cores before measuring: what to expect of the figures
     load_warning: str = ""
 
@@ -294,6 +297,13 @@ class SchedulePlan:
         )
         if not base.fits_memory:
             reason += " (1F1B itself is over the memory limit: these ratios compare with a schedule that cannot run)"
+        bound = self.free_split_vs_1f1b
+        if bound is not None and not pays:
+            reason += f"; were splitting free (I + W = B), CostAware would predict {bound:.3f}x 1F1B: " + (
+                "a cheaper split would pay"
+                if bound < 0.99
+                else "the bubble is too small to pay for any split"
+            )
         return f"zero bubble {verdict} here ({evidence}): {reason}; {head}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -313,6 +323,7 @@ class SchedulePlan:
             "best": self.best.run_name,
             "recommended": self.recommended.run_name,
             "zero_bubble": self.zero_bubble_verdict(),
+            "free_split_vs_1f1b": self.free_split_vs_1f1b,
             "load_warning": self.load_warning,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
@@ -327,7 +338,7 @@ class SchedulePlan:
 
     def table(self) -> str:
         """The ranked table as plain text: what was planned with which model, a row per schedule (times in
-        ms, memory in MB = 10^6 bytes), and the verdict."""
+        ms, memory in MiB = 2^20 bytes), and the verdict."""
         return plan_table(self)
 
     def __str__(self) -> str:
@@ -434,6 +445,26 @@ def simulate_schedule(
     )
     fits = memory_limit is None or max(simulation.peak_memory_bytes) <= memory_limit
     return PlannedSchedule(name, 1 if single else 2, simulation, fits, order=order)
+
+
+def free_split_ratio(plan: SchedulePlan) -> float | None:
+    """CostAware's predicted step over 1F1B's with the plan's costs made free to split
+    (:func:`~graphkit.pipelining.planning.cost_model.free_split`: I + W = B on every stage but the first),
+    the plan's message model, runtime overhead and memory limit; None on one rank or where it cannot be
+    built. Below 1 by a margin: a cheaper split would pay; about 1: the bubble is too small for any."""
+    if plan.ranks < 2:
+        return None
+    freed = free_split(plan.costs)
+    try:
+        base, free = (
+            simulate_schedule(
+                name, plan.ranks, plan.microbatches, freed, freed, plan.comm, plan.overhead, plan.memory_limit
+            )
+            for name in ("1F1B", "CostAware")
+        )
+    except (ScheduleError, ValueError):
+        return None
+    return free.predicted_seconds / base.predicted_seconds if base.predicted_seconds else None
 
 
 # --- presentation ---------------------------------------------------------------------------------------

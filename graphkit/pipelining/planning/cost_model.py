@@ -37,6 +37,7 @@ __all__ = [
     "costs_from_json",
     "costs_from_measured",
     "first_stage_as_run",
+    "free_split",
     "mean_cost",
     "merge_stage_costs",
     "scaled",
@@ -315,6 +316,21 @@ def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
         )
         for cost in costs
     ]
+
+
+def free_split(costs: Sequence[StageCost]) -> list[StageCost]:
+    """``costs`` as if splitting a backward cost nothing: on every stage but the first, I and W rescaled so
+    that I + W equals the full backward B, in the proportion measured (I / (I + W) kept). A bound, not a
+    measurement: what a zero-bubble schedule could gain if graphkit's split added no work, which tells a
+    bubble too small to fill from a split too dear to fill it. The first stage (as
+    :func:`first_stage_as_run` left it: W is a full backward) is unchanged."""
+    freed = list(costs[:1])
+    for cost in costs[1:]:
+        split = cost.backward_input + cost.backward_weight
+        share = cost.backward_input / split if split > 0 else 0.5
+        full = cost.seconds("B")
+        freed.append(replace(cost, backward_input=full * share, backward_weight=full * (1 - share)))
+    return freed
 
 
 def scaled(cost: StageCost, factor: float) -> StageCost:
