@@ -293,3 +293,46 @@ def test_the_zero_bubble_line_says_what_a_free_split_would_gain():
         f"were splitting free (I + W = B), CostAware would predict {plan.free_split_vs_1f1b:.3f}x 1F1B: a cheaper split would pay"
         in line
     )
+
+
+def test_without_run_a_schedule_predicted_within_1_percent_of_1f1b_is_not_recommended(tmp_path, capsys):
+    from graphkit.cli import main
+
+    # I 12 + W 7 against B 12.7 ms: CostAware splits a little and is predicted 0.996x 1F1B
+    costs = costs_json(6 * MS, 12 * MS, 7 * MS, 12.7 * MS)
+    plan = plan_schedules(ranks=2, microbatches=8, costs=costs, overhead=0.0, schedules=["1F1B", "CostAware"])
+    ratio = plan.best.predicted_seconds / plan.baseline.predicted_seconds
+    assert plan.best.name == "CostAware" and 0.99 <= ratio < 1
+    assert plan.recommended is plan.baseline
+    assert "recommended: keep 1F1B - CostAware is predicted within 1% of it" in plan.table()
+    assert plan.zero_bubble_verdict().startswith("zero bubble does not pay here")
+    # a clear prediction is recommended as the best predicted
+    clear = plan_schedules(
+        ranks=2, microbatches=8, costs=costs_json(6 * MS, 6 * MS, 7 * MS, 12.7 * MS), overhead=0.0,
+        schedules=["1F1B", "CostAware"],
+    )  # fmt: skip
+    assert clear.recommended.name == "CostAware"
+    assert "recommended: CostAware (the best predicted; --run records it against 1F1B)" in clear.table()
+    # the command writes the recommendation as best.csv, and says it kept 1F1B
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs))
+    output = tmp_path / "plan"
+    assert (
+        main(
+            [
+                "plan",
+                "--costs",
+                str(path),
+                "--schedules",
+                "1F1B,CostAware",
+                "--overhead",
+                "0",
+                "-o",
+                str(output),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert f"wrote {output}/best.csv (1F1B, kept: nothing predicted at least 1% faster" in out
+    assert read_schedule_csv(output / "best.csv") == plan.baseline.order.actions()

@@ -115,7 +115,7 @@ def add_plan_command(commands: Any) -> None:
         "--output",
         metavar="DIR",
         help="write best.csv (the recommended schedule: with --run the measured best, else the best "
-        "predicted), one CSV per generated schedule (zbh1.csv, ...), plan.json and, with --run, recorded.json "
+        "predicted where it is predicted at least 1%% below 1F1B, else 1F1B), one CSV per generated schedule (zbh1.csv, ...), plan.json and, with --run, recorded.json "
         "and timelines.html/.svg; without it nothing is written",
     )
     add_json_option(plan, help="print the plan as JSON instead of the table")
@@ -193,7 +193,14 @@ def run_plan(arguments: argparse.Namespace) -> int:
     if arguments.output:
         folder = Path(arguments.output)
         recommended = plan.recommended
-        how = "measured fastest" if recommended.measured_seconds is not None else "the best predicted"
+        if recommended is plan.baseline and plan.best is not plan.baseline:
+            how = "kept: nothing " + (
+                "measured faster in its median step and most rounds"
+                if recommended.measured_seconds is not None
+                else "predicted at least 1% faster"
+            )
+        else:
+            how = "measured fastest" if recommended.measured_seconds is not None else "the best predicted"
         if (folder / "best.csv").is_file():
             print(
                 f"wrote {folder}/best.csv ({recommended.name}, {how}: run it as --schedule csv:{folder}/best.csv)"

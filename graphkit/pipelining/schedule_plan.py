@@ -46,6 +46,10 @@ BUILT_IN_SCHEDULES = (
 )
 """PyTorch's schedules the planner simulates (one stage per rank for the first two, two for the others)."""
 
+PREDICTED_MARGIN = 0.99
+"""Without recorded steps, a schedule is recommended over 1F1B (and said to pay) only when predicted below
+this many times 1F1B's step: a prediction within 1% is within the costs' noise, no reason to change."""
+
 MEMORY_NOTE_RATIO = 1.5
 """A pick whose predicted peak memory per rank is above this many times 1F1B's is printed with a note."""
 
@@ -169,12 +173,16 @@ class SchedulePlan:
 
     @property
     def recommended(self) -> PlannedSchedule:
-        """What to run. Without recorded steps, the best predicted schedule. With them, the measured:
+        """What to run. Without recorded steps, the best predicted schedule where it is predicted at least 1%
+        below 1F1B (:data:`PREDICTED_MARGIN`), else 1F1B. With them, the measured:
         the schedule with the shortest median step among those that beat 1F1B's median and its step in
         most recorded rounds; 1F1B when none does (keep 1F1B)."""
         base = self.baseline
         if base.measured_seconds is None:
-            return self.best
+            best = self.best
+            if best is base or not base.fits_memory:
+                return best
+            return best if best.predicted_seconds < PREDICTED_MARGIN * base.predicted_seconds else base
         winners = [
             item
             for item in self.schedules
@@ -287,7 +295,7 @@ class SchedulePlan:
             evidence = f"{best.name} measured {ratio:.2f}x 1F1B, faster in {won} of {rounds} rounds"
         else:
             ratio = best.predicted_seconds / base.predicted_seconds
-            pays = ratio < 0.99  # a prediction within 1% of 1F1B is no reason to split
+            pays = ratio < PREDICTED_MARGIN  # a prediction within 1% of 1F1B is no reason to split
             evidence = f"{best.name} predicted {ratio:.2f}x 1F1B"
         verdict = "pays" if pays else "does not pay"
         reason = (
@@ -301,7 +309,7 @@ class SchedulePlan:
         if bound is not None and not pays:
             reason += f"; were splitting free (I + W = B), CostAware would predict {bound:.3f}x 1F1B: " + (
                 "a cheaper split would pay"
-                if bound < 0.99
+                if bound < PREDICTED_MARGIN
                 else "the bubble is too small to pay for any split"
             )
         return f"zero bubble {verdict} here ({evidence}): {reason}; {head}"
@@ -547,7 +555,17 @@ def _verdict(plan: SchedulePlan) -> str:
         f"{_ratio(best.predicted_seconds / base.predicted_seconds)} of 1F1B)"
     )
     if base.measured_seconds is None:
-        text += _memory_note(plan, best)
+        recommended = plan.recommended
+        if recommended is base and best is not base:
+            text += (
+                f"\nrecommended: keep 1F1B - {best.name} is predicted within 1% of it, within the costs' noise "
+                "(record both with --run to measure the difference)"
+            )
+        else:
+            text += (
+                f"\nrecommended: {recommended.name} (the best predicted; --run records it against 1F1B)"
+                + _memory_note(plan, recommended)
+            )
     winner = plan.measured_best
     if winner is not None and base.measured_seconds:
         won, rounds = plan.rounds_won(winner)
