@@ -336,3 +336,10 @@ def test_without_run_a_schedule_predicted_within_1_percent_of_1f1b_is_not_recomm
     out = capsys.readouterr().out
     assert f"wrote {output}/best.csv (1F1B, kept: nothing predicted at least 1% faster" in out
     assert read_schedule_csv(output / "best.csv") == plan.baseline.order.actions()
+
+
+def test_a_recommendation_from_few_rounds_says_so(monkeypatch, tmp_path):
+    steps = {"1F1B": [10.0] * 3, "GPipe": [12.0] * 3, "ZBH1": [9.0, 9.0, 11.0], "ZBH2": [13.0] * 3}
+    plan = run_plan(monkeypatch, tmp_path, steps, top=3)  # 3 rounds recorded: ZBH1 won 2
+    (line,) = [line for line in plan.table().splitlines() if line.startswith("recommended:")]
+    assert line.startswith("recommended: ZBH1") and "from only 3 rounds (2 won): record more" in line

@@ -88,7 +88,13 @@ def add_plan_command(commands: Any) -> None:
         help="record 1F1B, the best zero-bubble schedule and the --top best for real, print the measured "
         "steps, and recommend (and write as best.csv) what measured fastest in most rounds",
     )
-    add_steps_option(plan, default=3, metavar="K", help="recorded steps per schedule with --run (default 3)")
+    add_steps_option(
+        plan,
+        default=9,
+        metavar="K",
+        help="recorded steps per schedule with --run, in interleaved rounds (default 9; a schedule is "
+        "recommended only when faster than 1F1B in most rounds, so few rounds decide little)",
+    )
     plan.add_argument(
         "--top",
         type=int,

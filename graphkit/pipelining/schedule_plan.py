@@ -50,6 +50,9 @@ PREDICTED_MARGIN = 0.99
 """Without recorded steps, a schedule is recommended over 1F1B (and said to pay) only when predicted below
 this many times 1F1B's step: a prediction within 1% is within the costs' noise, no reason to change."""
 
+FEW_ROUNDS = 5
+"""A recommendation measured over fewer interleaved rounds than this says so (two wins of three decide little)."""
+
 MEMORY_NOTE_RATIO = 1.5
 """A pick whose predicted peak memory per rank is above this many times 1F1B's is printed with a note."""
 
@@ -587,6 +590,11 @@ def _verdict(plan: SchedulePlan) -> str:
             else:
                 how = f"run it as --schedule {recommended.run_name}"
             text += f"\nrecommended: {recommended.name} (measured fastest; {how}){_memory_note(plan, recommended)}"
+            won, rounds = plan.rounds_won(recommended)
+            if rounds < FEW_ROUNDS:
+                text += (
+                    f"; from only {rounds} rounds ({won} won): record more (--steps 9 or more) before trusting it"
+                )
         chosen = [item for item in plan.schedules if item.recorded_because]
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
             f"{item.name} ({item.recorded_because})" for item in chosen
