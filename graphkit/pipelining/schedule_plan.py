@@ -592,9 +592,7 @@ def _verdict(plan: SchedulePlan) -> str:
             text += f"\nrecommended: {recommended.name} (measured fastest; {how}){_memory_note(plan, recommended)}"
             won, rounds = plan.rounds_won(recommended)
             if rounds < FEW_ROUNDS:
-                text += (
-                    f"; from only {rounds} rounds ({won} won): record more (--steps 9 or more) before trusting it"
-                )
+                text += f"; from only {rounds} rounds ({won} won): record more (--steps 9 or more) before trusting it"
         chosen = [item for item in plan.schedules if item.recorded_because]
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
             f"{item.name} ({item.recorded_because})" for item in chosen
