@@ -5,6 +5,7 @@ fits, a busy machine, and files written only when asked for - each against hand-
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -117,6 +118,12 @@ def test_run_records_1f1b_the_best_zero_bubble_and_top_others_and_says_why(monke
         and "the best zero-bubble" in recorded[zero_bubble.name]
     )
     assert recorded["1F1B"] == "the baseline"
+    # each says its place and ratio to 1F1B in the prediction it was chosen by (before calibration)
+    assert all(
+        re.fullmatch(r"#\d+ predicted \d+\.\d\dx(, the best zero-bubble)?", why)
+        for name, why in recorded.items()
+        if name != "1F1B"
+    )
     assert len(recorded) in (2, 3)  # --top 1, plus the best zero-bubble when the top one is not it
     assert "recorded (chosen by the prediction" in plan.table() and "(the baseline)" in plan.table()
     # the verdict on zero bubble reads the recorded zero-bubble schedule, not a prediction

@@ -243,18 +243,21 @@ class SchedulePlan:
         last."""
         simulated = [item for item in self.schedules if item.simulation is not None and item.fits_memory]
         others = [item for item in simulated if item is not self.baseline]
+        base = self.baseline.predicted_seconds
+
+        def ranked(item: PlannedSchedule) -> str:
+            ratio = f" {item.predicted_seconds / base:.2f}x" if base else ""
+            return f"#{self.schedules.index(item) + 1} predicted{ratio}"
+
         chosen = []
         for item in others[:top]:
-            rank = self.schedules.index(item) + 1
-            item.recorded_because = f"#{rank} predicted" + (
+            item.recorded_because = ranked(item) + (
                 ", the best zero-bubble" if item is self.best_zero_bubble else ""
             )
             chosen.append(item)
         zero_bubble = self.best_zero_bubble
         if zero_bubble is not None and zero_bubble not in chosen and zero_bubble is not self.baseline:
-            zero_bubble.recorded_because = (
-                f"#{self.schedules.index(zero_bubble) + 1} predicted, the best zero-bubble"
-            )
+            zero_bubble.recorded_because = f"{ranked(zero_bubble)}, the best zero-bubble"
             chosen.append(zero_bubble)
         self.baseline.recorded_because = "the baseline"
         chosen.append(self.baseline)
