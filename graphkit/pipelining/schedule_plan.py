@@ -567,6 +567,8 @@ def _verdict(plan: SchedulePlan) -> str:
                 f"\nrecommended: keep 1F1B - {best.name} is predicted within 1% of it, within the costs' noise "
                 "(record both with --run to measure the difference)"
             )
+        elif recommended is base:
+            text += "\nrecommended: keep 1F1B - no schedule is predicted faster"
         else:
             text += (
                 f"\nrecommended: {recommended.name} (the best predicted; --run records it against 1F1B)"
