@@ -56,7 +56,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
@@ -304,6 +304,9 @@ def _in_leaf_layout(grad: torch.Tensor | None, leaf: torch.Tensor) -> torch.Tens
         return grad
     if grad.shape != leaf.shape:
         return grad
+    strides = grad.stride()
+    if strides == leaf.stride() and 0 not in strides and leaf.is_contiguous():
+        return grad  # the common case, as the loop below would find it
     if _dense(leaf):
         if all(
             (size != 1 and stride == expected) or (size == 1 and stride != 0)
@@ -554,9 +557,16 @@ def _backward_input(
                 raise _post_hook_error(nodes[index], others)
         lap("b.hooks")
         if stage_inputs and closure_outputs:
+            if plan.has_custom_functions is None:  # once per structure: the plan's key holds the Node classes
+                plan.has_custom_functions = _autograd.any_custom_function(nodes)
             with (
-                custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
-                _opaque_input_phase(run_once, checkpoints),
+                # the common case (no custom Function, checkpoint or compiled region) enters only the last
+                custom_functions_in_input_phase(walk, input_nodes, plan, materialized)
+                if plan.has_custom_functions
+                else _NO_CONTEXT,
+                _opaque_input_phase(run_once, checkpoints)
+                if run_once is not None or checkpoints is not None
+                else _NO_CONTEXT,
                 refusing_multi_grad_hooks(
                     partial(_only_in_weight_phase, walk.index, plan.weight_only), _multi_grad_hook_error
                 ),
@@ -634,6 +644,10 @@ def _backward_input(
     _watch_for_other_backwards(state, output_edges)
     lap("b.watch")
     return state
+
+
+_NO_CONTEXT = nullcontext()
+"""A context manager that does nothing (reentrant: B enters it for the phases a graph does not need)."""
 
 
 def _only_in_weight_phase(index: dict[Node, int], weight_only: bytearray, node: Node) -> bool:
