@@ -42,6 +42,9 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
 
     An output may be a ``GradientEdge`` (:data:`Output`): it always needs a cotangent.
     """
+    pairs = _plain_pairs(outputs, grad_outputs)
+    if pairs is not None:
+        return pairs
     named_outputs = flatten_tensors(outputs, edges=True)
     if not named_outputs:
         raise GraphkitInputError(
@@ -97,6 +100,35 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
             "forward with gradients enabled and parameters or inputs that require grad"
         )
     return pairs
+
+
+def _plain_pairs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Tensor]] | None:
+    """:func:`pair_outputs` for the common case, without flattening: one tensor with its cotangent, or a
+    list or tuple of tensors with one cotangent each (all tensors, shapes alike, some output requiring
+    grad). None for anything else, which the general path pairs, or refuses with its error."""
+    if isinstance(outputs, torch.Tensor):
+        if not isinstance(grad_outputs, torch.Tensor):
+            return None
+        outputs, grad_outputs = (outputs,), (grad_outputs,)
+    elif not (
+        type(outputs) in (list, tuple)
+        and type(grad_outputs) in (list, tuple)
+        and 0 < len(outputs) == len(grad_outputs)
+    ):
+        return None
+    pairs = []
+    any_requires_grad = False
+    for tensor, grad in zip(outputs, grad_outputs, strict=True):
+        if (
+            type(tensor) is not torch.Tensor
+            or not isinstance(grad, torch.Tensor)
+            or grad.shape != tensor.shape
+        ):
+            return None
+        if tensor.requires_grad:
+            any_requires_grad = True
+            pairs.append((tensor, grad))
+    return pairs if any_requires_grad else None
 
 
 def matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
