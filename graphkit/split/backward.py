@@ -67,8 +67,9 @@ import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 from graphkit.graph import _autograd
+from graphkit.graph._autograd import ACCUMULATE_GRAD_CLASS
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes
-from graphkit.graph.walk import walk_nodes
+from graphkit.graph.walk import NodeWalk, walk_nodes
 from graphkit.split.arguments import (
     named_inputs,
     pair_outputs,
@@ -491,10 +492,9 @@ def _backward_input(
                 "a pipeline stage receives them",
                 stacklevel=stacklevel,
             )
-    input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [_root_edge(output) for output, _ in pairs]
     lap("b.arguments")
-    walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
+    walk, input_nodes = _walk_to_inputs(output_edges, stage_inputs)
     lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
@@ -644,6 +644,30 @@ def _backward_input(
     _watch_for_other_backwards(state, output_edges)
     lap("b.watch")
     return state
+
+
+def _walk_to_inputs(
+    output_edges: list[GradientEdge], stage_inputs: list[torch.Tensor]
+) -> tuple[NodeWalk, set[Node]]:
+    """The walk from the outputs' Nodes, stopping at the stage inputs, and the inputs' Nodes.
+
+    A leaf input's Node (its AccumulateGrad) is found among the walked Nodes by its ``variable``
+    instead of through ``get_gradient_edge``, which makes and drops a view of the input each time (about
+    as long as the walk itself on a small stage). A leaf input the outputs do not reach has no Node in
+    the walk, so none here: it stands as position -1 in the plan's key, as its own Node would.
+    """
+    leaf_inputs = {id(tensor) for tensor in stage_inputs if tensor.grad_fn is None}
+    if not leaf_inputs or ACCUMULATE_GRAD_CLASS is type(None):
+        input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
+        return walk_nodes((edge.node for edge in output_edges), input_nodes), input_nodes
+    input_nodes = {
+        _autograd.gradient_edge(tensor).node for tensor in stage_inputs if tensor.grad_fn is not None
+    }
+    walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
+    for node in walk.nodes:
+        if type(node) is ACCUMULATE_GRAD_CLASS and id(node.variable) in leaf_inputs:
+            input_nodes.add(node)
+    return walk, input_nodes
 
 
 _NO_CONTEXT = nullcontext()
