@@ -54,7 +54,6 @@ thread (the flags live on the Node of its own graph, not in a process-wide varia
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
@@ -250,6 +249,12 @@ class SplitState:
         """The non-reentrant checkpointed regions W reads (their recomputation counts), or None."""
         return self._checkpoints
 
+    def __del__(self) -> None:
+        # a state dropped without W: remove the pre-hooks watching for other backwards (W removed them
+        # otherwise); cheaper per microbatch than a weakref.finalize
+        if self._watch_handles:
+            _remove_handles(self._watch_handles)
+
     def _release(self) -> None:
         _remove_handles(self._watch_handles)
         self._used = True
@@ -390,7 +395,7 @@ def _watch_for_other_backwards(state: SplitState, output_edges: list[GradientEdg
     loss taken from an activation inside the stage is left alone: its gradients are its own. A
     parameter returned as an output is not watched (its AccumulateGrad Node serves every microbatch).
     The hooks hold only a flag, never the state; W removes them before its own engine call, and so does
-    the state's finalizer if W never runs.
+    the state's ``__del__`` if W never runs.
     """
     watched = {edge.node for edge in output_edges if not _autograd.is_accumulate_grad(edge.node)}
     if not watched:
@@ -403,7 +408,6 @@ def _watch_for_other_backwards(state: SplitState, output_edges: list[GradientEdg
     handles = state._watch_handles
     for node in watched:
         handles.append(_register_prehook(node, note))
-    weakref.finalize(state, _remove_handles, handles)
 
 
 def backward_input(
@@ -494,7 +498,7 @@ def _backward_input(
             )
     output_edges = [_root_edge(output) for output, _ in pairs]
     lap("b.arguments")
-    walk, input_nodes = _walk_to_inputs(output_edges, stage_inputs)
+    walk, input_nodes, variables = _walk_to_inputs(output_edges, stage_inputs)
     lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
@@ -502,7 +506,7 @@ def _backward_input(
     # requiring grad) are among its weight leaves, whose variables W needs anyway
     plan = cached_plan(walk, input_nodes, frozenset(), input_positions)
     nodes = walk.nodes
-    weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+    weight_tensors = _variables(nodes, plan.weight_leaves, variables)
     excluded = frozenset(
         leaf
         for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
@@ -512,7 +516,7 @@ def _backward_input(
     )
     if excluded:
         plan = cached_plan(walk, input_nodes, excluded, input_positions)
-        weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+        weight_tensors = _variables(nodes, plan.weight_leaves, variables)
 
     lap("b.plan")
     closure_outputs = []
@@ -527,7 +531,7 @@ def _backward_input(
     variant = plan.reductions_in_b
     # the parameters whose gradients B would compute (read from their cold AccumulateGrad Nodes once)
     parameters_computed_in_b = (
-        [nodes[target].variable for target, _ in variant.computed_in_b]
+        _variables(nodes, [target for target, _ in variant.computed_in_b], variables)
         if variant is not None and stage_inputs and closure_outputs and not output_roots
         else []
     )
@@ -648,8 +652,10 @@ def _backward_input(
 
 def _walk_to_inputs(
     output_edges: list[GradientEdge], stage_inputs: list[torch.Tensor]
-) -> tuple[NodeWalk, set[Node]]:
-    """The walk from the outputs' Nodes, stopping at the stage inputs, and the inputs' Nodes.
+) -> tuple[NodeWalk, set[Node], dict[int, torch.Tensor]]:
+    """The walk from the outputs' Nodes, stopping at the stage inputs, the inputs' Nodes, and the
+    variables of the AccumulateGrad Nodes it read on the way, by node index (the plan's weight leaves
+    are among them; empty where it read none).
 
     A leaf input's Node (its AccumulateGrad) is found among the walked Nodes by its ``variable``
     instead of through ``get_gradient_edge``, which makes and drops a view of the input each time (about
@@ -659,15 +665,25 @@ def _walk_to_inputs(
     leaf_inputs = {id(tensor) for tensor in stage_inputs if tensor.grad_fn is None}
     if not leaf_inputs or ACCUMULATE_GRAD_CLASS is type(None):
         input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
-        return walk_nodes((edge.node for edge in output_edges), input_nodes), input_nodes
+        return walk_nodes((edge.node for edge in output_edges), input_nodes), input_nodes, {}
     input_nodes = {
         _autograd.gradient_edge(tensor).node for tensor in stage_inputs if tensor.grad_fn is not None
     }
     walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
-    for node in walk.nodes:
-        if type(node) is ACCUMULATE_GRAD_CLASS and id(node.variable) in leaf_inputs:
-            input_nodes.add(node)
-    return walk, input_nodes
+    variables: dict[int, torch.Tensor] = {}
+    for index, node in enumerate(walk.nodes):
+        if type(node) is ACCUMULATE_GRAD_CLASS:
+            variable = variables[index] = node.variable
+            if id(variable) in leaf_inputs:
+                input_nodes.add(node)
+    return walk, input_nodes, variables
+
+
+def _variables(
+    nodes: list[Node], leaves: Iterable[int], known: dict[int, torch.Tensor]
+) -> list[torch.Tensor]:
+    """The variables of the AccumulateGrad Nodes at ``leaves``, those in ``known`` not read again."""
+    return [known[leaf] if leaf in known else nodes[leaf].variable for leaf in leaves]
 
 
 _NO_CONTEXT = nullcontext()
@@ -861,7 +877,7 @@ def _weight_work(
     sparse_leaves = {
         leaf
         for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
-        if tensor.layout != torch.strided and leaf in plan.leaf_targets
+        if leaf in plan.leaf_targets and tensor.layout != torch.strided
     }
     mixed_leaves = plan.mixed_leaves
     targets: dict[int, Node] = {}
