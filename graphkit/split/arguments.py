@@ -152,8 +152,14 @@ def matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any
 
 
 def named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
+    """``flatten_tensors(inputs, lone_name="input")``; one tensor, or a list or tuple of plain tensors (the
+    usual stage inputs), named without the general walk."""
     if inputs is None:
         return []
+    if type(inputs) is torch.Tensor:
+        return [("input", inputs)]
+    if type(inputs) in (list, tuple) and all(type(tensor) is torch.Tensor for tensor in inputs):
+        return [(str(position), tensor) for position, tensor in enumerate(inputs)]
     return flatten_tensors(inputs, lone_name="input")
 
 
