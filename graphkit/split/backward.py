@@ -620,24 +620,26 @@ def _backward_input(
         _unaliased(_in_leaf_layout(input_grads_by_id.get(id(tensor)), tensor), kept_grads)
         for _, tensor in inputs_by_name
     )
+    num_intermediates = num_node_calls = 0
+    calls_custom_function = False
+    for item in work:  # one pass: intermediates with work, Nodes W calls, custom Functions among them
+        if item is not None:
+            num_intermediates += 1
+            if item.node is not None:
+                num_node_calls += 1
+                calls_custom_function = calls_custom_function or _autograd.is_custom_function(item.node)
     state = SplitState(
         input_grads=input_grads,
         input_names=tuple(name for name, _ in inputs_by_name),
-        num_intermediates=sum(1 for item in work if item is not None)
-        + _count_done_in_b(plan, grads_computed_in_b),
-        num_node_calls=sum(1 for item in work if item is not None and item.node is not None),
+        num_intermediates=num_intermediates + _count_done_in_b(plan, grads_computed_in_b),
+        num_node_calls=num_node_calls,
         _plan=plan,
         _work=work,
         _targets=targets,
         _output_roots=output_roots,
         _computed_in_b=roots_computed_in_b,
         _weight_tensors=weight_tensors,
-        _keep_alive=_anchor_outputs([tensor for tensor, _ in pairs])
-        if any(
-            item is not None and item.node is not None and _autograd.is_custom_function(item.node)
-            for item in work
-        )
-        else (),
+        _keep_alive=_anchor_outputs([tensor for tensor, _ in pairs]) if calls_custom_function else (),
         _checkpoints=checkpoints,
         # W runs what B did not (a stage without inputs that require grad runs them all in W)
         _run_once=run_once if run_once is not None and not run_once.all_ran() else None,
