@@ -457,6 +457,8 @@ def backward_input(
     Under ``torch.inference_mode()`` B runs as a full backward does there, with ``inference_mode(False)``
     inside (so the gradients, and the parameters' ``.grad`` in W, are ordinary tensors).
     """
+    if not torch.is_inference_mode_enabled():  # the usual case, without entering a context
+        return _backward_input(outputs, grad_outputs, inputs, params, recompute, stacklevel=3)
     with _outside_inference_mode():
         return _backward_input(outputs, grad_outputs, inputs, params, recompute, stacklevel=3)
 
@@ -1038,7 +1040,10 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     lap("w.checks")
     try:
-        with _outside_inference_mode(), _opaque_weight_phase(state):
+        if torch.is_inference_mode_enabled() or state._checkpoints is not None or state._run_once is not None:
+            with _outside_inference_mode(), _opaque_weight_phase(state):
+                _run_weight_phase(state, retain_graph, lap, flush_bytes)
+        else:  # the usual case, without entering contexts
             _run_weight_phase(state, retain_graph, lap, flush_bytes)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]
