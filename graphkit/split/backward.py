@@ -685,9 +685,9 @@ def _walk_to_inputs(
         if edge.node not in index:
             index[edge.node] = len(nodes)
             add_node(edge.node)
-    position = 0
-    while position < len(nodes):
-        consumer = nodes[position]
+    count = len(nodes)
+    # a list iterator sees what is appended while it runs: ``nodes`` is its own queue
+    for position, consumer in enumerate(nodes):
         if type(consumer) is ACCUMULATE_GRAD_CLASS:  # a leaf: no next_functions to follow
             variable = variables[position] = consumer.variable
             if id(variable) in leaf_inputs:
@@ -698,11 +698,11 @@ def _walk_to_inputs(
                 if producer is not None:
                     producer_index = index.get(producer)
                     if producer_index is None:
-                        producer_index = index[producer] = len(nodes)
+                        producer_index = index[producer] = count
+                        count += 1
                         add_node(producer)
                     add_edge((producer_index, position, output_nr, input_nr))
                 input_nr += 1  # noqa: SIM113 - enumerate() costs more in this hot loop
-        position += 1
     return NodeWalk(nodes, index, edges), input_nodes, variables
 
 
