@@ -105,7 +105,10 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
 def _plain_pairs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Tensor]] | None:
     """:func:`pair_outputs` for the common case, without flattening: one tensor with its cotangent, or a
     list or tuple of tensors with one cotangent each (all tensors, shapes alike, some output requiring
-    grad). None for anything else, which the general path pairs, or refuses with its error."""
+    grad), or such outputs as scalar losses (``grad_outputs=None``). None for anything else, which the
+    general path pairs, or refuses with its error."""
+    if grad_outputs is None:
+        return _plain_losses(outputs)
     if isinstance(outputs, torch.Tensor):
         if not isinstance(grad_outputs, torch.Tensor):
             return None
@@ -129,6 +132,24 @@ def _plain_pairs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
             any_requires_grad = True
             pairs.append((tensor, grad))
     return pairs if any_requires_grad else None
+
+
+def _plain_losses(outputs: Any) -> list[tuple[Output, torch.Tensor]] | None:
+    """:func:`_plain_pairs` without cotangents: one tensor, or a list or tuple of tensors, whose outputs
+    that require grad are scalar losses (cotangent 1). None for anything else."""
+    if type(outputs) is torch.Tensor:
+        outputs = (outputs,)
+    elif type(outputs) not in (list, tuple):
+        return None
+    pairs = []
+    for tensor in outputs:
+        if type(tensor) is not torch.Tensor:
+            return None
+        if tensor.requires_grad:
+            if tensor.numel() != 1:
+                return None
+            pairs.append((tensor, torch.ones_like(tensor)))
+    return pairs or None
 
 
 def matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
