@@ -252,8 +252,9 @@ class SplitState:
     def __del__(self) -> None:
         # a state dropped without W: remove the pre-hooks watching for other backwards (W removed them
         # otherwise); cheaper per microbatch than a weakref.finalize
-        if self._watch_handles:
-            _remove_handles(self._watch_handles)
+        handles = self._watch_handles
+        while handles:  # no module global: also safe while the interpreter shuts down
+            handles.pop().remove()
 
     def _release(self) -> None:
         _remove_handles(self._watch_handles)
