@@ -42,6 +42,9 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
 
     An output may be a ``GradientEdge`` (:data:`Output`): it always needs a cotangent.
     """
+    pairs = _plain_pairs(outputs, grad_outputs)
+    if pairs is not None:
+        return pairs
     named_outputs = flatten_tensors(outputs, edges=True)
     if not named_outputs:
         raise GraphkitInputError(
@@ -99,6 +102,56 @@ def pair_outputs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Te
     return pairs
 
 
+def _plain_pairs(outputs: Any, grad_outputs: Any) -> list[tuple[Output, torch.Tensor]] | None:
+    """:func:`pair_outputs` for the common case, without flattening: one tensor with its cotangent, or a
+    list or tuple of tensors with one cotangent each (all tensors, shapes alike, some output requiring
+    grad), or such outputs as scalar losses (``grad_outputs=None``). None for anything else, which the
+    general path pairs, or refuses with its error."""
+    if grad_outputs is None:
+        return _plain_losses(outputs)
+    if isinstance(outputs, torch.Tensor):
+        if not isinstance(grad_outputs, torch.Tensor):
+            return None
+        outputs, grad_outputs = (outputs,), (grad_outputs,)
+    elif not (
+        type(outputs) in (list, tuple)
+        and type(grad_outputs) in (list, tuple)
+        and 0 < len(outputs) == len(grad_outputs)
+    ):
+        return None
+    pairs = []
+    any_requires_grad = False
+    for tensor, grad in zip(outputs, grad_outputs, strict=True):
+        if (
+            type(tensor) is not torch.Tensor
+            or not isinstance(grad, torch.Tensor)
+            or grad.shape != tensor.shape
+        ):
+            return None
+        if tensor.requires_grad:
+            any_requires_grad = True
+            pairs.append((tensor, grad))
+    return pairs if any_requires_grad else None
+
+
+def _plain_losses(outputs: Any) -> list[tuple[Output, torch.Tensor]] | None:
+    """:func:`_plain_pairs` without cotangents: one tensor, or a list or tuple of tensors, whose outputs
+    that require grad are scalar losses (cotangent 1). None for anything else."""
+    if type(outputs) is torch.Tensor:
+        outputs = (outputs,)
+    elif type(outputs) not in (list, tuple):
+        return None
+    pairs = []
+    for tensor in outputs:
+        if type(tensor) is not torch.Tensor:
+            return None
+        if tensor.requires_grad:
+            if tensor.numel() != 1:
+                return None
+            pairs.append((tensor, torch.ones_like(tensor)))
+    return pairs or None
+
+
 def matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     """``grads`` reordered to follow ``structure``, matched by path (dict keys, nested too), not position.
 
@@ -120,8 +173,14 @@ def matched_by_path(structure: list[tuple[str, Any]], grads: list[tuple[str, Any
 
 
 def named_inputs(inputs: Any) -> list[tuple[str, torch.Tensor]]:
+    """``flatten_tensors(inputs, lone_name="input")``; one tensor, or a list or tuple of plain tensors (the
+    usual stage inputs), named without the general walk."""
     if inputs is None:
         return []
+    if type(inputs) is torch.Tensor:
+        return [("input", inputs)]
+    if type(inputs) in (list, tuple) and all(type(tensor) is torch.Tensor for tensor in inputs):
+        return [(str(position), tensor) for position, tensor in enumerate(inputs)]
     return flatten_tensors(inputs, lone_name="input")
 
 

@@ -54,9 +54,8 @@ thread (the flags live on the Node of its own graph, not in a process-wide varia
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
@@ -67,8 +66,9 @@ import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 from graphkit.graph import _autograd
+from graphkit.graph._autograd import ACCUMULATE_GRAD_CLASS
 from graphkit.graph.tensors import GraphkitInputError, distinct_bytes
-from graphkit.graph.walk import walk_nodes
+from graphkit.graph.walk import NodeWalk, walk_nodes
 from graphkit.split.arguments import (
     named_inputs,
     pair_outputs,
@@ -249,6 +249,13 @@ class SplitState:
         """The non-reentrant checkpointed regions W reads (their recomputation counts), or None."""
         return self._checkpoints
 
+    def __del__(self) -> None:
+        # a state dropped without W: remove the pre-hooks watching for other backwards (W removed them
+        # otherwise); cheaper per microbatch than a weakref.finalize
+        handles = self._watch_handles
+        while handles:  # no module global: also safe while the interpreter shuts down
+            handles.pop().remove()
+
     def _release(self) -> None:
         _remove_handles(self._watch_handles)
         self._used = True
@@ -304,6 +311,9 @@ def _in_leaf_layout(grad: torch.Tensor | None, leaf: torch.Tensor) -> torch.Tens
         return grad
     if grad.shape != leaf.shape:
         return grad
+    strides = grad.stride()
+    if strides == leaf.stride() and 0 not in strides and leaf.is_contiguous():
+        return grad  # the common case, as the loop below would find it
     if _dense(leaf):
         if all(
             (size != 1 and stride == expected) or (size == 1 and stride != 0)
@@ -386,7 +396,7 @@ def _watch_for_other_backwards(state: SplitState, output_edges: list[GradientEdg
     loss taken from an activation inside the stage is left alone: its gradients are its own. A
     parameter returned as an output is not watched (its AccumulateGrad Node serves every microbatch).
     The hooks hold only a flag, never the state; W removes them before its own engine call, and so does
-    the state's finalizer if W never runs.
+    the state's ``__del__`` if W never runs.
     """
     watched = {edge.node for edge in output_edges if not _autograd.is_accumulate_grad(edge.node)}
     if not watched:
@@ -399,7 +409,6 @@ def _watch_for_other_backwards(state: SplitState, output_edges: list[GradientEdg
     handles = state._watch_handles
     for node in watched:
         handles.append(_register_prehook(node, note))
-    weakref.finalize(state, _remove_handles, handles)
 
 
 def backward_input(
@@ -449,6 +458,8 @@ def backward_input(
     Under ``torch.inference_mode()`` B runs as a full backward does there, with ``inference_mode(False)``
     inside (so the gradients, and the parameters' ``.grad`` in W, are ordinary tensors).
     """
+    if not torch.is_inference_mode_enabled():  # the usual case, without entering a context
+        return _backward_input(outputs, grad_outputs, inputs, params, recompute, stacklevel=3)
     with _outside_inference_mode():
         return _backward_input(outputs, grad_outputs, inputs, params, recompute, stacklevel=3)
 
@@ -488,10 +499,9 @@ def _backward_input(
                 "a pipeline stage receives them",
                 stacklevel=stacklevel,
             )
-    input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
     output_edges = [_root_edge(output) for output, _ in pairs]
     lap("b.arguments")
-    walk = walk_nodes((edge.node for edge in output_edges), input_nodes)
+    walk, input_nodes, variables = _walk_to_inputs(output_edges, stage_inputs)
     lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
     allowed = weight_filter(params)
@@ -499,7 +509,7 @@ def _backward_input(
     # requiring grad) are among its weight leaves, whose variables W needs anyway
     plan = cached_plan(walk, input_nodes, frozenset(), input_positions)
     nodes = walk.nodes
-    weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+    weight_tensors = _variables(nodes, plan.weight_leaves, variables)
     excluded = frozenset(
         leaf
         for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
@@ -509,7 +519,7 @@ def _backward_input(
     )
     if excluded:
         plan = cached_plan(walk, input_nodes, excluded, input_positions)
-        weight_tensors = [nodes[leaf].variable for leaf in plan.weight_leaves]
+        weight_tensors = _variables(nodes, plan.weight_leaves, variables)
 
     lap("b.plan")
     closure_outputs = []
@@ -524,7 +534,7 @@ def _backward_input(
     variant = plan.reductions_in_b
     # the parameters whose gradients B would compute (read from their cold AccumulateGrad Nodes once)
     parameters_computed_in_b = (
-        [nodes[target].variable for target, _ in variant.computed_in_b]
+        _variables(nodes, [target for target, _ in variant.computed_in_b], variables)
         if variant is not None and stage_inputs and closure_outputs and not output_roots
         else []
     )
@@ -554,9 +564,16 @@ def _backward_input(
                 raise _post_hook_error(nodes[index], others)
         lap("b.hooks")
         if stage_inputs and closure_outputs:
+            if plan.has_custom_functions is None:  # once per structure: the plan's key holds the Node classes
+                plan.has_custom_functions = _autograd.any_custom_function(nodes)
             with (
-                custom_functions_in_input_phase(walk, input_nodes, plan, materialized),
-                _opaque_input_phase(run_once, checkpoints),
+                # the common case (no custom Function, checkpoint or compiled region) enters only the last
+                custom_functions_in_input_phase(walk, input_nodes, plan, materialized)
+                if plan.has_custom_functions
+                else _NO_CONTEXT,
+                _opaque_input_phase(run_once, checkpoints)
+                if run_once is not None or checkpoints is not None
+                else _NO_CONTEXT,
                 refusing_multi_grad_hooks(
                     partial(_only_in_weight_phase, walk.index, plan.weight_only), _multi_grad_hook_error
                 ),
@@ -606,24 +623,26 @@ def _backward_input(
         _unaliased(_in_leaf_layout(input_grads_by_id.get(id(tensor)), tensor), kept_grads)
         for _, tensor in inputs_by_name
     )
+    num_intermediates = num_node_calls = 0
+    calls_custom_function = False
+    for item in work:  # one pass: intermediates with work, Nodes W calls, custom Functions among them
+        if item is not None:
+            num_intermediates += 1
+            if item.node is not None:
+                num_node_calls += 1
+                calls_custom_function = calls_custom_function or _autograd.is_custom_function(item.node)
     state = SplitState(
         input_grads=input_grads,
         input_names=tuple(name for name, _ in inputs_by_name),
-        num_intermediates=sum(1 for item in work if item is not None)
-        + _count_done_in_b(plan, grads_computed_in_b),
-        num_node_calls=sum(1 for item in work if item is not None and item.node is not None),
+        num_intermediates=num_intermediates + _count_done_in_b(plan, grads_computed_in_b),
+        num_node_calls=num_node_calls,
         _plan=plan,
         _work=work,
         _targets=targets,
         _output_roots=output_roots,
         _computed_in_b=roots_computed_in_b,
         _weight_tensors=weight_tensors,
-        _keep_alive=_anchor_outputs([tensor for tensor, _ in pairs])
-        if any(
-            item is not None and item.node is not None and _autograd.is_custom_function(item.node)
-            for item in work
-        )
-        else (),
+        _keep_alive=_anchor_outputs([tensor for tensor, _ in pairs]) if calls_custom_function else (),
         _checkpoints=checkpoints,
         # W runs what B did not (a stage without inputs that require grad runs them all in W)
         _run_once=run_once if run_once is not None and not run_once.all_ran() else None,
@@ -634,6 +653,69 @@ def _backward_input(
     _watch_for_other_backwards(state, output_edges)
     lap("b.watch")
     return state
+
+
+def _walk_to_inputs(
+    output_edges: list[GradientEdge], stage_inputs: list[torch.Tensor]
+) -> tuple[NodeWalk, set[Node], dict[int, torch.Tensor]]:
+    """The walk from the outputs' Nodes, stopping at the stage inputs, the inputs' Nodes, and the
+    variables of the AccumulateGrad Nodes it read on the way, by node index (the plan's weight leaves
+    are among them; empty where it read none).
+
+    A leaf input's Node (its AccumulateGrad) is found among the walked Nodes by its ``variable``
+    instead of through ``get_gradient_edge``, which makes and drops a view of the input each time (about
+    as long as the walk itself on a small stage). A leaf input the outputs do not reach has no Node in
+    the walk, so none here: it stands as position -1 in the plan's key, as its own Node would.
+
+    The walk is :func:`graphkit.graph.walk.walk_nodes`'s (same Nodes, order and edges), with the
+    variables read where it meets an AccumulateGrad Node anyway, instead of in a second pass.
+    """
+    leaf_inputs = {id(tensor) for tensor in stage_inputs if tensor.grad_fn is None}
+    if not leaf_inputs or ACCUMULATE_GRAD_CLASS is type(None):
+        input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
+        return walk_nodes((edge.node for edge in output_edges), input_nodes), input_nodes, {}
+    stop = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs if tensor.grad_fn is not None}
+    input_nodes = set(stop)
+    variables: dict[int, torch.Tensor] = {}
+    nodes: list[Node] = []
+    index: dict[Node, int] = {}
+    edges: list[int] = []
+    add_node = nodes.append
+    add_edge = edges.extend
+    for edge in output_edges:
+        if edge.node not in index:
+            index[edge.node] = len(nodes)
+            add_node(edge.node)
+    count = len(nodes)
+    # a list iterator sees what is appended while it runs: ``nodes`` is its own queue
+    for position, consumer in enumerate(nodes):
+        if type(consumer) is ACCUMULATE_GRAD_CLASS:  # a leaf: no next_functions to follow
+            variable = variables[position] = consumer.variable
+            if id(variable) in leaf_inputs:
+                input_nodes.add(consumer)
+        elif consumer not in stop:
+            input_nr = 0
+            for producer, output_nr in consumer.next_functions:
+                if producer is not None:
+                    producer_index = index.get(producer)
+                    if producer_index is None:
+                        producer_index = index[producer] = count
+                        count += 1
+                        add_node(producer)
+                    add_edge((producer_index, position, output_nr, input_nr))
+                input_nr += 1  # noqa: SIM113 - enumerate() costs more in this hot loop
+    return NodeWalk(nodes, index, edges), input_nodes, variables
+
+
+def _variables(
+    nodes: list[Node], leaves: Iterable[int], known: dict[int, torch.Tensor]
+) -> list[torch.Tensor]:
+    """The variables of the AccumulateGrad Nodes at ``leaves``, those in ``known`` not read again."""
+    return [known[leaf] if leaf in known else nodes[leaf].variable for leaf in leaves]
+
+
+_NO_CONTEXT = nullcontext()
+"""A context manager that does nothing (reentrant: B enters it for the phases a graph does not need)."""
 
 
 def _only_in_weight_phase(index: dict[Node, int], weight_only: bytearray, node: Node) -> bool:
@@ -823,7 +905,7 @@ def _weight_work(
     sparse_leaves = {
         leaf
         for leaf, tensor in zip(plan.weight_leaves, weight_tensors, strict=True)
-        if tensor.layout != torch.strided and leaf in plan.leaf_targets
+        if leaf in plan.leaf_targets and tensor.layout != torch.strided
     }
     mixed_leaves = plan.mixed_leaves
     targets: dict[int, Node] = {}
@@ -959,7 +1041,10 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     lap("w.checks")
     try:
-        with _outside_inference_mode(), _opaque_weight_phase(state):
+        if torch.is_inference_mode_enabled() or state._checkpoints is not None or state._run_once is not None:
+            with _outside_inference_mode(), _opaque_weight_phase(state):
+                _run_weight_phase(state, retain_graph, lap, flush_bytes)
+        else:  # the usual case, without entering contexts
             _run_weight_phase(state, retain_graph, lap, flush_bytes)
     except BaseException as error:
         state._failure = f"{type(error).__name__}: {error}"[:200]

@@ -18,8 +18,7 @@ hook's closure) are read in :mod:`graphkit.graph._autograd`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from torch.autograd.graph import Node
 
@@ -50,26 +49,29 @@ def _will_engine_execute_node(node: Node) -> bool:
     return result
 
 
-@contextmanager
-def refusing_multi_grad_hooks(
-    only_in_weight_phase: Callable[[Node], bool], error: Callable[[], Exception]
-) -> Iterator[None]:
+class refusing_multi_grad_hooks:  # noqa: N801 - used as a function: ``with refusing_multi_grad_hooks(...):``
     """Inside: a multi-grad hook that asks about a Node ``only_in_weight_phase`` accepts raises ``error()``.
 
     Opening the context costs a lock and a dict entry (the predicate is asked only when a multi-grad hook
-    asks the engine about a Node the running task will not execute), so every B can afford it.
+    asks the engine about a Node the running task will not execute), so every B can afford it. A class
+    rather than a generator-based context manager: B opens it once per microbatch.
     """
-    token = object()
-    with _lock:
-        if not _active:
-            _original[:] = [_autograd.engine_execution_query()]
-            _autograd.replace_engine_execution_query(_will_engine_execute_node)
-        _active[id(token)] = (only_in_weight_phase, error)
-    try:
-        yield
-    finally:
+
+    __slots__ = ("_entry",)
+
+    def __init__(self, only_in_weight_phase: Callable[[Node], bool], error: Callable[[], Exception]) -> None:
+        self._entry = (only_in_weight_phase, error)
+
+    def __enter__(self) -> None:
         with _lock:
-            del _active[id(token)]
+            if not _active:
+                _original[:] = [_autograd.engine_execution_query()]
+                _autograd.replace_engine_execution_query(_will_engine_execute_node)
+            _active[id(self)] = self._entry
+
+    def __exit__(self, *_exception: object) -> None:
+        with _lock:
+            del _active[id(self)]
             if not _active:
                 _autograd.replace_engine_execution_query(_original[0])
                 _original.clear()

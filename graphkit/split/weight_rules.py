@@ -343,6 +343,7 @@ _RULES: dict[str, Callable[[Node, tuple[int, ...]], tuple[WeightGradient, tuple[
     "AddBackward0": _add,
 }
 _rules_by_class: dict[type, Callable[..., tuple[WeightGradient, tuple[torch.Tensor, ...]]] | None] = {}
+_UNKNOWN: Any = object()  # a Node class not looked up yet
 
 
 def _rule_for(node_class: type) -> Callable[..., tuple[WeightGradient, tuple[torch.Tensor, ...]]] | None:
@@ -372,7 +373,10 @@ def prepare(
         output); or None when graphkit has no rule for this op or these
         tensors (complex, sparse, packed by saved-tensor hooks).
     """
-    factory = _rule_for(type(node))
+    node_class = type(node)
+    factory = _rules_by_class.get(node_class, _UNKNOWN)  # one dict lookup per call in the usual case
+    if factory is _UNKNOWN:
+        factory = _rule_for(node_class)
     if factory is None:
         return None
     if not unhooked and _autograd.uses_saved_tensor_hooks(node):
