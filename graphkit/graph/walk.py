@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import torch
 from torch.autograd.graph import Node
 
 from graphkit.graph._autograd import ACCUMULATE_GRAD_CLASS
@@ -34,18 +35,24 @@ class NodeWalk:
         return zip(values, values, values, values, strict=True)
 
 
-def walk_nodes(roots: Iterable[Node], stop: set[Node]) -> NodeWalk:
+def walk_nodes(
+    roots: Iterable[Node], stop: set[Node], leaf_variables: dict[int, torch.Tensor] | None = None
+) -> NodeWalk:
     """Breadth-first walk over ``next_functions`` from ``roots``; nodes in ``stop`` are not expanded.
 
     Args:
         roots: the Nodes to start from (``grad_fn`` of the outputs, or ``GradientEdge.node``).
         stop: Nodes whose ``next_functions`` are not followed (stage inputs that are not leaves).
+        leaf_variables: if given, filled with the ``variable`` (the leaf tensor) of every AccumulateGrad
+            Node reached, by its index in the walk: read here, where the walk meets the Node anyway,
+            instead of in a second pass (the split backward needs them every microbatch).
 
     Returns:
         A :class:`NodeWalk`: every reached Node once, in breadth-first order, and every edge.
 
     Iterative, O(nodes + edges). The split backward walks every microbatch's graph, so this loop is kept
-    lean: the node list is its own queue, and edges go into one flat list of ints (four per edge).
+    lean: the node list is its own queue (a list iterator sees what is appended while it runs), and edges
+    go into one flat list of ints (four per edge).
     """
     nodes: list[Node] = []
     index: dict[Node, int] = {}
@@ -56,19 +63,21 @@ def walk_nodes(roots: Iterable[Node], stop: set[Node]) -> NodeWalk:
         if root not in index:
             index[root] = len(nodes)
             add_node(root)
-    position = 0
-    while position < len(nodes):
-        consumer = nodes[position]
+    count = len(nodes)
+    for position, consumer in enumerate(nodes):
         # an AccumulateGrad Node (a leaf) has no next_functions: not asking spares a read of a cold Node
-        if type(consumer) is not ACCUMULATE_GRAD_CLASS and consumer not in stop:
+        if type(consumer) is ACCUMULATE_GRAD_CLASS:
+            if leaf_variables is not None:
+                leaf_variables[position] = consumer.variable
+        elif consumer not in stop:
             input_nr = 0
             for producer, output_nr in consumer.next_functions:
                 if producer is not None:
                     producer_index = index.get(producer)
                     if producer_index is None:
-                        producer_index = index[producer] = len(nodes)
+                        producer_index = index[producer] = count
+                        count += 1
                         add_node(producer)
                     add_edge((producer_index, position, output_nr, input_nr))
                 input_nr += 1  # noqa: SIM113 - enumerate() costs more in this hot loop
-        position += 1
     return NodeWalk(nodes, index, edges)

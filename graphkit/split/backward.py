@@ -667,44 +667,21 @@ def _walk_to_inputs(
     as long as the walk itself on a small stage). A leaf input the outputs do not reach has no Node in
     the walk, so none here: it stands as position -1 in the plan's key, as its own Node would.
 
-    The walk is :func:`graphkit.graph.walk.walk_nodes`'s (same Nodes, order and edges), with the
-    variables read where it meets an AccumulateGrad Node anyway, instead of in a second pass.
+    The walk is :func:`graphkit.graph.walk.walk_nodes`'s, which reads the variables where it meets an
+    AccumulateGrad Node anyway, instead of in a second pass.
     """
     leaf_inputs = {id(tensor) for tensor in stage_inputs if tensor.grad_fn is None}
     if not leaf_inputs or ACCUMULATE_GRAD_CLASS is type(None):
         input_nodes = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs}
         return walk_nodes((edge.node for edge in output_edges), input_nodes), input_nodes, {}
     stop = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs if tensor.grad_fn is not None}
-    input_nodes = set(stop)
     variables: dict[int, torch.Tensor] = {}
-    nodes: list[Node] = []
-    index: dict[Node, int] = {}
-    edges: list[int] = []
-    add_node = nodes.append
-    add_edge = edges.extend
-    for edge in output_edges:
-        if edge.node not in index:
-            index[edge.node] = len(nodes)
-            add_node(edge.node)
-    count = len(nodes)
-    # a list iterator sees what is appended while it runs: ``nodes`` is its own queue
-    for position, consumer in enumerate(nodes):
-        if type(consumer) is ACCUMULATE_GRAD_CLASS:  # a leaf: no next_functions to follow
-            variable = variables[position] = consumer.variable
-            if id(variable) in leaf_inputs:
-                input_nodes.add(consumer)
-        elif consumer not in stop:
-            input_nr = 0
-            for producer, output_nr in consumer.next_functions:
-                if producer is not None:
-                    producer_index = index.get(producer)
-                    if producer_index is None:
-                        producer_index = index[producer] = count
-                        count += 1
-                        add_node(producer)
-                    add_edge((producer_index, position, output_nr, input_nr))
-                input_nr += 1  # noqa: SIM113 - enumerate() costs more in this hot loop
-    return NodeWalk(nodes, index, edges), input_nodes, variables
+    walk = walk_nodes((edge.node for edge in output_edges), stop, variables)
+    nodes = walk.nodes
+    input_nodes = stop | {
+        nodes[position] for position, tensor in variables.items() if id(tensor) in leaf_inputs
+    }
+    return walk, input_nodes, variables
 
 
 def _variables(
