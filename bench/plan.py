@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from graphkit.measure.timing import sign_test_p_value
 from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import simulate
 from graphkit.pipelining.planning.calibration import costs_from_recorded
@@ -74,7 +75,7 @@ def rounds(plan) -> None:
         median = ratios[(len(ratios) - 1) // 2]
         print(
             f"  {item.name:<22} median {median:.3f}x, faster in {won} of {total} rounds "
-            f"(range {ratios[0]:.3f}-{ratios[-1]:.3f})"
+            f"(sign test p = {sign_test_p_value(won, total):.2g}; range {ratios[0]:.3f}-{ratios[-1]:.3f})"
         )
     print(f"  recommended: {plan.recommended.name}")
     print()

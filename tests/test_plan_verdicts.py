@@ -93,17 +93,26 @@ def test_when_1f1b_measured_fastest_the_plan_says_keep_1f1b_and_best_csv_holds_i
     assert json.loads((tmp_path / "plan.json").read_text())["recommended"] == "1F1B"
 
 
-def test_a_schedule_is_recommended_only_when_it_beat_1f1b_in_most_rounds(monkeypatch, tmp_path):
-    # ZBH1's median is lower, but it won 2 of 5 rounds: one lucky streak is no recommendation
+def test_a_schedule_is_recommended_only_when_it_beat_1f1b_in_more_rounds_than_chance(monkeypatch, tmp_path):
     steps = {"1F1B": [10, 10, 10, 10, 10], "GPipe": [12] * 5, "ZBH1": [9, 9, 11, 11, 9.5], "ZBH2": [13] * 5}
+    # ZBH1's median is lower, but it won 2 of 5 rounds: one lucky streak is no recommendation
     steps["ZBH1"] = [9.0, 11.0, 11.0, 9.0, 11.0]
     plan = run_plan(monkeypatch, tmp_path, steps)
     assert plan.rounds_won(plan.by_name("ZBH1")) == (2, 5) and plan.recommended is plan.baseline
-    steps["ZBH1"] = [9.0, 9.0, 11.0, 9.0, 11.0]
+    # 4 of 5 is still what chance gives one time in five (p = 6/32)
+    steps["ZBH1"] = [9.0, 9.0, 11.0, 9.0, 9.0]
     plan = run_plan(monkeypatch, tmp_path, steps)
-    assert plan.rounds_won(plan.by_name("ZBH1")) == (3, 5)
+    assert plan.rounds_won(plan.by_name("ZBH1")) == (4, 5) and plan.recommended is plan.baseline
+    assert (
+        "recommended: keep 1F1B - no schedule measured faster than 1F1B in its median step and in at least 5 "
+        "of the 5 rounds (fewer wins could be chance: sign test, p < 0.05)"
+    ) in plan.table()
+    steps["ZBH1"] = [9.0] * 5  # p = 1/32
+    plan = run_plan(monkeypatch, tmp_path, steps)
     assert plan.recommended.name == "ZBH1"
-    assert "recommended: ZBH1 (measured fastest" in plan.table()
+    assert (
+        "recommended: ZBH1 (measured fastest, in 5 of 5 rounds: p = 0.031 that chance did it" in plan.table()
+    )
     assert read_schedule_csv(tmp_path / "best.csv") == plan.by_name("ZBH1").order.actions()
 
 
@@ -127,7 +136,10 @@ def test_run_records_1f1b_the_best_zero_bubble_and_top_others_and_says_why(monke
     assert len(recorded) in (2, 3)  # --top 1, plus the best zero-bubble when the top one is not it
     assert "recorded (chosen by the prediction" in plan.table() and "(the baseline)" in plan.table()
     # the verdict on zero bubble reads the recorded zero-bubble schedule, not a prediction
-    assert f"({zero_bubble.name} measured 1.00x 1F1B, faster in 0 of 5 rounds)" in plan.zero_bubble_verdict()
+    assert (
+        f"({zero_bubble.name} measured 1.00x 1F1B, faster in 0 of 5 rounds (p = 1))"
+        in plan.zero_bubble_verdict()
+    )
 
 
 def test_the_zero_bubble_line_gives_i_plus_w_against_b_per_stage_and_1f1bs_bubble():
@@ -345,8 +357,22 @@ def test_without_run_a_schedule_predicted_within_1_percent_of_1f1b_is_not_recomm
     assert read_schedule_csv(output / "best.csv") == plan.baseline.order.actions()
 
 
-def test_a_recommendation_from_few_rounds_says_so(monkeypatch, tmp_path):
-    steps = {"1F1B": [10.0] * 3, "GPipe": [12.0] * 3, "ZBH1": [9.0, 9.0, 11.0], "ZBH2": [13.0] * 3}
-    plan = run_plan(monkeypatch, tmp_path, steps, top=3)  # 3 rounds recorded: ZBH1 won 2
+def test_too_few_rounds_recommend_nothing_and_say_so(monkeypatch, tmp_path):
+    steps = {"1F1B": [10.0] * 3, "GPipe": [12.0] * 3, "ZBH1": [9.0] * 3, "ZBH2": [13.0] * 3}
+    plan = run_plan(monkeypatch, tmp_path, steps, top=3)  # 3 rounds, all won by ZBH1: p = 1/8
     (line,) = [line for line in plan.table().splitlines() if line.startswith("recommended:")]
-    assert line.startswith("recommended: ZBH1") and "from only 3 rounds (2 won): record more" in line
+    assert plan.recommended is plan.baseline
+    assert "enough rounds: 3 cannot tell a schedule from chance, record 9 or more (--steps)" in line
+
+
+def test_the_sign_test_against_known_binomial_tails():
+    from graphkit.measure.timing import fewest_wins_beyond_chance, sign_test_p_value
+
+    # exact tails: P(X >= k) for X ~ Binomial(n, 1/2)
+    assert sign_test_p_value(5, 5) == 1 / 32 and sign_test_p_value(0, 7) == 1.0
+    assert sign_test_p_value(4, 5) == 6 / 32 and sign_test_p_value(0, 0) == 1.0
+    assert sign_test_p_value(17, 31) == pytest.approx(0.3601, abs=1e-4)
+    assert sign_test_p_value(21, 31) == pytest.approx(0.0354, abs=1e-4)
+    assert [fewest_wins_beyond_chance(n, 0.05) for n in (4, 5, 9, 15, 31)] == [None, 5, 8, 12, 21]
+    with pytest.raises(ValueError, match="between 0 and rounds"):
+        sign_test_p_value(6, 5)

@@ -357,7 +357,11 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
         schedules=["1F1B", "GPipe", "ZBH1"],
     )
     assert sorted(recorded_names) == ["1F1B", "GPipe", "ZBH1"]
-    assert pinned == [False] and plan.to_dict()["recording"] == {"steps": 9, "threads": 1, "pin_cores": False}
+    assert pinned == [False] and plan.to_dict()["recording"] == {
+        "steps": 15,
+        "threads": 1,
+        "pin_cores": False,
+    }
     recorded_names.clear()
     # --top counts the schedules recorded besides 1F1B, wherever 1F1B ranks
     pinned_plan = plan_schedules(

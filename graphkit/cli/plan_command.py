@@ -86,14 +86,16 @@ def add_plan_command(commands: Any) -> None:
         dest="record",
         action="store_true",
         help="record 1F1B, the best zero-bubble schedule and the --top best for real, print the measured "
-        "steps, and recommend (and write as best.csv) what measured fastest in most rounds",
+        "steps, and recommend (and write as best.csv) what measured faster than 1F1B in more rounds than "
+        "chance would give it (a sign test)",
     )
     add_steps_option(
         plan,
-        default=9,
+        default=15,
         metavar="K",
-        help="recorded steps per schedule with --run, in interleaved rounds (default 9; a schedule is "
-        "recommended only when faster than 1F1B in most rounds, so few rounds decide little)",
+        help="recorded steps per schedule with --run, in interleaved rounds (default 15; a schedule is "
+        "recommended only when faster than 1F1B in more rounds than chance would give it: 12 of 15, "
+        "8 of 9, never from fewer than 5)",
     )
     plan.add_argument(
         "--top",
@@ -201,7 +203,7 @@ def run_plan(arguments: argparse.Namespace) -> int:
         recommended = plan.recommended
         if recommended is plan.baseline and plan.best is not plan.baseline:
             how = "kept: nothing " + (
-                "measured faster in its median step and most rounds"
+                "measured faster in its median step and beyond chance in the rounds"
                 if recommended.measured_seconds is not None
                 else "predicted at least 1% faster"
             )

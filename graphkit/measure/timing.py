@@ -9,6 +9,7 @@ than its cores.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -16,7 +17,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["busy_machine_warning", "load_average", "synchronize", "timed"]
+__all__ = [
+    "busy_machine_warning",
+    "fewest_wins_beyond_chance",
+    "load_average",
+    "sign_test_p_value",
+    "synchronize",
+    "timed",
+]
 
 
 def synchronize(device: torch.device) -> None:
@@ -65,3 +73,27 @@ def busy_machine_warning() -> str:
         f"costs and steps may be off by up to about {(load - cores) / load:.0%} (the share of demand beyond "
         "the cores) and rankings closer than that are not to be trusted; measure on a quiet machine"
     )
+
+
+def sign_test_p_value(wins: int, rounds: int) -> float:
+    """One-sided sign test: the chance of ``wins`` or more wins in ``rounds`` paired rounds were both sides
+    equally fast (each round a fair coin), ``sum(C(rounds, k) for k >= wins) / 2**rounds``; 1.0 for no rounds.
+
+    A schedule that won 17 of 31 interleaved rounds against 1F1B scores 0.36 (chance would do it one time in
+    three); 21 of 31 scores 0.035. Ties count as losses. The exact binomial tail (as
+    ``scipy.stats.binomtest(wins, rounds, alternative="greater")``), with :func:`math.comb`.
+
+    Raises:
+        ValueError: ``wins`` outside ``0..rounds``.
+    """
+    if not 0 <= wins <= rounds:
+        raise ValueError(f"wins must be between 0 and rounds ({rounds}), got {wins}")
+    if rounds == 0:
+        return 1.0
+    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2**rounds
+
+
+def fewest_wins_beyond_chance(rounds: int, significance: float) -> int | None:
+    """The fewest wins of ``rounds`` whose :func:`sign_test_p_value` is below ``significance``; None when
+    even winning every round is not (too few rounds: 4 of 4 scores 0.0625)."""
+    return next((wins for wins in range(rounds + 1) if sign_test_p_value(wins, rounds) < significance), None)

@@ -89,7 +89,7 @@ def plan_schedules(
     batch_size: int | None = None,
     schedules: Sequence[str] | None = None,
     run: bool = False,
-    steps: int = 9,
+    steps: int = 15,
     top: int = 3,
     output: str | os.PathLike[str] | None = None,
     threads: int = 1,
@@ -118,7 +118,7 @@ def plan_schedules(
         batch_size: the whole batch of the pipeline spec (default: 8 rows per microbatch).
         schedules: the names to plan (default: :data:`BUILT_IN_SCHEDULES` and ``ZBH1``, ``ZBH2``, ``Adaptive``).
         run: record 1F1B, the best zero-bubble schedule and the ``top`` best predicted others for real,
-            ``steps`` steps each in interleaved rounds (default 9), on ``ranks`` gloo processes (one thread
+            ``steps`` steps each in interleaved rounds (default 15), on ``ranks`` gloo processes (one thread
             each), and add the measured steps.
         output: a folder for ``best.csv`` (the best schedule's order, for ``csv:PATH``), every generated
             schedule's CSV, ``plan.json`` and, with ``run``, ``recorded.json`` (the recorded steps).

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from graphkit.measure.timing import fewest_wins_beyond_chance, sign_test_p_value
 from graphkit.pipelining.planning.actions import ScheduleError, ScheduleOrder
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_split, mean_cost, scaled
 from graphkit.pipelining.planning.registry import generated_order, is_generated
@@ -50,8 +51,10 @@ PREDICTED_MARGIN = 0.99
 """Without recorded steps, a schedule is recommended over 1F1B (and said to pay) only when predicted below
 this many times 1F1B's step: a prediction within 1% is within the costs' noise, no reason to change."""
 
-FEW_ROUNDS = 5
-"""A recommendation measured over fewer interleaved rounds than this says so (two wins of three decide little)."""
+SIGNIFICANCE = 0.05
+"""With recorded steps, a schedule beats 1F1B only when it was faster in more rounds than chance would give
+it this often (a one-sided sign test, :func:`~graphkit.measure.timing.sign_test_p_value`): at 31 rounds,
+21 wins; at 15, 12; at 9, 8; below 5 rounds, never."""
 
 MEMORY_NOTE_RATIO = 1.5
 """A pick whose predicted peak memory per rank is above this many times 1F1B's is printed with a note."""
@@ -169,17 +172,22 @@ class SchedulePlan:
         pairs = list(zip(item.measured_steps, self.baseline.measured_steps, strict=False))
         return sum(step < base for step, base in pairs), len(pairs)
 
-    def won_most_rounds(self, item: PlannedSchedule) -> bool:
-        """Whether ``item``'s step was shorter than 1F1B's in more than half the recorded rounds."""
+    def won_beyond_chance(self, item: PlannedSchedule) -> bool:
+        """Whether ``item``'s step was shorter than 1F1B's in more of the recorded rounds than chance would
+        give it (sign test below :data:`SIGNIFICANCE`)."""
         won, rounds = self.rounds_won(item)
-        return 2 * won > rounds
+        return sign_test_p_value(won, rounds) < SIGNIFICANCE
+
+    def rounds_needed(self) -> int | None:
+        """The fewest rounds won that beat 1F1B beyond chance, over the rounds recorded (None: too few)."""
+        return fewest_wins_beyond_chance(len(self.baseline.measured_steps), SIGNIFICANCE)
 
     @property
     def recommended(self) -> PlannedSchedule:
         """What to run. Without recorded steps, the best predicted schedule where it is predicted at least 1%
         below 1F1B (:data:`PREDICTED_MARGIN`), else 1F1B. With them, the measured:
         the schedule with the shortest median step among those that beat 1F1B's median and its step in
-        most recorded rounds; 1F1B when none does (keep 1F1B)."""
+        more recorded rounds than chance would (:meth:`won_beyond_chance`); 1F1B when none does (keep 1F1B)."""
         base = self.baseline
         if base.measured_seconds is None:
             best = self.best
@@ -193,7 +201,7 @@ class SchedulePlan:
             and item.measured_seconds is not None
             and item.fits_memory
             and item.measured_seconds < base.measured_seconds
-            and self.won_most_rounds(item)
+            and self.won_beyond_chance(item)
         ]
         return min(winners, key=lambda item: item.measured_seconds or math.inf, default=base)
 
@@ -297,8 +305,11 @@ class SchedulePlan:
         won, rounds = self.rounds_won(best)
         if best.measured_seconds is not None and base.measured_seconds:
             ratio = best.measured_seconds / base.measured_seconds
-            pays = ratio < 1 and self.won_most_rounds(best)
-            evidence = f"{best.name} measured {ratio:.2f}x 1F1B, faster in {won} of {rounds} rounds"
+            pays = ratio < 1 and self.won_beyond_chance(best)
+            evidence = (
+                f"{best.name} measured {ratio:.2f}x 1F1B, faster in {won} of {rounds} rounds "
+                f"(p = {sign_test_p_value(won, rounds):.2g})"
+            )
         else:
             ratio = best.predicted_seconds / base.predicted_seconds
             pays = ratio < PREDICTED_MARGIN  # a prediction within 1% of 1F1B is no reason to split
@@ -584,20 +595,28 @@ def _verdict(plan: SchedulePlan) -> str:
             + ")"
         )
         recommended = plan.recommended
+        needed = plan.rounds_needed()
         if recommended is base:
             text += (
                 "\nrecommended: keep 1F1B - no schedule measured faster than 1F1B in its median step and in "
-                "most rounds"
+                + (
+                    f"at least {needed} of the {rounds} rounds (fewer wins could be chance: sign test, "
+                    f"p < {SIGNIFICANCE})"
+                    if needed is not None
+                    else f"enough rounds: {rounds} cannot tell a schedule from chance, record 9 or more (--steps)"
+                )
             )
         else:
             if is_generated(recommended.name) and recommended.csv is None:
                 how = "plan with -o DIR to write the order built from these costs, then run csv:DIR/best.csv"
             else:
                 how = f"run it as --schedule {recommended.run_name}"
-            text += f"\nrecommended: {recommended.name} (measured fastest; {how}){_memory_note(plan, recommended)}"
             won, rounds = plan.rounds_won(recommended)
-            if rounds < FEW_ROUNDS:
-                text += f"; from only {rounds} rounds ({won} won): record more (--steps 9 or more) before trusting it"
+            text += (
+                f"\nrecommended: {recommended.name} (measured fastest, in {won} of {rounds} rounds: "
+                f"p = {sign_test_p_value(won, rounds):.2g} that chance did it; {how})"
+                + _memory_note(plan, recommended)
+            )
         chosen = [item for item in plan.schedules if item.recorded_because]
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
             f"{item.name} ({item.recorded_because})" for item in chosen
