@@ -168,8 +168,11 @@ def plan_schedules(
     comm = comm or DEFAULT_COMM
     names = list(schedules) if schedules is not None else [*BUILT_IN_SCHEDULES, *GENERATED_SCHEDULES]
     planned = [_plan_one(name, ranks, microbatches, one, two, comm, overhead, memory_limit) for name in names]
+    _note_same_orders(planned)
     planned.sort(key=_rank_key)
-    check_memory_limit(planned, memory_limit)
+    check_memory_limit(
+        planned, memory_limit, lambda limit: _adaptive_fits(limit, ranks, microbatches, one, comm, overhead)
+    )
     folder = Path(output) if output is not None else None  # without a folder nothing is written
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -282,9 +285,38 @@ def _plan_one(
         return PlannedSchedule(name, per_rank, None, False, error=f"not planned: {error}")
 
 
-def _rank_key(item: PlannedSchedule) -> tuple[bool, float]:
-    """Schedules within the memory limit first, then by predicted step."""
-    return (not item.fits_memory, item.predicted_seconds)
+def _rank_key(item: PlannedSchedule) -> tuple[bool, float, bool]:
+    """Schedules within the memory limit first, then by predicted step; a generated schedule that came out
+    as 1F1B's order after 1F1B."""
+    return (not item.fits_memory, item.predicted_seconds, item.same_order_as is not None)
+
+
+def _note_same_orders(planned: list[PlannedSchedule]) -> None:
+    """Mark each generated schedule whose order came out as 1F1B's (``CostAware`` where no split pays):
+    it is 1F1B, so it is not recorded again, and shares 1F1B's prediction."""
+    base = next((item for item in planned if item.name == "1F1B" and item.order is not None), None)
+    if base is None or base.order is None:
+        return
+    labels = base.order.labels()
+    for item in planned:
+        if (
+            item is not base
+            and is_generated(item.name)
+            and item.order is not None
+            and item.order.labels() == labels
+        ):
+            item.same_order_as = base.name
+
+
+def _adaptive_fits(
+    limit: float, ranks: int, microbatches: int, one: list[StageCost], comm: CommModel, overhead: float
+) -> bool:
+    """Whether the Adaptive schedule built under ``limit`` bytes per rank keeps within it."""
+    try:
+        item = simulate_schedule("Adaptive", ranks, microbatches, one, one, comm, overhead, limit)
+    except (ScheduleError, ValueError):
+        return False
+    return item.fits_memory
 
 
 def _write_best(plan: SchedulePlan, folder: Path | None) -> None:
@@ -335,6 +367,10 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
         item.fits_memory = (
             plan.memory_limit is None or max(item.simulation.peak_memory_bytes) <= plan.memory_limit
         )
+    base = plan.baseline
+    for item in plan.schedules:
+        if item.same_order_as is not None:  # the same order: the same prediction
+            item.simulation, item.fits_memory = base.simulation, base.fits_memory
     plan.schedules.sort(key=_rank_key)
     pooled = calibrate_runtime(list(recorded.values()), by_count)
     plan.comm, plan.overhead = pooled.comm, pooled.overhead

@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,6 +75,8 @@ class PlannedSchedule:
         recorded_because: with ``run``, why it was chosen for recording (``"the baseline"``, ...).
         recorded_prediction_seconds: the step simulated from the recorded per-action durations; None if not run.
         error: why it could not be simulated (then ``simulation`` is None).
+        same_order_as: the schedule whose order it is (a generated schedule that came out as 1F1B's
+            order: ``"1F1B"``), None otherwise; it is neither recorded again nor predicted apart.
     """
 
     name: str
@@ -88,11 +90,22 @@ class PlannedSchedule:
     order: ScheduleOrder | None = field(default=None, repr=False)
     measured_steps: list[float] = field(default_factory=list, repr=False)
     recorded_because: str | None = None
+    same_order_as: str | None = None
 
     @property
     def splits_backward(self) -> bool:
-        """Whether the schedule splits any backward into I and W (a zero-bubble schedule)."""
-        return self.order is not None and any(action.kind == "I" for row in self.order.rows for action in row)
+        """Whether the schedule splits any backward into I and W (a zero-bubble schedule) on a stage after
+        the first: the first stage's I is nothing and its W one full backward (as PyTorch's runtime runs
+        them), so an I and W there are a full backward moved later, not a split."""
+        return self.order is not None and any(
+            action.kind == "I" and action.stage != 0 for row in self.order.rows for action in row
+        )
+
+    @property
+    def label(self) -> str:
+        """The name as the table shows it: ``CostAware (1F1B's order)`` for a generated schedule that came
+        out as another's order."""
+        return f"{self.name} ({self.same_order_as}'s order)" if self.same_order_as else self.name
 
     @property
     def predicted_seconds(self) -> float:
@@ -172,6 +185,19 @@ class SchedulePlan:
         pairs = list(zip(item.measured_steps, self.baseline.measured_steps, strict=False))
         return sum(step < base for step, base in pairs), len(pairs)
 
+    def round_ratio(self, item: PlannedSchedule) -> float | None:
+        """The median over the recorded rounds of ``item``'s step over 1F1B's step in the same round (the
+        paired figure: a change of load touches both steps of a round); None without recorded rounds."""
+        ratios = sorted(
+            step / base
+            for step, base in zip(item.measured_steps, self.baseline.measured_steps, strict=False)
+            if base > 0
+        )
+        if not ratios:
+            return None
+        middle = len(ratios) // 2
+        return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+
     def won_beyond_chance(self, item: PlannedSchedule) -> bool:
         """Whether ``item``'s step was shorter than 1F1B's in more of the recorded rounds than chance would
         give it (sign test below :data:`SIGNIFICANCE`)."""
@@ -200,16 +226,27 @@ class SchedulePlan:
             if item is not base
             and item.measured_seconds is not None
             and item.fits_memory
-            and item.measured_seconds < base.measured_seconds
+            and (self.round_ratio(item) or math.inf) < 1
             and self.won_beyond_chance(item)
         ]
-        return min(winners, key=lambda item: item.measured_seconds or math.inf, default=base)
+        return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
 
     @property
     def measured_best(self) -> PlannedSchedule | None:
-        """The schedule with the shortest recorded step (with ``run``), else None."""
+        """The recorded schedule with the lowest median round ratio to 1F1B (:meth:`round_ratio`; 1F1B's
+        own is 1), with ``run``; else None."""
         measured = [item for item in self.schedules if item.measured_seconds is not None]
-        return min(measured, key=lambda item: item.measured_seconds or math.inf, default=None)
+        return min(measured, key=lambda item: self.round_ratio(item) or math.inf, default=None)
+
+    def closest_contender(self) -> PlannedSchedule | None:
+        """The recorded schedule other than 1F1B that won most rounds against it (ties: the lower median
+        round ratio), or None."""
+        others = [item for item in self.schedules if item.measured_steps and item is not self.baseline]
+        return min(
+            others,
+            key=lambda item: (-self.rounds_won(item)[0], self.round_ratio(item) or math.inf),
+            default=None,
+        )
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per schedule (JSON-ready): name, predicted and measured step, bubble, peak memory, ..."""
@@ -220,6 +257,7 @@ class SchedulePlan:
             simulation = item.simulation
             row: dict[str, Any] = {
                 "schedule": item.name,
+                "label": item.label,
                 "run_as": item.run_name,
                 "stages_per_rank": item.stages_per_rank,
                 "predicted_step_seconds": item.predicted_seconds if simulation is not None else None,
@@ -231,12 +269,16 @@ class SchedulePlan:
                 "messages_per_step": simulation.messages if simulation is not None else None,
                 "fits_memory": item.fits_memory,
                 "csv": item.csv,
+                "same_order_as": item.same_order_as,
                 "measured_step_seconds": item.measured_seconds,
                 "measured_vs_1f1b": (
                     item.measured_seconds / measured_base
                     if item.measured_seconds is not None and measured_base
                     else None
                 ),
+                "median_round_vs_1f1b": self.round_ratio(item) if item.measured_steps else None,
+                "rounds_won": list(self.rounds_won(item)) if item.measured_steps else None,
+                "sign_test_p": sign_test_p_value(*self.rounds_won(item)) if item.measured_steps else None,
                 "predicted_from_recorded_seconds": item.recorded_prediction_seconds,
                 "measured_steps": list(item.measured_steps),
                 "recorded_because": item.recorded_because,
@@ -249,13 +291,16 @@ class SchedulePlan:
         """What ``--run`` records, each with the reason it was chosen: the ``top`` best predicted schedules within
         the memory limit, the best zero-bubble one if they leave it out, and 1F1B (the baseline of every ratio),
         last."""
-        simulated = [item for item in self.schedules if item.simulation is not None and item.fits_memory]
+        simulated = [
+            item
+            for item in self.schedules
+            if item.simulation is not None and item.fits_memory and item.same_order_as is None
+        ]
         others = [item for item in simulated if item is not self.baseline]
         base = self.baseline.predicted_seconds
 
         def ranked(item: PlannedSchedule) -> str:
-            ratio = f" {item.predicted_seconds / base:.2f}x" if base else ""
-            return f"#{self.schedules.index(item) + 1} predicted{ratio}"
+            return f"predicted {item.predicted_seconds / base:.2f}x" if base else "predicted"
 
         chosen = []
         for item in others[:top]:
@@ -298,17 +343,18 @@ class SchedulePlan:
         ]
         # what was measured speaks over what was predicted
         best = min(
-            measured, key=lambda item: item.measured_seconds or math.inf, default=self.best_zero_bubble
+            measured, key=lambda item: self.round_ratio(item) or math.inf, default=self.best_zero_bubble
         )
         if best is None:
             return f"zero bubble: no zero-bubble schedule fits here; {head}"
         won, rounds = self.rounds_won(best)
-        if best.measured_seconds is not None and base.measured_seconds:
-            ratio = best.measured_seconds / base.measured_seconds
+        measured_ratio = self.round_ratio(best) if best.measured_steps else None
+        if measured_ratio is not None:
+            ratio = measured_ratio
             pays = ratio < 1 and self.won_beyond_chance(best)
             evidence = (
-                f"{best.name} measured {ratio:.2f}x 1F1B, faster in {won} of {rounds} rounds "
-                f"(p = {sign_test_p_value(won, rounds):.2g})"
+                f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of {rounds} "
+                f"rounds (p = {sign_test_p_value(won, rounds):.2g})"
             )
         else:
             ratio = best.predicted_seconds / base.predicted_seconds
@@ -323,7 +369,7 @@ class SchedulePlan:
         if not base.fits_memory:
             reason += " (1F1B itself is over the memory limit: these ratios compare with a schedule that cannot run)"
         bound = self.free_split_vs_1f1b
-        if bound is not None and not pays:
+        if bound is not None and not pays and base.fits_memory:
             reason += f"; were splitting free (I + W = B), CostAware would predict {bound:.3f}x 1F1B: " + (
                 "a cheaper split would pay"
                 if bound < PREDICTED_MARGIN
@@ -425,8 +471,20 @@ def _json_number(value: Any) -> Any:
 
 
 # --- simulating every schedule ------------------------------------------------------------------------------
-def check_memory_limit(planned: list[PlannedSchedule], memory_limit: float | None) -> None:
+def check_memory_limit(
+    planned: list[PlannedSchedule],
+    memory_limit: float | None,
+    fits_under: Callable[[float], bool] | None = None,
+) -> None:
     """Refuse a memory limit no schedule fits, naming the smallest limit one fits.
+
+    Args:
+        planned: the schedules simulated under ``memory_limit``.
+        memory_limit: bytes per rank, or None (nothing to check).
+        fits_under: ``fits_under(limit)``: whether a schedule built under ``limit`` (Adaptive: it holds
+            fewer microbatches in flight under a tighter limit) keeps within it. Given, the message names
+            the smallest such limit, found by bisection between ``memory_limit`` and the smallest peak
+            planned (to 1%); without it, only that peak.
 
     Raises:
         ValueError: every simulated schedule's peak on some rank is above ``memory_limit``.
@@ -436,11 +494,19 @@ def check_memory_limit(planned: list[PlannedSchedule], memory_limit: float | Non
         return
     smallest = min(simulated, key=lambda item: max(item.simulation.peak_memory_bytes))  # type: ignore[union-attr]
     peak = max(smallest.simulation.peak_memory_bytes)  # type: ignore[union-attr]
+    fitting, name = peak, smallest.name
+    if fits_under is not None:
+        low, high = float(memory_limit), float(peak)
+        if fits_under(high):  # the bisection needs a limit that fits at its top
+            while high - low > 0.01 * high:
+                middle = (low + high) / 2
+                low, high = (low, middle) if fits_under(middle) else (middle, high)
+            if high < peak:
+                fitting, name = math.ceil(high), "Adaptive, built under it"
     raise ValueError(
-        f"no schedule fits the memory limit of {memory_limit:,.0f} bytes per rank: the smallest peak of the "
-        f"schedules planned is {smallest.name}'s, {peak:,} bytes ({peak / 2**20:.1f} MiB), so "
-        f"--memory-limit {peak} fits at least that one (Adaptive and CostAware are built under the limit "
-        "and may fit a lower one, but not this one)"
+        f"no schedule fits the memory limit of {memory_limit:,.0f} bytes per rank: the smallest limit a "
+        f"schedule fits is about {fitting:,} bytes ({fitting / 2**20:.2f} MiB, {name}); give "
+        f"--memory-limit {fitting} or more"
     )
 
 
@@ -475,21 +541,28 @@ def simulate_schedule(
 def free_split_ratio(plan: SchedulePlan) -> float | None:
     """CostAware's predicted step over 1F1B's with the plan's costs made free to split
     (:func:`~graphkit.pipelining.planning.cost_model.free_split`: I + W = B on every stage but the first),
-    the plan's message model, runtime overhead and memory limit; None on one rank or where it cannot be
-    built. Below 1 by a margin: a cheaper split would pay; about 1: the bubble is too small for any."""
+    the plan's message model, runtime overhead and memory limit, all three simulated here under the same
+    model (never above CostAware's ratio with the costs as measured); None on one rank or where it cannot
+    be built. Below 1 by a margin: a cheaper split would pay; about 1: the bubble is too small for any."""
     if plan.ranks < 2:
         return None
-    freed = free_split(plan.costs)
+    steps = []
     try:
-        base, free = (
-            simulate_schedule(
-                name, plan.ranks, plan.microbatches, freed, freed, plan.comm, plan.overhead, plan.memory_limit
+        # 1F1B (which runs no split: the same under both costs), CostAware as the costs are, and freed
+        for name, costs in (
+            ("1F1B", plan.costs),
+            ("CostAware", plan.costs),
+            ("CostAware", free_split(plan.costs)),
+        ):
+            item = simulate_schedule(
+                name, plan.ranks, plan.microbatches, costs, costs, plan.comm, plan.overhead, plan.memory_limit
             )
-            for name in ("1F1B", "CostAware")
-        )
+            steps.append(item.predicted_seconds)
     except (ScheduleError, ValueError):
         return None
-    return free.predicted_seconds / base.predicted_seconds if base.predicted_seconds else None
+    base, as_measured, freed = steps
+    # a free split can do no worse than the dear one (the generator's search may end elsewhere)
+    return min(as_measured, freed) / base if base else None
 
 
 # --- presentation ---------------------------------------------------------------------------------------
@@ -497,7 +570,7 @@ def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
     measured = any(item.measured_seconds is not None for item in plan.schedules)
     header = ["#", "schedule", "st/rank", "predicted ms", "vs 1F1B", "bubble", "peak MiB/rank", "msgs"]
     if measured:
-        header += ["measured ms", "vs 1F1B", "pred/meas", "from rec. ms", "rec/meas"]
+        header += ["measured ms", "vs 1F1B", "won", "pred/meas", "from rec. ms", "rec/meas"]
     body = []
     for position, row in enumerate(plan.rows(), 1):
         if row["error"] is not None:
@@ -506,7 +579,7 @@ def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
         peaks = "/".join(f"{value / 2**20:.1f}" for value in row["peak_memory_bytes"])
         cells = [
             str(position),
-            row["schedule"] + ("" if row["fits_memory"] else " (over memory)"),
+            row["label"] + ("" if row["fits_memory"] else " (over memory)"),
             str(row["stages_per_rank"]),
             f"{row['predicted_step_seconds'] * 1e3:.2f}",
             _ratio(row["predicted_vs_1f1b"]),
@@ -517,9 +590,11 @@ def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
         if measured:
             m = row["measured_step_seconds"]
             r = row["predicted_from_recorded_seconds"]
+            won = row["rounds_won"]
             cells += [
                 f"{m * 1e3:.2f}" if m is not None else "-",
-                _ratio(row["measured_vs_1f1b"]),
+                _ratio(row["median_round_vs_1f1b"]),
+                f"{won[0]}/{won[1]}" if won and row["schedule"] != "1F1B" else "-",
                 _ratio(row["predicted_step_seconds"] / m) if m else "-",
                 f"{r * 1e3:.2f}" if r is not None else "-",
                 _ratio(r / m) if r is not None and m else "-",
@@ -589,16 +664,20 @@ def _verdict(plan: SchedulePlan) -> str:
     if winner is not None and base.measured_seconds:
         won, rounds = plan.rounds_won(winner)
         text += (
-            f"; best measured: {winner.name} ({winner.measured_seconds * 1e3:.2f} ms, "
-            f"{_ratio((winner.measured_seconds or 0) / base.measured_seconds)} of 1F1B"
-            + (f", faster in {won} of {rounds} rounds" if winner is not base and rounds else "")
+            f"; best measured: {winner.name} (median step {winner.measured_seconds * 1e3:.2f} ms, "
+            f"{_ratio(plan.round_ratio(winner))} of 1F1B in the median round"
+            + (
+                f", faster in {won} of {rounds} rounds, p = {sign_test_p_value(won, rounds):.2g}"
+                if winner is not base and rounds
+                else ""
+            )
             + ")"
         )
         recommended = plan.recommended
         needed = plan.rounds_needed()
         if recommended is base:
             text += (
-                "\nrecommended: keep 1F1B - no schedule measured faster than 1F1B in its median step and in "
+                "\nrecommended: keep 1F1B - no schedule measured faster than 1F1B in the median round and in "
                 + (
                     f"at least {needed} of the {rounds} rounds (fewer wins could be chance: sign test, "
                     f"p < {SIGNIFICANCE})"
@@ -606,6 +685,14 @@ def _verdict(plan: SchedulePlan) -> str:
                     else f"enough rounds: {rounds} cannot tell a schedule from chance, record 9 or more (--steps)"
                 )
             )
+            contender = plan.closest_contender()
+            if contender is not None:
+                won, rounds = plan.rounds_won(contender)
+                text += (
+                    f"; closest: {contender.name}, faster in {won} of {rounds} rounds "
+                    f"(p = {sign_test_p_value(won, rounds):.2g}), {_ratio(plan.round_ratio(contender))} in the "
+                    "median round"
+                )
         else:
             if is_generated(recommended.name) and recommended.csv is None:
                 how = "plan with -o DIR to write the order built from these costs, then run csv:DIR/best.csv"
