@@ -203,7 +203,7 @@ def run_plan(arguments: argparse.Namespace) -> int:
         recommended = plan.recommended
         if recommended is plan.baseline and plan.best is not plan.baseline:
             how = "kept: nothing " + (
-                "measured faster in its median step and beyond chance in the rounds"
+                "measured faster in the median round and beyond chance in the rounds"
                 if recommended.measured_seconds is not None
                 else "predicted at least 1% faster"
             )
