@@ -296,6 +296,69 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(capsys, comm
     assert "seconds" in err and "Traceback" not in err
 
 
+# --- plan --memory-limit ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("4000000", 4_000_000),
+        ("4e6", 4_000_000),
+        ("2.5e3", 2500),
+        ("4MiB", 4 * 1024**2),
+        ("4 MiB", 4 * 1024**2),
+        ("512KiB", 512 * 1024),
+        ("2GiB", 2 * 1024**3),
+        ("4MB", 4_000_000),
+        ("4GB", 4_000_000_000),
+        ("1.5kib", 1536),
+        ("300B", 300),
+    ],
+)
+def test_plan_memory_limit_takes_bytes_with_or_without_a_unit(capsys, monkeypatch, text, limit):
+    import graphkit.pipelining.planner as planner
+
+    passed = {}
+
+    def record_arguments(spec, **keywords):
+        passed.update(keywords)
+        raise ValueError("stopped before planning")
+
+    monkeypatch.setattr(planner, "plan_schedules", record_arguments)
+    status, _, err = run(capsys, "plan", "--costs", "unused.json", "--memory-limit", text)
+    assert status == 2 and "stopped before planning" in err
+    assert passed["memory_limit"] == limit
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("-1", "must be a positive number of bytes, got '-1'"),
+        ("0", "must be a positive number of bytes, got '0'"),
+        ("0MiB", "must be a positive number of bytes"),
+        (
+            "4 XB",
+            "unknown unit 'XB' in '4 XB'; use B, KiB, MiB, GiB (powers of 2) or KB, MB, GB (powers of 10)",
+        ),
+        ("4Mb/s", "expected a number of bytes such as 4000000, 4e6, 4MB or 4MiB, got '4Mb/s'"),
+        ("lots", "expected a number of bytes"),
+        ("nan", "expected a number of bytes"),
+    ],
+)
+def test_plan_memory_limit_that_is_no_positive_number_of_bytes_is_refused(capsys, text, said):
+    with pytest.raises(SystemExit) as stopped:
+        main(["plan", "--costs", "unused.json", "--memory-limit", text])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --memory-limit: {said}" in err and "Traceback" not in err
+
+
+def test_plan_help_says_which_memory_limit_units_it_takes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps help to the terminal width
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "KiB, MiB, GiB (powers of 2) or KB, MB, GB (powers of 10), e.g. 4MiB" in text
+
+
 def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(capsys, monkeypatch):
     import graphkit.pipelining.verification as checker
     from graphkit.pipelining.launcher import LaunchError

@@ -18,6 +18,7 @@ from graphkit.cli.options import (
     add_run_timeout_option,
     add_steps_option,
     add_threads_option,
+    positive_bytes,
 )
 
 __all__ = ["add_plan_command"]
@@ -49,10 +50,11 @@ def add_plan_command(commands: Any) -> None:
     )
     plan.add_argument(
         "--memory-limit",
-        type=float,
+        type=positive_bytes,
         metavar="BYTES",
-        help="activation bytes each rank may hold: the adaptive schedule is built under it, schedules over "
-        "it rank last (default: no limit)",
+        help="activation bytes each rank may hold, above 0: plain (4000000, 4e6) or with a unit, KiB, MiB, "
+        "GiB (powers of 2) or KB, MB, GB (powers of 10), e.g. 4MiB or '4 MiB'; the adaptive schedule is "
+        "built under it, schedules over it rank last (default: no limit)",
     )
     plan.add_argument(
         "--costs",
