@@ -359,6 +359,22 @@ def test_plan_help_says_which_memory_limit_units_it_takes(capsys, monkeypatch):
     assert "KiB, MiB, GiB (powers of 2) or KB, MB, GB (powers of 10), e.g. 4MiB" in text
 
 
+@pytest.mark.parametrize("spec", [[], ["zoo-pipeline:mlp"]])
+def test_plan_pin_cores_without_run_is_refused_with_exit_2(capsys, monkeypatch, spec):
+    import graphkit.pipelining.planner as planner
+
+    def plan_schedules(spec, **keywords):
+        raise AssertionError("planned although --pin-cores came without --run")
+
+    monkeypatch.setattr(planner, "plan_schedules", plan_schedules)
+    status, out, err = run(capsys, "plan", *spec, "--costs", "unused.json", "--pin-cores")
+    assert status == 2 and out == ""
+    assert (
+        err
+        == "graphkit plan: error: --pin-cores pins the ranks that --run records: add --run, or leave --pin-cores out\n"
+    )
+
+
 def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(capsys, monkeypatch):
     import graphkit.pipelining.verification as checker
     from graphkit.pipelining.launcher import LaunchError

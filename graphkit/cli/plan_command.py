@@ -144,6 +144,8 @@ def run_plan(arguments: argparse.Namespace) -> int:
         raise ValueError("give a PIPELINE_SPEC or --costs FILE.json")
     if arguments.spec is None and arguments.record:
         raise ValueError("--run records the schedules on real ranks: give the PIPELINE_SPEC to run")
+    if arguments.pin_cores and not arguments.record:
+        raise ValueError("--pin-cores pins the ranks that --run records: add --run, or leave --pin-cores out")
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
     comm = None  # with --run: calibrated on the recorded schedules; without: DEFAULT_COMM
