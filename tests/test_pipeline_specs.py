@@ -367,3 +367,8 @@ def test_the_docs_say_what_every_pipeline_command_asks_its_spec_for(repo_root: P
         name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z-]+)`", row.split("|")[1])
     }
     assert takes_pipeline_spec | {"costs"} <= listed, "add the missing commands to the table"
+    opening = text.split("\n\n", 2)[1]
+    named = set(re.findall(r"`graphkit ([a-z-]+)`", opening))
+    assert takes_pipeline_spec | {"costs"} <= named, (
+        "name every command that takes a pipeline spec at the top"
+    )
