@@ -59,8 +59,9 @@ def add_plan_command(commands: Any) -> None:
     plan.add_argument(
         "--costs",
         metavar="FILE.json",
-        help="per-stage costs as `graphkit costs --pipeline --num-stages 2R --json` writes them (measured "
-        "elsewhere, e.g. on a GPU machine), for R or 2R stages; default: measure them here",
+        help="per-stage costs as `graphkit costs PIPELINE_SPEC --num-stages 2R --json` writes them (add "
+        "--pipeline for hf:gpt2 or hf:llama), measured elsewhere (e.g. on a GPU machine), for R or 2R "
+        "stages; default: measure them here",
     )
     plan.add_argument(
         "--latency",
