@@ -180,6 +180,24 @@ def test_list_prints_the_built_in_pipelines_and_the_hf_architectures_cut_into_st
     assert data["hf-pipeline"]["hf:gpt2"] == rows[0].split(None, 1)[1]
 
 
+def test_list_names_every_command_that_takes_a_pipeline_spec(capsys):
+    from graphkit.cli import build_parser
+
+    (subcommands,) = [
+        action for action in build_parser()._actions if action.__class__.__name__ == "_SubParsersAction"
+    ]
+    takes_pipeline_spec = {
+        name
+        for name, parser in subcommands.choices.items()
+        if any(action.dest == "spec" and action.metavar == "PIPELINE_SPEC" for action in parser._actions)
+    }
+    assert "plan" in takes_pipeline_spec
+    status, out, _ = run(capsys, "list")
+    (line,) = [line for line in out.splitlines() if line.startswith("Pipeline specs go to ")]
+    named = set(re.findall(r"[a-z]+(?:-[a-z]+)*", line.split(" go to ", 1)[1].split("(", 1)[0]))
+    assert status == 0 and takes_pipeline_spec | {"costs"} <= named
+
+
 def test_every_listed_pipeline_spec_loads_and_no_other_hf_architecture_does():
     pytest.importorskip("transformers")
     from graphkit.models.huggingface import KNOWN_ARCHITECTURES
