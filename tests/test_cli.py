@@ -180,6 +180,24 @@ def test_list_prints_the_built_in_pipelines_and_the_hf_architectures_cut_into_st
     assert data["hf-pipeline"]["hf:gpt2"] == rows[0].split(None, 1)[1]
 
 
+def test_list_names_every_command_that_takes_a_pipeline_spec(capsys):
+    from graphkit.cli import build_parser
+
+    (subcommands,) = [
+        action for action in build_parser()._actions if action.__class__.__name__ == "_SubParsersAction"
+    ]
+    takes_pipeline_spec = {
+        name
+        for name, parser in subcommands.choices.items()
+        if any(action.dest == "spec" and action.metavar == "PIPELINE_SPEC" for action in parser._actions)
+    }
+    assert "plan" in takes_pipeline_spec
+    status, out, _ = run(capsys, "list")
+    (line,) = [line for line in out.splitlines() if line.startswith("Pipeline specs go to ")]
+    named = set(re.findall(r"[a-z]+(?:-[a-z]+)*", line.split(" go to ", 1)[1].split("(", 1)[0]))
+    assert status == 0 and takes_pipeline_spec | {"costs"} <= named
+
+
 def test_every_listed_pipeline_spec_loads_and_no_other_hf_architecture_does():
     pytest.importorskip("transformers")
     from graphkit.models.huggingface import KNOWN_ARCHITECTURES
@@ -294,6 +312,85 @@ def test_a_timeout_that_is_no_positive_number_of_seconds_is_refused(capsys, comm
     err = capsys.readouterr().err
     assert f"argument {option}: " in err
     assert "seconds" in err and "Traceback" not in err
+
+
+# --- plan --memory-limit ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("4000000", 4_000_000),
+        ("4e6", 4_000_000),
+        ("2.5e3", 2500),
+        ("4MiB", 4 * 1024**2),
+        ("4 MiB", 4 * 1024**2),
+        ("512KiB", 512 * 1024),
+        ("2GiB", 2 * 1024**3),
+        ("4MB", 4_000_000),
+        ("4GB", 4_000_000_000),
+        ("1.5kib", 1536),
+        ("300B", 300),
+    ],
+)
+def test_plan_memory_limit_takes_bytes_with_or_without_a_unit(capsys, monkeypatch, text, limit):
+    import graphkit.pipelining.planner as planner
+
+    passed = {}
+
+    def record_arguments(spec, **keywords):
+        passed.update(keywords)
+        raise ValueError("stopped before planning")
+
+    monkeypatch.setattr(planner, "plan_schedules", record_arguments)
+    status, _, err = run(capsys, "plan", "--costs", "unused.json", "--memory-limit", text)
+    assert status == 2 and "stopped before planning" in err
+    assert passed["memory_limit"] == limit
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("-1", "must be a positive number of bytes, got '-1'"),
+        ("0", "must be a positive number of bytes, got '0'"),
+        ("0MiB", "must be a positive number of bytes"),
+        (
+            "4 XB",
+            "unknown unit 'XB' in '4 XB'; use B, KiB, MiB, GiB (powers of 2) or KB, MB, GB (powers of 10)",
+        ),
+        ("4Mb/s", "expected a number of bytes such as 4000000, 4e6, 4MB or 4MiB, got '4Mb/s'"),
+        ("lots", "expected a number of bytes"),
+        ("nan", "expected a number of bytes"),
+    ],
+)
+def test_plan_memory_limit_that_is_no_positive_number_of_bytes_is_refused(capsys, text, said):
+    with pytest.raises(SystemExit) as stopped:
+        main(["plan", "--costs", "unused.json", "--memory-limit", text])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --memory-limit: {said}" in err and "Traceback" not in err
+
+
+def test_plan_help_says_which_memory_limit_units_it_takes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps help to the terminal width
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "KiB, MiB, GiB (powers of 2) or KB, MB, GB (powers of 10), e.g. 4MiB" in text
+
+
+@pytest.mark.parametrize("spec", [[], ["zoo-pipeline:mlp"]])
+def test_plan_pin_cores_without_run_is_refused_with_exit_2(capsys, monkeypatch, spec):
+    import graphkit.pipelining.planner as planner
+
+    def plan_schedules(spec, **keywords):
+        raise AssertionError("planned although --pin-cores came without --run")
+
+    monkeypatch.setattr(planner, "plan_schedules", plan_schedules)
+    status, out, err = run(capsys, "plan", *spec, "--costs", "unused.json", "--pin-cores")
+    assert status == 2 and out == ""
+    assert (
+        err
+        == "graphkit plan: error: --pin-cores pins the ranks that --run records: add --run, or leave --pin-cores out\n"
+    )
 
 
 def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(capsys, monkeypatch):

@@ -323,6 +323,32 @@ def test_bad_pipeline_specs_say_what_is_wrong(pipeline_file: Path):
         load_pipeline_spec(lambda: (["not a module"], torch.sum, (torch.zeros(2, 2),), None))
 
 
+def test_a_mistyped_pipeline_spec_says_pipeline_spec_and_what_the_file_defines(
+    pipeline_file: Path, capsys: pytest.CaptureFixture[str]
+):
+    with pytest.raises(SpecError) as caught:
+        load_pipeline_spec(f"{pipeline_file}:mkae", num_stages=2, batch_size=4)
+    message = str(caught.value)
+    assert message == (
+        f"pipeline spec '{pipeline_file}:mkae': my_pipeline.py has no function 'mkae'; did you mean 'make'? "
+        "it defines: make, fixed, needs_more, not_a_pipeline, raises, model"
+    )
+    missing = pipeline_file.parent / "my_pipelnie.py"
+    assert main(["plan", f"{missing}:make", "--ranks", "2"]) == 2
+    error = capsys.readouterr().err
+    assert f"pipeline spec '{missing}:make': the file" in error and "does not exist" in error
+    assert "model spec" not in error
+    assert main(["plan", f"{pipeline_file}:mkae"]) == 2
+    error = capsys.readouterr().err
+    assert "my_pipeline.py has no function 'mkae'; did you mean 'make'?" in error
+    assert "graphkit_spec_" not in error
+    # costs takes either kind of spec: the message does not guess which
+    for spec in (f"{missing}:make", f"{pipeline_file}:mkae"):
+        with pytest.raises(SpecError) as caught:
+            load_stage_or_pipeline(spec)
+        assert str(caught.value).startswith(f"spec '{spec}': ")
+
+
 def test_the_docs_say_what_every_pipeline_command_asks_its_spec_for(repo_root: Path):
     from graphkit.cli import build_parser
 
@@ -341,3 +367,8 @@ def test_the_docs_say_what_every_pipeline_command_asks_its_spec_for(repo_root: P
         name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z-]+)`", row.split("|")[1])
     }
     assert takes_pipeline_spec | {"costs"} <= listed, "add the missing commands to the table"
+    opening = text.split("\n\n", 2)[1]
+    named = set(re.findall(r"`graphkit ([a-z-]+)`", opening))
+    assert takes_pipeline_spec | {"costs"} <= named, (
+        "name every command that takes a pipeline spec at the top"
+    )

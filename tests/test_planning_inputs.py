@@ -106,6 +106,16 @@ def test_an_empty_or_invalid_file_is_named(tmp_path, text, message):
         validate_costs_json(tmp_path / "nowhere.json")
 
 
+@pytest.mark.parametrize("text", ["", "{not json", '{"stages": []}'])
+def test_a_bad_costs_file_says_how_to_measure_one_with_pipeline_only_for_hf(tmp_path, text):
+    with pytest.raises(CostsFileError) as caught:
+        validate_costs_json(written(tmp_path, text))
+    assert str(caught.value).endswith(
+        "`graphkit costs PIPELINE_SPEC --json -o FILE` writes it, with --pipeline for hf:gpt2 or hf:llama"
+        + (")" if text.startswith('{"') else "")
+    )
+
+
 def test_costs_on_cuda_without_cuda_is_refused_before_anything_is_measured_or_written(
     tmp_path, capsys, monkeypatch
 ):

@@ -216,6 +216,26 @@ def test_missing_file_names_the_path(tmp_path: Path) -> None:
     assert str(missing) in message and "does not exist" in message and ".py file" in message
 
 
+def test_missing_function_names_the_file_and_its_functions(tmp_path: Path) -> None:
+    path = tmp_path / "my_transformer.py"
+    path.write_text(
+        "import torch\nfrom torch import nn\nfrom math import sqrt\n\n\n"
+        "def make():\n    return nn.Linear(2, 2), (torch.zeros(1, 2),)\n\n\n"
+        "class Block(nn.Module):\n    pass\n\n\n"
+        "def _helper():\n    pass\n"
+    )
+    with pytest.raises(SpecError) as caught:
+        load_spec(f"{path}:mkae")
+    message = str(caught.value)
+    assert message.startswith(f"model spec '{path}:mkae': ")
+    assert "my_transformer.py has no function 'mkae'; did you mean 'make'? it defines: make, Block" in message
+    assert "graphkit_spec_" not in message and "sqrt" not in message and "_helper" not in message
+    with pytest.raises(SpecError) as caught:
+        load_spec(f"{path}:build_everything")
+    assert "did you mean" not in str(caught.value)
+    assert str(caught.value).endswith("has no function 'build_everything'; it defines: make, Block")
+
+
 def test_folder_instead_of_file(tmp_path: Path) -> None:
     folder = tmp_path / "models"
     folder.mkdir()

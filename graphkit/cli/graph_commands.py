@@ -202,7 +202,8 @@ def run_list(arguments: argparse.Namespace) -> int:
         "Also: path/to/file.py:function or package.module:function returning (stages, loss_fn, inputs, target)."
     )
     print(
-        "Pipeline specs go to timeline, compare-schedules, verify-pipeline and costs (hf: with costs --pipeline)."
+        "Pipeline specs go to plan, timeline, compare-schedules, verify-pipeline and costs "
+        "(hf: with costs --pipeline)."
     )
     print("Example: graphkit verify-pipeline 'hf:gpt2?n_layer=4' --ranks 2")
     return 0

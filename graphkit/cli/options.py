@@ -9,6 +9,7 @@ commands describe the same option differently (a default that differs, a device 
 from __future__ import annotations
 
 import argparse
+import re
 
 import torch
 
@@ -30,6 +31,7 @@ __all__ = [
     "add_threads_option",
     "check_device",
     "dtype_of",
+    "positive_bytes",
     "positive_seconds",
 ]
 
@@ -192,6 +194,42 @@ def positive_seconds(text: str) -> float:
     if not seconds > 0:  # also NaN
         raise argparse.ArgumentTypeError(f"must be above 0 seconds, got {text}")
     return seconds
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_BYTE_QUANTITY = re.compile(
+    r"\s*(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>[A-Za-z]*)\s*"
+)
+
+
+def positive_bytes(text: str) -> float:
+    """An argparse ``type``: a number of bytes above 0, plain (``4e6``) or with a unit (``4MiB``, ``4 MB``).
+
+    KiB, MiB and GiB are powers of 2 (``1KiB`` = 1024 bytes); KB, MB and GB powers of 10 (``1KB`` = 1000
+    bytes); B or no unit is bytes. Units are read without regard to case.
+
+    Returns:
+        The bytes, as a float.
+
+    Raises:
+        argparse.ArgumentTypeError: ``text`` is not a number with an optional unit, the unit is unknown (the
+            message lists the accepted ones), or the number of bytes is 0 or below.
+    """
+    quantity = _BYTE_QUANTITY.fullmatch(text)
+    if quantity is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of bytes such as 4000000, 4e6, 4MB or 4MiB, got {text!r}"
+        )
+    unit = quantity["unit"]
+    if unit.lower() not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"unknown unit {unit!r} in {text!r}; use B, KiB, MiB, GiB (powers of 2) or KB, MB, GB "
+            "(powers of 10), or no unit for bytes"
+        )
+    count = float(quantity["number"]) * _BYTE_UNITS[unit.lower()]
+    if not 0 < count < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of bytes, got {text!r}")
+    return count
 
 
 def add_run_timeout_option(

@@ -18,6 +18,7 @@ from graphkit.cli.options import (
     add_run_timeout_option,
     add_steps_option,
     add_threads_option,
+    positive_bytes,
 )
 
 __all__ = ["add_plan_command"]
@@ -49,16 +50,18 @@ def add_plan_command(commands: Any) -> None:
     )
     plan.add_argument(
         "--memory-limit",
-        type=float,
+        type=positive_bytes,
         metavar="BYTES",
-        help="activation bytes each rank may hold: the adaptive schedule is built under it, schedules over "
-        "it rank last (default: no limit)",
+        help="activation bytes each rank may hold, above 0: plain (4000000, 4e6) or with a unit, KiB, MiB, "
+        "GiB (powers of 2) or KB, MB, GB (powers of 10), e.g. 4MiB or '4 MiB'; the adaptive schedule is "
+        "built under it, schedules over it rank last (default: no limit)",
     )
     plan.add_argument(
         "--costs",
         metavar="FILE.json",
-        help="per-stage costs as `graphkit costs --pipeline --num-stages 2R --json` writes them (measured "
-        "elsewhere, e.g. on a GPU machine), for R or 2R stages; default: measure them here",
+        help="per-stage costs as `graphkit costs PIPELINE_SPEC --num-stages 2R --json` writes them (add "
+        "--pipeline for hf:gpt2 or hf:llama), measured elsewhere (e.g. on a GPU machine), for R or 2R "
+        "stages; default: measure them here",
     )
     plan.add_argument(
         "--latency",
@@ -142,6 +145,8 @@ def run_plan(arguments: argparse.Namespace) -> int:
         raise ValueError("give a PIPELINE_SPEC or --costs FILE.json")
     if arguments.spec is None and arguments.record:
         raise ValueError("--run records the schedules on real ranks: give the PIPELINE_SPEC to run")
+    if arguments.pin_cores and not arguments.record:
+        raise ValueError("--pin-cores pins the ranks that --run records: add --run, or leave --pin-cores out")
     if arguments.threads:
         torch.set_num_threads(arguments.threads)
     comm = None  # with --run: calibrated on the recorded schedules; without: DEFAULT_COMM

@@ -90,6 +90,7 @@ from graphkit.models.specs import (
     import_spec_module,
     load_spec,
     looks_like_path,
+    missing_function_error,
     on_sys_path,
     required_arguments,
 )
@@ -294,16 +295,18 @@ def _builtin(spec: str) -> Callable[..., Any]:
     return PIPELINES[name]
 
 
-def _function_of(spec: str) -> Callable[..., Any]:
+def _function_of(spec: str, kind: str = "pipeline spec") -> Callable[..., Any]:
+    """The function a file or module spec names; ``kind`` is how errors name the spec (``"spec"`` when it may be
+    a model spec too)."""
     target, colon, function_name = spec.rpartition(":")
     if not colon or not target or not function_name:
         raise SpecError(
-            f"pipeline spec {spec!r} names no function: write path/to/file.py:function, "
+            f"{kind} {spec!r} names no function: write path/to/file.py:function, "
             "package.module:function, zoo-pipeline:NAME, hf:gpt2 or hf:llama (the function returns "
             "(stages, loss_fn, inputs, target))"
         )
     if looks_like_path(target):
-        module = import_spec_file(spec, Path(target))
+        module = import_spec_file(spec, Path(target), kind=kind)
         function = getattr(module, function_name, None)
         if callable(function):
             folder = Path(target).resolve().parent
@@ -315,10 +318,10 @@ def _function_of(spec: str) -> Callable[..., Any]:
             in_its_folder.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
             return in_its_folder
     else:
-        module = import_spec_module(spec, target)
+        module = import_spec_module(spec, target, kind=kind)
         function = getattr(module, function_name, None)
     if not callable(function):
-        raise SpecError(f"pipeline spec {spec!r}: {module.__name__} has no function {function_name!r}")
+        raise missing_function_error(kind, spec, module, function_name)
     return function
 
 
@@ -430,7 +433,7 @@ def load_stage_or_pipeline(
         return load_spec(stripped)
     if stripped.startswith("zoo-pipeline:"):
         return load_pipeline_spec(stripped, num_stages=num_stages, batch_size=batch_size, seed=seed)
-    function = _function_of(stripped)
+    function = _function_of(stripped, kind="spec")
     if {"num_stages", "batch_size"} & set(_declared(function)):
         return load_pipeline_spec(function, num_stages=num_stages, batch_size=batch_size, seed=seed)
     with torch.random.fork_rng(devices=[]):

@@ -21,6 +21,7 @@ was wrong and how to fix it.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -48,6 +49,7 @@ __all__ = [
     "load_spec_on",
     "looks_like_path",
     "meta_forward_error",
+    "missing_function_error",
     "on_sys_path",
     "meta_graph_note",
     "model_frame",
@@ -288,8 +290,11 @@ def looks_like_path(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def import_spec_file(spec: str, path: Path) -> ModuleType:
+def import_spec_file(spec: str, path: Path, *, kind: str = "model spec") -> ModuleType:
     """Import the Python file ``path`` that ``spec`` names, as a module of its own.
+
+    ``kind`` is how the messages name the spec: ``"model spec"``, ``"pipeline spec"``, or ``"spec"`` where
+    either may be meant.
 
     Raises:
         SpecError: the file does not exist, is a folder, or raises while it is imported.
@@ -297,7 +302,7 @@ def import_spec_file(spec: str, path: Path) -> ModuleType:
     if not path.is_file():
         where = "is a folder, not a file" if path.is_dir() else "does not exist"
         raise SpecError(
-            f"model spec {spec!r}: the file {str(path)!r} {where} (relative to {str(Path.cwd())!r}); "
+            f"{kind} {spec!r}: the file {str(path)!r} {where} (relative to {str(Path.cwd())!r}); "
             "give the path of a .py file, then ':' and the function name"
         )
     resolved = path.resolve()
@@ -305,7 +310,7 @@ def import_spec_file(spec: str, path: Path) -> ModuleType:
     module_name = f"graphkit_spec_{_identifier(resolved.stem)}_{digest}"
     import_spec = importlib.util.spec_from_file_location(module_name, resolved)
     if import_spec is None or import_spec.loader is None:
-        raise SpecError(f"model spec {spec!r}: {str(path)!r} cannot be imported as Python; is it a .py file?")
+        raise SpecError(f"{kind} {spec!r}: {str(path)!r} cannot be imported as Python; is it a .py file?")
     module = importlib.util.module_from_spec(import_spec)
     sys.modules[module_name] = module
     try:
@@ -314,14 +319,14 @@ def import_spec_file(spec: str, path: Path) -> ModuleType:
     except Exception as error:
         sys.modules.pop(module_name, None)
         raise SpecError(
-            f"model spec {spec!r}: importing {str(path)!r} failed with "
+            f"{kind} {spec!r}: importing {str(path)!r} failed with "
             f"{type(error).__name__}: {error}; fix the file so that `python {path}` runs"
         ) from error
     return module
 
 
-def import_spec_module(spec: str, module_name: str) -> ModuleType:
-    """Import the module ``module_name`` that ``spec`` names.
+def import_spec_module(spec: str, module_name: str, *, kind: str = "model spec") -> ModuleType:
+    """Import the module ``module_name`` that ``spec`` names (``kind`` as :func:`import_spec_file`).
 
     Raises:
         SpecError: the module cannot be imported (the message says why and how to fix it).
@@ -334,7 +339,7 @@ def import_spec_module(spec: str, module_name: str) -> ModuleType:
             "for a file, write path/to/file.py:function"
         )
         raise SpecError(
-            f"model spec {spec!r}: importing module {module_name!r} failed with "
+            f"{kind} {spec!r}: importing module {module_name!r} failed with "
             f"{type(error).__name__}: {error}; {hint}"
         ) from error
 
@@ -345,12 +350,7 @@ def _call_spec_function(
     where = getattr(module, "__file__", None) or module.__name__
     function = getattr(module, function_name, None)
     if function is None:
-        candidates = _public_functions(module)
-        listed = ", ".join(candidates) if candidates else "none"
-        raise SpecError(
-            f"model spec {spec!r}: {where!s} has no function {function_name!r}; "
-            f"functions it defines: {listed}"
-        )
+        raise missing_function_error("model spec", spec, module, function_name)
     if not callable(function):
         raise SpecError(
             f"model spec {spec!r}: {function_name!r} in {where!s} is a {type(function).__name__}, "
@@ -428,14 +428,37 @@ def _identifier(text: str) -> str:
     return "".join(character if character.isalnum() else "_" for character in text) or "module"
 
 
-def _public_functions(module: ModuleType) -> list[str]:
-    return sorted(
+def missing_function_error(kind: str, spec: str, module: ModuleType, function_name: str) -> SpecError:
+    """The error for a spec whose file or module has no ``function_name``.
+
+    It names the file as the spec wrote it (or the module), lists the public functions and classes the
+    module defines itself (not those it imports), and suggests the closest name (:func:`difflib.get_close_matches`)
+    when there is one, e.g. ``my_model.py has no function 'mkae'; did you mean 'make'? it defines: make, Block``.
+
+    Args:
+        kind: how to name the spec: ``"model spec"``, ``"pipeline spec"`` or ``"spec"``.
+        spec: the spec as given, ``target:function``.
+        module: the module imported from the spec's file or module name.
+        function_name: the name after the last ``:``.
+    """
+    target = spec.strip().rpartition(":")[0]
+    where = Path(target).name if looks_like_path(target) else target
+    defined = _public_callables(module)
+    close = difflib.get_close_matches(function_name, defined, n=1)
+    suggestion = f"did you mean {close[0]!r}? " if close else ""
+    listed = f"it defines: {', '.join(defined)}" if defined else "it defines no public function"
+    return SpecError(f"{kind} {spec!r}: {where} has no function {function_name!r}; {suggestion}{listed}")
+
+
+def _public_callables(module: ModuleType) -> list[str]:
+    """The public functions and classes ``module`` defines itself, in the order it defines them."""
+    return [
         name
         for name, value in vars(module).items()
         if not name.startswith("_")
-        and inspect.isfunction(value)
+        and (inspect.isfunction(value) or inspect.isclass(value))
         and getattr(value, "__module__", None) == module.__name__
-    )
+    ]
 
 
 @contextmanager

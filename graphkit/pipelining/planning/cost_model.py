@@ -349,7 +349,7 @@ class CostsFileError(ValueError):
 
 _SECONDS = ("forward", "backward_input", "backward_weight")  # {"seconds": ...} each, as graphkit costs writes
 _BYTES = ("activation_bytes", "b_keeps_bytes")  # per stage; input_grad_bytes too on every stage but the first
-_HOW = "as `graphkit costs SPEC --pipeline --json -o FILE` writes it"
+_HOW = "as `graphkit costs PIPELINE_SPEC --json -o FILE` writes it, with --pipeline for hf:gpt2 or hf:llama"
 
 
 def validate_costs_json(data: dict[str, Any] | str | os.PathLike[str]) -> dict[str, Any]:
