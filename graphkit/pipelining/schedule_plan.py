@@ -53,8 +53,12 @@ this many times 1F1B's step: a prediction within 1% is within the costs' noise, 
 
 SIGNIFICANCE = 0.05
 """With recorded steps, a schedule beats 1F1B only when it was faster in more rounds than chance would give
-it this often (a one-sided sign test, :func:`~graphkit.measure.timing.sign_test_p_value`): at 31 rounds,
-21 wins; at 15, 12; at 9, 8; below 5 rounds, never."""
+it this often (a one-sided sign test, :func:`~graphkit.measure.timing.sign_test_p_value`), split among the
+schedules recorded against 1F1B (Bonferroni: with 4 of them, each is tested at 0.0125, so that all 4 together
+are wrongly picked at most 5% of the time): with one, at 31 rounds 21 wins, at 15 12; with four, 23 and 13."""
+
+NOISE_MARGIN = 0.97
+"""A predicted gain under 3% is not told from the round-to-round noise of a small machine (the docs' runs)."""
 
 MEMORY_NOTE_RATIO = 1.5
 """A pick whose predicted peak memory per rank is above this many times 1F1B's is printed with a note."""
@@ -202,18 +206,25 @@ class SchedulePlan:
         """Whether ``item``'s step was shorter than 1F1B's in more of the recorded rounds than chance would
         give it (sign test below :data:`SIGNIFICANCE`)."""
         won, rounds = self.rounds_won(item)
-        return sign_test_p_value(won, rounds) < SIGNIFICANCE
+        return sign_test_p_value(won, rounds) < self.significance
+
+    @property
+    def significance(self) -> float:
+        """:data:`SIGNIFICANCE` split among the schedules recorded against 1F1B (Bonferroni)."""
+        contenders = sum(1 for item in self.schedules if item.measured_steps and item is not self.baseline)
+        return SIGNIFICANCE / max(contenders, 1)
 
     def rounds_needed(self) -> int | None:
         """The fewest rounds won that beat 1F1B beyond chance, over the rounds recorded (None: too few)."""
-        return fewest_wins_beyond_chance(len(self.baseline.measured_steps), SIGNIFICANCE)
+        return fewest_wins_beyond_chance(len(self.baseline.measured_steps), self.significance)
 
     @property
     def recommended(self) -> PlannedSchedule:
         """What to run. Without recorded steps, the best predicted schedule where it is predicted at least 1%
         below 1F1B (:data:`PREDICTED_MARGIN`), else 1F1B. With them, the measured:
         the schedule with the shortest median step among those that beat 1F1B's median and its step in
-        more recorded rounds than chance would (:meth:`won_beyond_chance`); 1F1B when none does (keep 1F1B)."""
+        more recorded rounds than chance would (:meth:`won_beyond_chance`), whose median step is below 1F1B's
+        too; 1F1B when none does (keep 1F1B)."""
         base = self.baseline
         if base.measured_seconds is None:
             best = self.best
@@ -227,6 +238,7 @@ class SchedulePlan:
             and item.measured_seconds is not None
             and item.fits_memory
             and (self.round_ratio(item) or math.inf) < 1
+            and item.measured_seconds < (base.measured_seconds or 0)
             and self.won_beyond_chance(item)
         ]
         return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
@@ -305,12 +317,12 @@ class SchedulePlan:
         chosen = []
         for item in others[:top]:
             item.recorded_because = ranked(item) + (
-                ", the best zero-bubble" if item is self.best_zero_bubble else ""
+                ", the best zero-bubble predicted" if item is self.best_zero_bubble else ""
             )
             chosen.append(item)
         zero_bubble = self.best_zero_bubble
         if zero_bubble is not None and zero_bubble not in chosen and zero_bubble is not self.baseline:
-            zero_bubble.recorded_because = f"{ranked(zero_bubble)}, the best zero-bubble"
+            zero_bubble.recorded_because = f"{ranked(zero_bubble)}, the best zero-bubble predicted"
             chosen.append(zero_bubble)
         self.baseline.recorded_because = "the baseline"
         chosen.append(self.baseline)
@@ -367,11 +379,17 @@ class SchedulePlan:
             else "the extra work of splitting costs more than the bubble it fills"
         )
         if not base.fits_memory:
-            reason += " (1F1B itself is over the memory limit: these ratios compare with a schedule that cannot run)"
+            reason = (
+                "1F1B itself is over the memory limit, so these ratios compare with a schedule that cannot run: "
+                "the schedules that fit hold fewer microbatches in flight, and the ratio is mostly what the limit "
+                "costs, not what splitting does"
+            )
         bound = self.free_split_vs_1f1b
         if bound is not None and not pays and base.fits_memory:
             reason += f"; were splitting free (I + W = B), CostAware would predict {bound:.3f}x 1F1B: " + (
                 "a cheaper split would pay"
+                if bound < NOISE_MARGIN
+                else f"a cheaper split would gain at most {1 - bound:.1%}, within what one machine's rounds can tell"
                 if bound < PREDICTED_MARGIN
                 else "the bubble is too small to pay for any split"
             )
@@ -570,7 +588,7 @@ def _cells(plan: SchedulePlan) -> tuple[list[str], list[list[str]]]:
     measured = any(item.measured_seconds is not None for item in plan.schedules)
     header = ["#", "schedule", "st/rank", "predicted ms", "vs 1F1B", "bubble", "peak MiB/rank", "msgs"]
     if measured:
-        header += ["measured ms", "vs 1F1B", "won", "pred/meas", "from rec. ms", "rec/meas"]
+        header += ["measured ms", "median round", "won", "pred/meas", "from rec. ms", "rec/meas"]
     body = []
     for position, row in enumerate(plan.rows(), 1):
         if row["error"] is not None:
@@ -680,7 +698,7 @@ def _verdict(plan: SchedulePlan) -> str:
                 "\nrecommended: keep 1F1B - no schedule measured faster than 1F1B in the median round and in "
                 + (
                     f"at least {needed} of the {rounds} rounds (fewer wins could be chance: sign test, "
-                    f"p < {SIGNIFICANCE})"
+                    f"p < {plan.significance:.2g}, {SIGNIFICANCE} split among the schedules recorded)"
                     if needed is not None
                     else f"enough rounds: {rounds} cannot tell a schedule from chance, record 9 or more (--steps)"
                 )
@@ -689,7 +707,7 @@ def _verdict(plan: SchedulePlan) -> str:
             if contender is not None:
                 won, rounds = plan.rounds_won(contender)
                 text += (
-                    f"; closest: {contender.name}, faster in {won} of {rounds} rounds "
+                    f"; closest (most rounds won): {contender.name}, faster in {won} of {rounds} rounds "
                     f"(p = {sign_test_p_value(won, rounds):.2g}), {_ratio(plan.round_ratio(contender))} in the "
                     "median round"
                 )
@@ -700,9 +718,9 @@ def _verdict(plan: SchedulePlan) -> str:
                 how = f"run it as --schedule {recommended.run_name}"
             won, rounds = plan.rounds_won(recommended)
             text += (
-                f"\nrecommended: {recommended.name} (measured fastest, in {won} of {rounds} rounds: "
-                f"p = {sign_test_p_value(won, rounds):.2g} that chance did it; {how})"
-                + _memory_note(plan, recommended)
+                f"\nrecommended: {recommended.name} (faster than 1F1B in its median step, in the median round and "
+                f"in {won} of {rounds} rounds: p = {sign_test_p_value(won, rounds):.2g} that chance did it, below "
+                f"{plan.significance:.2g}; {how})" + _memory_note(plan, recommended)
             )
         chosen = [item for item in plan.schedules if item.recorded_because]
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
@@ -738,11 +756,14 @@ def _memory_note(plan: SchedulePlan, item: PlannedSchedule) -> str:
     base = plan.baseline
     if item is base or item.simulation is None or base.simulation is None:
         return ""
-    peak, base_peak = max(item.simulation.peak_memory_bytes), max(base.simulation.peak_memory_bytes)
-    if base_peak <= 0 or peak <= MEMORY_NOTE_RATIO * base_peak:
+    pairs = list(zip(item.simulation.peak_memory_bytes, base.simulation.peak_memory_bytes, strict=False))
+    if not pairs or any(base_peak <= 0 for _, base_peak in pairs):
+        return ""
+    rank, (peak, base_peak) = max(enumerate(pairs), key=lambda pair: pair[1][0] / pair[1][1])
+    if peak <= MEMORY_NOTE_RATIO * base_peak:
         return ""
     return (
-        f"; note: it holds {peak / base_peak:.1f}x 1F1B's peak memory per rank ({peak / 2**20:.1f} against "
+        f"; note: on rank {rank} it holds {peak / base_peak:.1f}x 1F1B's peak memory ({peak / 2**20:.1f} against "
         f"{base_peak / 2**20:.1f} MiB): where memory is short, plan with --memory-limit BYTES to rule it out"
     )
 
