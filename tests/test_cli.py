@@ -10,6 +10,7 @@ from pathlib import Path
 
 import networkx as nx
 import pytest
+from cli_commands import commands_taking_pipeline_spec  # tests/cli_commands.py, beside this file
 
 from graphkit.analysis.parameter_groups import param_groups
 from graphkit.cli import main
@@ -181,16 +182,7 @@ def test_list_prints_the_built_in_pipelines_and_the_hf_architectures_cut_into_st
 
 
 def test_list_names_every_command_that_takes_a_pipeline_spec(capsys):
-    from graphkit.cli import build_parser
-
-    (subcommands,) = [
-        action for action in build_parser()._actions if action.__class__.__name__ == "_SubParsersAction"
-    ]
-    takes_pipeline_spec = {
-        name
-        for name, parser in subcommands.choices.items()
-        if any(action.dest == "spec" and action.metavar == "PIPELINE_SPEC" for action in parser._actions)
-    }
+    takes_pipeline_spec = commands_taking_pipeline_spec()
     assert "plan" in takes_pipeline_spec
     status, out, _ = run(capsys, "list")
     (line,) = [line for line in out.splitlines() if line.startswith("Pipeline specs go to ")]

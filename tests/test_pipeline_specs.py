@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_commands import commands_taking_pipeline_spec  # tests/cli_commands.py, beside this file
 from torch import nn
 
 from graphkit.cli import main
@@ -350,16 +351,7 @@ def test_a_mistyped_pipeline_spec_says_pipeline_spec_and_what_the_file_defines(
 
 
 def test_the_docs_say_what_every_pipeline_command_asks_its_spec_for(repo_root: Path):
-    from graphkit.cli import build_parser
-
-    (subcommands,) = [
-        action for action in build_parser()._actions if action.__class__.__name__ == "_SubParsersAction"
-    ]
-    takes_pipeline_spec = {
-        name
-        for name, parser in subcommands.choices.items()
-        if any(action.dest == "spec" and action.metavar == "PIPELINE_SPEC" for action in parser._actions)
-    }
+    takes_pipeline_spec = commands_taking_pipeline_spec()
     assert takes_pipeline_spec >= {"plan", "timeline", "verify-pipeline"}
     text = (repo_root / "docs" / "pipeline_specs.md").read_text()
     table = text.split("## What each command asks for", 1)[1].split("\n\n")[1]
