@@ -153,7 +153,8 @@ def plan_schedules(
         warnings.warn(load_warning, RuntimeWarning, stacklevel=2)
     load = ""
     if costs is None:
-        load = f"{load_average()} (measuring costs)" if load_average() else ""
+        load = load_average()
+        load = f"{load} (measuring costs)" if load else ""
         per_stage = _measure_costs(pipeline, ranks, microbatches, batch_size, repeat)  # type: ignore[arg-type]
     elif isinstance(costs, str | os.PathLike | dict):
         per_stage = costs_from_json(costs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -192,15 +193,12 @@ class SchedulePlan:
     def round_ratio(self, item: PlannedSchedule) -> float | None:
         """The median over the recorded rounds of ``item``'s step over 1F1B's step in the same round (the
         paired figure: a change of load touches both steps of a round); None without recorded rounds."""
-        ratios = sorted(
+        ratios = [
             step / base
             for step, base in zip(item.measured_steps, self.baseline.measured_steps, strict=False)
             if base > 0
-        )
-        if not ratios:
-            return None
-        middle = len(ratios) // 2
-        return ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+        ]
+        return statistics.median(ratios) if ratios else None
 
     def won_beyond_chance(self, item: PlannedSchedule) -> bool:
         """Whether ``item``'s step was shorter than 1F1B's in more of the recorded rounds than chance would
