@@ -213,7 +213,11 @@ def run_plan(arguments: argparse.Namespace) -> int:
                 else "predicted at least 1% faster"
             )
         else:
-            how = "measured fastest" if recommended.measured_seconds is not None else "the best predicted"
+            how = (
+                "measured faster than 1F1B beyond chance"
+                if recommended.measured_seconds is not None
+                else "the best predicted"
+            )
         if (folder / "best.csv").is_file():
             print(
                 f"wrote {folder}/best.csv ({recommended.name}, {how}: run it as --schedule csv:{folder}/best.csv)"
