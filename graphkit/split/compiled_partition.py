@@ -12,7 +12,15 @@ in two:
 
 Each node of the backward graph runs in exactly one of them (in I when an input gradient needs it, else in
 W), with its own arguments, so I then W computes every gradient with the same ops on the same values as
-the whole backward: bit for bit the same result. The idea is meta-pytorch/autoparallel's dI/dW split
+the whole backward: bit for bit the same result.
+
+Higher-order ops (``torch.ops.higher_order.*``: ``flex_attention_backward``, ``invoke_subgraph``) read their
+subgraphs through ``get_attr`` nodes. A ``get_attr`` node is no computation: it is copied into each part
+whose ops read it, and each part's ``GraphModule`` carries the submodules its ``get_attr`` nodes name. A
+higher-order op call is one op like any other: it runs in I when one of its outputs leads to an input
+gradient (``flex_attention_backward`` returns dq, dk, dv and the gradients of the tensors its ``score_mod``
+captured, all in one call), and its outputs that are weight gradients are handed to W as they are. The ops
+inside its subgraphs are checked as the graph's own ops are (no mutation, no random draw, no side effect). The idea is meta-pytorch/autoparallel's dI/dW split
 (``autoparallel/graph_passes/split_di_dw_graph.py``, built on ``torch._functorch.partitioners``); this one
 uses only the public ``torch.fx`` API and refuses (:class:`UnsplittableBackward`) the graphs it cannot cut
 without changing what runs: an op that mutates a tensor in place, an op with side effects that no gradient
@@ -78,38 +86,87 @@ def _mutates(node: fx.Node) -> bool:
     return node.op == "call_function" and schema is not None and schema.is_mutable
 
 
-def _check_splittable(graph: fx.Graph, outputs: Sequence[object]) -> None:
+def _attribute(owner: fx.GraphModule, node: fx.Node) -> object:
+    """What a ``get_attr`` node names: a higher-order op's subgraph (``fw_graph0``, ``mask_graph0``) or a
+    constant tensor."""
+    value: object = owner
+    for name in str(node.target).split("."):
+        value = getattr(value, name, None)
+    if not isinstance(value, fx.GraphModule | torch.Tensor):
+        kind = "nothing" if value is None else type(value).__name__
+        raise UnsplittableBackward(
+            f"the backward's get_attr node {node.target} names {kind}, not a subgraph or a tensor"
+        )
+    return value
+
+
+def _check_ops(graph: fx.Graph, needed: set[fx.Node], where: str) -> None:
+    for node in graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if _mutates(node):
+            raise UnsplittableBackward(f"{where} mutates a tensor in place ({node.target})")
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+            raise UnsplittableBackward(
+                f"{where} draws random numbers ({node.target}): it is no function of the saved values "
+                "alone, and I then W would draw them in another order than the whole backward"
+            )
+        if node not in needed and node.is_impure():
+            raise UnsplittableBackward(f"{where} runs {node.target} for its side effect")
+        if node.op not in ("call_function", "call_method"):
+            raise UnsplittableBackward(f"{where} holds a {node.op} node ({node.target})")
+
+
+def _check_splittable(backward: fx.GraphModule, outputs: Sequence[object]) -> None:
     for position, value in enumerate(outputs):
         if value is not None and not isinstance(value, fx.Node):
             raise UnsplittableBackward(
                 f"the backward's output {position} is {type(value).__name__}, not a graph value or None"
             )
-    needed = _ancestors(value for value in outputs if isinstance(value, fx.Node))
-    for node in graph.nodes:
-        if node.op in ("placeholder", "output"):
+    _check_ops(
+        backward.graph, _ancestors(value for value in outputs if isinstance(value, fx.Node)), "the backward"
+    )
+    # the subgraphs of higher-order ops, and theirs in turn (an explicit stack): every op in them runs
+    # wherever the op that calls them runs
+    stack = [(backward, node) for node in backward.graph.nodes if node.op == "get_attr"]
+    seen: set[int] = set()
+    while stack:
+        owner, node = stack.pop()
+        subgraph = _attribute(owner, node)
+        if not isinstance(subgraph, fx.GraphModule) or id(subgraph) in seen:
             continue
-        if _mutates(node):
-            raise UnsplittableBackward(f"the backward mutates a tensor in place ({node.target})")
-        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
-            raise UnsplittableBackward(
-                f"the backward draws random numbers ({node.target}): it is no function of the saved values "
-                "alone, and I then W would draw them in another order than the whole backward"
-            )
-        if node not in needed and node.is_impure():
-            raise UnsplittableBackward(f"the backward runs {node.target} for its side effect")
-        if node.op not in ("call_function", "call_method"):
-            raise UnsplittableBackward(f"the backward holds a {node.op} node ({node.target})")
+        seen.add(id(subgraph))
+        subgraph_output = next(n for n in subgraph.graph.nodes if n.op == "output")
+        _check_ops(subgraph.graph, _ancestors([subgraph_output]), f"the backward's subgraph {node.target}")
+        stack.extend((subgraph, inner) for inner in subgraph.graph.nodes if inner.op == "get_attr")
 
 
 def _with_tuple_parts(nodes: set[fx.Node]) -> set[fx.Node]:
-    """``nodes`` and every ``getitem`` of a multi-output op among them, so that no graph hands a tuple on:
-    the parts of one op (a ``convolution_backward``'s input and weight gradients) run where the op runs."""
-    return nodes | {user for node in nodes for user in node.users if user.target is operator.getitem}
+    """``nodes`` and every ``getitem`` of a multi-output op among them, and the getitems of those (a
+    higher-order op returns tuples of tuples), so that no graph hands a tuple on: the parts of one op (a
+    ``convolution_backward``'s input and weight gradients, ``flex_attention_backward``'s dq, dk, dv and
+    captured-tensor gradients) run where the op runs."""
+    found = set(nodes)
+    stack = list(nodes)
+    while stack:
+        for user in stack.pop().users:
+            if user.target is operator.getitem and user not in found:
+                found.add(user)
+                stack.append(user)
+    return found
 
 
 def _copy(nodes: Sequence[fx.Node], environment: dict[fx.Node, fx.Node], graph: fx.Graph) -> None:
+    """Copy ``nodes`` into ``graph``; a ``get_attr`` node one of them reads is copied first, once per graph."""
     for node in nodes:
+        _copy_attributes(node.all_input_nodes, environment, graph)
         environment[node] = graph.node_copy(node, lambda argument: environment[argument])
+
+
+def _copy_attributes(nodes: Iterable[fx.Node], environment: dict[fx.Node, fx.Node], graph: fx.Graph) -> None:
+    for node in nodes:
+        if node.op == "get_attr" and node not in environment:
+            environment[node] = graph.node_copy(node)
 
 
 def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]) -> BackwardPartition:
@@ -122,11 +179,13 @@ def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]
             parameters); the other non-None entries are input gradients.
 
     Returns:
-        A :class:`BackwardPartition`; ``backward`` is left unchanged.
+        A :class:`BackwardPartition`; ``backward`` is left unchanged. Each part's ``GraphModule`` holds the
+        subgraphs its ``get_attr`` nodes name (``torch.fx.GraphModule`` copies them from ``backward``).
 
     Raises:
-        UnsplittableBackward: the graph mutates a tensor in place, runs an op for its side effect alone, draws
-            random numbers, holds a node other than an op, or returns something other than one value or None
+        UnsplittableBackward: the graph or a higher-order op's subgraph mutates a tensor in place, runs an op
+            for its side effect alone, draws random numbers, holds a node other than an op (a ``get_attr``
+            that names no subgraph, a ``call_module``), or returns something other than one value or None
             per gradient.
     """
     graph = backward.graph
@@ -134,14 +193,23 @@ def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]
     outputs = output_node.args[0]
     if not isinstance(outputs, tuple | list):
         raise UnsplittableBackward("the backward does not return a tuple of gradients")
-    _check_splittable(graph, outputs)
+    _check_splittable(backward, outputs)
     weights = set(weight_positions)
     input_positions = tuple(p for p, value in enumerate(outputs) if value is not None and p not in weights)
     weight_positions_found = tuple(p for p, value in enumerate(outputs) if value is not None and p in weights)
 
     placeholders = [node for node in graph.nodes if node.op == "placeholder"]
-    in_input_graph = _with_tuple_parts(_ancestors(outputs[p] for p in input_positions))
-    in_weight_graph = _ancestors(outputs[p] for p in weight_positions_found) - in_input_graph
+    # get_attr nodes are no computation: each part copies those its ops read (_copy), none is handed on
+    in_input_graph = {
+        node
+        for node in _with_tuple_parts(_ancestors(outputs[p] for p in input_positions))
+        if node.op != "get_attr"
+    }
+    in_weight_graph = {
+        node
+        for node in _ancestors(outputs[p] for p in weight_positions_found)
+        if node not in in_input_graph and node.op != "get_attr"
+    }
     weight_outputs = {outputs[p] for p in weight_positions_found}
     computed_in_input = [node for node in graph.nodes if node in in_input_graph and node.op != "placeholder"]
     boundary = [
@@ -160,6 +228,7 @@ def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]
     for node in placeholders:
         environment[node] = input_graph.node_copy(node)
     _copy(computed_in_input, environment, input_graph)
+    _copy_attributes((outputs[p] for p in input_positions), environment, input_graph)
     input_graph.output(
         tuple(environment[outputs[p]] for p in input_positions) + tuple(environment[n] for n in boundary)
     )
@@ -177,6 +246,7 @@ def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]
         environment,
         weight_graph,
     )
+    _copy_attributes((outputs[p] for p in weight_positions_found), environment, weight_graph)
     weight_graph.output(tuple(environment[outputs[p]] for p in weight_positions_found))
     for part in (input_graph, weight_graph):
         part.lint()
