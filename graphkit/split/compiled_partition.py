@@ -20,7 +20,9 @@ whose ops read it, and each part's ``GraphModule`` carries the submodules its ``
 higher-order op call is one op like any other: it runs in I when one of its outputs leads to an input
 gradient (``flex_attention_backward`` returns dq, dk, dv and the gradients of the tensors its ``score_mod``
 captured, all in one call), and its outputs that are weight gradients are handed to W as they are. The ops
-inside its subgraphs are checked as the graph's own ops are (no mutation, no random draw, no side effect). The idea is meta-pytorch/autoparallel's dI/dW split
+inside its subgraphs are checked as the graph's own ops are (no mutation, no random draw, no side effect).
+``invoke_subgraph`` (what ``torch.compiler.nested_compile_region`` compiles to) is no more than a call of
+its subgraph: it is inlined first, so that the weight-gradient ops inside it move to W like any other. The idea is meta-pytorch/autoparallel's dI/dW split
 (``autoparallel/graph_passes/split_di_dw_graph.py``, built on ``torch._functorch.partitioners``); this one
 uses only the public ``torch.fx`` API and refuses (:class:`UnsplittableBackward`) the graphs it cannot cut
 without changing what runs: an op that mutates a tensor in place, an op with side effects that no gradient
@@ -31,7 +33,7 @@ not one node or None per gradient.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -141,6 +143,94 @@ def _check_splittable(backward: fx.GraphModule, outputs: Sequence[object]) -> No
         stack.extend((subgraph, inner) for inner in subgraph.graph.nodes if inner.op == "get_attr")
 
 
+def _calls_subgraph(node: fx.Node) -> bool:
+    """Whether ``node`` calls ``torch.ops.higher_order.invoke_subgraph`` (a nested compile region)."""
+    name = getattr(node.target, "name", None)
+    return node.op == "call_function" and callable(name) and name() == "invoke_subgraph"
+
+
+def _inline_subgraph_calls(backward: fx.GraphModule) -> fx.GraphModule:
+    """``backward`` with every ``invoke_subgraph`` call replaced by the ops of its subgraph (calls nested in
+    subgraphs too, one level per pass), or ``backward`` itself when it holds none."""
+    module = backward
+    while any(_calls_subgraph(node) for node in module.graph.nodes):
+        module = _inline_one_level(module)
+    return module
+
+
+def _inline_one_level(module: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    attributes: dict[str, object] = {}
+    environment: dict[fx.Node, object] = {}
+    call_results: dict[fx.Node, Sequence[object]] = {}
+
+    def copy_attribute(owner: fx.GraphModule, node: fx.Node, prefix: str) -> fx.Node:
+        value = _attribute(owner, node)
+        name = f"{prefix}{node.target}".replace(".", "_")
+        while attributes.get(name, value) is not value:
+            name += "_"
+        attributes[name] = value
+        copied = graph.get_attr(name)
+        copied.meta = dict(node.meta)
+        return copied
+
+    for node in module.graph.nodes:
+        if node.op == "get_attr":
+            environment[node] = copy_attribute(module, node, "")
+        elif _calls_subgraph(node):
+            subgraph = _attribute(module, node.args[0])
+            operands = [environment[a] if isinstance(a, fx.Node) else a for a in node.args[2:]]
+            call_results[node] = _copy_subgraph(
+                node,
+                subgraph,
+                operands,
+                graph,
+                lambda inner, owner=subgraph, prefix=f"{node.name}_": copy_attribute(owner, inner, prefix),
+            )
+        elif node.target is operator.getitem and node.args[0] in call_results:
+            environment[node] = call_results[node.args[0]][node.args[1]]
+        else:
+            if any(argument in call_results for argument in node.all_input_nodes):
+                raise UnsplittableBackward(
+                    f"the backward reads the whole tuple a subgraph call returns ({node.name})"
+                )
+            environment[node] = graph.node_copy(node, lambda argument: environment[argument])
+    for node in list(graph.nodes):  # the subgraphs the inlined calls named
+        if node.op == "get_attr" and not node.users:
+            graph.erase_node(node)
+    kept = {str(node.target) for node in graph.nodes if node.op == "get_attr"}
+    return fx.GraphModule({name: value for name, value in attributes.items() if name in kept}, graph)
+
+
+def _copy_subgraph(
+    call: fx.Node,
+    subgraph: object,
+    operands: Sequence[object],
+    graph: fx.Graph,
+    copy_attribute: Callable[[fx.Node], fx.Node],
+) -> Sequence[object]:
+    """Copy the ops of ``subgraph`` into ``graph``, its placeholders bound to ``operands``; return what its
+    output returns (the values that replace ``call``'s getitems)."""
+    if not isinstance(subgraph, fx.GraphModule):
+        raise UnsplittableBackward(f"the backward's subgraph call {call.name} names no subgraph")
+    placeholders = [node for node in subgraph.graph.nodes if node.op == "placeholder"]
+    if len(placeholders) != len(operands):
+        raise UnsplittableBackward(
+            f"the backward's subgraph call {call.name} passes {len(operands)} values to a subgraph of "
+            f"{len(placeholders)} arguments"
+        )
+    environment: dict[fx.Node, object] = dict(zip(placeholders, operands, strict=True))
+    results: object = ()
+    for node in subgraph.graph.nodes:
+        if node.op == "get_attr":
+            environment[node] = copy_attribute(node)
+        elif node.op == "output":
+            results = fx.map_arg(node.args[0], lambda argument: environment[argument])
+        elif node.op != "placeholder":
+            environment[node] = graph.node_copy(node, lambda argument: environment[argument])
+    return results if isinstance(results, tuple | list) else (results,)
+
+
 def _with_tuple_parts(nodes: set[fx.Node]) -> set[fx.Node]:
     """``nodes`` and every ``getitem`` of a multi-output op among them, and the getitems of those (a
     higher-order op returns tuples of tuples), so that no graph hands a tuple on: the parts of one op (a
@@ -179,7 +269,8 @@ def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]
             parameters); the other non-None entries are input gradients.
 
     Returns:
-        A :class:`BackwardPartition`; ``backward`` is left unchanged. Each part's ``GraphModule`` holds the
+        A :class:`BackwardPartition`; ``backward`` is left unchanged (``invoke_subgraph`` calls are inlined
+        in a copy). Each part's ``GraphModule`` holds the
         subgraphs its ``get_attr`` nodes name (``torch.fx.GraphModule`` copies them from ``backward``).
 
     Raises:
@@ -188,6 +279,7 @@ def partition_backward(backward: fx.GraphModule, weight_positions: Iterable[int]
             that names no subgraph, a ``call_module``), or returns something other than one value or None
             per gradient.
     """
+    backward = _inline_subgraph_calls(backward)
     graph = backward.graph
     output_node = next(node for node in graph.nodes if node.op == "output")
     outputs = output_node.args[0]
