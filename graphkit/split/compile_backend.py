@@ -163,7 +163,8 @@ class _RegionCompiler:
         saved_nodes = forward_outputs[output_count:]
         tangent_count = len(placeholders) - len(saved_nodes)
         if any(
-            not isinstance(node, fx.Node) or node.name != placeholder.name
+            not isinstance(node, fx.Node)
+            or (node.name != placeholder.name and not _aot_autograd.saved_rng_state(node, placeholder))
             for node, placeholder in zip(saved_nodes, placeholders, strict=False)
         ) or not all(node.name.startswith("tangents") for node in placeholders[len(saved_nodes) :]):
             raise UnsplittableBackward(
