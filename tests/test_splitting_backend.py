@@ -396,3 +396,249 @@ def test_inductor_parts_never_overwrite_saved_tensors_a_later_part_or_a_retained
     del out
     backward_weight(state)
     assert all(torch.equal(p.grad, g) for p, g in zip(block.parameters(), first, strict=True))
+
+
+# --- regions that hold higher-order ops: flex_attention, activation checkpointing, nested compile regions
+
+
+@pytest.fixture
+def flex_on_cpu(monkeypatch):
+    """FlexAttention's backward on the CPU, deterministic.
+
+    ``flex_attention`` refuses inputs that require grad on the CPU before it runs; its eager backward (the
+    one ``aot_eager`` graphs call) runs there all the same, so the test bypasses the check. That backward
+    accumulates a captured tensor's gradient (``slopes[head]``) with ``index_put``, whose CPU kernel adds in
+    thread order: two runs of the same compiled full backward differ in the last bits unless torch's
+    deterministic algorithms are on.
+    """
+    flex_module = pytest.importorskip("torch.nn.attention.flex_attention")
+    monkeypatch.setattr(flex_module, "_validate_device", lambda query, key, value: None)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield flex_module
+    torch.use_deterministic_algorithms(deterministic)
+
+
+class FlexBlock(nn.Module):
+    """Attention with flex_attention: q, k, v and output projections, a causal BlockMask (mask_mod), and a
+    score_mod that adds an ALiBi-like bias from a learned per-head slope (a parameter the score_mod
+    captures, whose gradient flex_attention_backward itself returns)."""
+
+    def __init__(self, width: int = 8, heads: int = 2, length: int = 32) -> None:
+        super().__init__()
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        self.heads = heads
+        self.query, self.key, self.value, self.out = (nn.Linear(width, width) for _ in range(4))
+        self.slopes = nn.Parameter(torch.linspace(-0.5, 0.5, heads))
+        self.block_mask = create_block_mask(
+            lambda batch, head, q, kv: q >= kv, None, None, length, length, device="cpu", BLOCK_SIZE=16
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        batch, length, width = x.shape
+        slopes = self.slopes
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
+
+        def alibi(score, b, head, q, kv):
+            return score + slopes[head] * (kv - q)
+
+        attended = flex_attention(
+            heads(self.query(x)),
+            heads(self.key(x)),
+            heads(self.value(x)),
+            score_mod=alibi,
+            block_mask=self.block_mask,
+        )
+        return x + self.out(attended.transpose(1, 2).reshape(batch, length, width))
+
+
+class CheckpointedBlock(nn.Module):
+    """Two MLPs with dropout, each under non-reentrant activation checkpointing inside the compiled region:
+    AOTAutograd recomputes them in the backward, dropout with the RNG state the forward saved."""
+
+    def __init__(self, width: int = 8, dropout: float = 0.5) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.first = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Dropout(dropout))
+        self.second = nn.Sequential(nn.Linear(2 * width, width), nn.Dropout(dropout))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.utils.checkpoint.checkpoint(self.first, self.norm(x), use_reentrant=False)
+        return x + torch.utils.checkpoint.checkpoint(self.second, hidden, use_reentrant=False)
+
+
+class NestedRegionBlock(nn.Module):
+    """Two MLPs, each called through ``torch.compiler.nested_compile_region`` (an ``invoke_subgraph`` call
+    whose backward subgraph computes the MLP's input and weight gradients together)."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+            for _ in range(2)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self._mlp(self.mlps[0], self.norm(x))
+        return x + self._mlp(self.mlps[1], x)
+
+    @staticmethod
+    def _mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return _nested_region(mlp, x)
+
+
+def _call(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return module(x)
+
+
+_nested_region = (
+    torch.compiler.nested_compile_region(_call) if hasattr(torch.compiler, "nested_compile_region") else _call
+)
+
+
+def _weight_ops(out: torch.Tensor) -> list[set]:
+    """The ops of each split region's W graph, per region reached from ``out``."""
+    return [
+        {n.target for n in node.region.partition.weight_graph.graph.nodes if n.op == "call_function"}
+        for node in _region_nodes(out)
+    ]
+
+
+def _assert_every_region_splits_bit_for_bit(block_factory, x: torch.Tensor) -> torch.Tensor:
+    """graphkit's I then W through a stage around the compiled block equals, bit for bit, one full backward of
+    the block compiled with ``aot_eager``; every region splits (no fallback warning). Returns one forward's
+    output of the split stage, for the caller to inspect its regions."""
+    torch.manual_seed(0)
+    block = block_factory()
+    width = x.shape[-1]
+    split_stage = Stage(block, splitting_backend("aot_eager"))
+    oracle_stage = Stage(block, "aot_eager")
+    split_stage.before = oracle_stage.before = nn.Linear(width, width)
+    split_stage.after = oracle_stage.after = nn.Linear(width, width)
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split, split_input = _gradients(split_stage, x, grad, split=True)
+        out = split_stage(x.clone().requires_grad_())
+    assert not [w for w in caught if "graphkit.splitting_backend" in str(w.message)]
+    assert _region_nodes(out), "no split region in the stage"
+    expected, expected_input = _gradients(oracle_stage, x, grad, split=False)
+    assert split.keys() == expected.keys()
+    for name, reference in expected.items():
+        assert torch.equal(split[name], reference), name
+    assert torch.equal(split_input, expected_input)
+    return out
+
+
+def test_flex_attention_region_splits_and_i_then_w_is_bit_for_bit_the_compiled_full_backward(flex_on_cpu):
+    out = _assert_every_region_splits_bit_for_bit(FlexBlock, torch.randn(2, 32, 8))
+    (node,) = _region_nodes(out)
+    partition = node.region.partition
+    input_ops = {n.target for n in partition.input_graph.graph.nodes if n.op == "call_function"}
+    # flex_attention_backward returns dq, dk, dv and the slopes' gradient in one call: it runs in I, the
+    # projections' weight gradients in W
+    assert torch.ops.higher_order.flex_attention_backward in input_ops
+    assert torch.ops.aten.mm.default in _weight_ops(out)[0]
+    # each part carries the subgraphs it calls (score_mod, its joint graph, mask_mod), W none
+    carried = {name for name, _ in partition.input_graph.named_children()}
+    assert len(carried) == 3 and all(
+        isinstance(getattr(partition.input_graph, n), fx.GraphModule) for n in carried
+    )
+    assert not list(partition.weight_graph.named_children())
+    # the slopes' gradient is computed in I (by flex_attention_backward) and handed to W as it is: W returns
+    # it, with the gradients it computes itself, when graphkit's W accumulates the weight gradients
+    (weight_output,) = (n.args[0] for n in partition.weight_graph.graph.nodes if n.op == "output")
+    handed_on = [value for value in weight_output if value.op == "placeholder"]
+    assert [tuple(value.meta["val"].shape) for value in handed_on] == [(2,)]
+
+
+def test_flex_attention_region_in_verify_is_exact_with_its_weight_flops_in_w(flex_on_cpu):
+    torch.manual_seed(0)
+    block = FlexBlock().double()
+    block.compile(backend=splitting_backend("aot_eager"))
+    stage = nn.Sequential(nn.Linear(8, 8), block).double()
+    report = graphkit.verify_split(stage, (torch.randn(2, 32, 8, dtype=torch.float64, requires_grad=True),))
+    assert report.ok and report.grads_in_b == []
+    assert all(check.max_abs_error == 0 for check in report.params)
+    (opaque,) = report.opaque
+    assert opaque.kind == str(OpaqueKind.SPLIT_COMPILED_REGION)
+    assert report.flops["w"] > 0
+    assert report.flops["b"] + report.flops["w"] == report.flops["full"]
+
+
+def test_activation_checkpointing_with_dropout_inside_a_compiled_region_splits_bit_for_bit():
+    out = _assert_every_region_splits_bit_for_bit(CheckpointedBlock, torch.randn(5, 8))
+    assert all(torch.ops.aten.mm.default in ops for ops in _weight_ops(out))
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.compiler, "nested_compile_region"), reason="this torch has no nested_compile_region"
+)
+def test_nested_compile_regions_are_inlined_so_their_weight_gradients_run_in_w():
+    out = _assert_every_region_splits_bit_for_bit(NestedRegionBlock, torch.randn(5, 8))
+    (weight_ops,) = _weight_ops(out)
+    assert torch.ops.aten.mm.default in weight_ops
+    (node,) = _region_nodes(out)
+    assert not [
+        n for n in node.region.partition.input_graph.graph.nodes if "invoke_subgraph" in str(n.target)
+    ], "the I graph still calls the nested region whole"
+
+
+def _two_subgraph_backward() -> fx.GraphModule:
+    """A backward whose input gradient calls subgraph ``doubled`` and whose weight gradient calls ``scaled``,
+    each through a call_function node that takes the subgraph (as a higher-order op does)."""
+
+    def call(subgraph, *arguments):
+        return subgraph(*arguments)
+
+    doubled = fx.symbolic_trace(lambda t: t * 2.0)
+    scaled = fx.symbolic_trace(lambda t, s: (t * s).sum(0))
+    graph = fx.Graph()
+    saved = graph.placeholder("saved")
+    tangent = graph.placeholder("tangents_1")
+    input_grad = graph.call_function(call, (graph.get_attr("doubled"), tangent))
+    weight_grad = graph.call_function(call, (graph.get_attr("scaled"), tangent, saved))
+    graph.output((input_grad, weight_grad))
+    return fx.GraphModule({"doubled": doubled, "scaled": scaled}, graph)
+
+
+def test_partition_copies_into_each_part_the_subgraphs_its_ops_call():
+    backward = _two_subgraph_backward()
+    partition = partition_backward(backward, [1])
+    assert hasattr(partition.input_graph, "doubled") and not hasattr(partition.input_graph, "scaled")
+    assert hasattr(partition.weight_graph, "scaled") and not hasattr(partition.weight_graph, "doubled")
+    values = [torch.randn(3, 4), torch.randn(3, 4)]
+    (input_grad,) = partition.input_graph(*values)
+    (weight_grad,) = partition.weight_graph(*(values[p] for p in partition.weight_reads))
+    whole = backward(*values)
+    assert torch.equal(input_grad, whole[0]) and torch.equal(weight_grad, whole[1])
+
+
+def test_partition_refuses_a_subgraph_that_draws_random_numbers():
+    backward = _two_subgraph_backward()
+    backward.scaled = fx.symbolic_trace(lambda t, s: (t * torch.ops.aten.rand_like.default(s)).sum(0))
+    with pytest.raises(UnsplittableBackward, match="subgraph scaled draws random numbers"):
+        partition_backward(backward, [1])
+
+
+def test_flop_counter_counts_flex_attentions_backward_by_its_formula(flex_on_cpu):
+    # graphkit/measure/flops.py swaps FlopCounterMode's private dispatch mode for one that counts higher-order
+    # ops with a formula (torch 2.13's refuses them); the oracle is the formula: 4 matrix products of
+    # (32 x 4) by (4 x 32) per head and batch, 2 FLOPs each multiply-add, plus one for the recomputed scores
+    from torch.nn.attention.flex_attention import flex_attention
+    from torch.utils import flop_counter
+
+    from graphkit.measure.flops import FlopCounter
+
+    assert issubclass(flop_counter._FlopCounterMode, torch.utils._python_dispatch.TorchDispatchMode)
+    q, k, v = (torch.randn(2, 2, 32, 4, requires_grad=True) for _ in range(3))
+    out = torch.compile(flex_attention, backend="aot_eager")(q, k, v)
+    with FlopCounter() as counter:
+        out.sum().backward()
+    assert counter.get_total_flops() == 2 * 2 * 5 * (2 * 32 * 32 * 4)
