@@ -7,6 +7,7 @@ test with the tolerance measured for it (docs/concepts.md).
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -680,3 +681,42 @@ def test_inductor_regions_with_higher_order_ops_match_the_compiled_full_backward
     for name, reference in expected.items():
         torch.testing.assert_close(split[name], reference, rtol=1e-5, atol=1e-6, msg=name)
     torch.testing.assert_close(split_input, expected_input, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_flex_attention_blocks_under_zbv_in_graphkits_stage_equal_a_full_backward_per_microbatch(flex_on_cpu):
+    # two stages of two compiled FlexAttention blocks each, in V placement on one rank: the schedule runs each
+    # block's I and W apart; the oracle runs the same blocks compiled with aot_eager, one full backward per
+    # microbatch, in microbatch order (the order ZBV accumulates each stage's W in, here)
+    from torch.distributed.pipelining import ScheduleZBVZeroBubble
+
+    from graphkit.pipelining import PipelineStage
+    from graphkit.pipelining.launcher import local_process_group
+
+    torch.manual_seed(0)
+    stages = [nn.Sequential(FlexBlock(), FlexBlock()) for _ in range(2)]
+    oracle = [copy.deepcopy(stage) for stage in stages]
+    for stage, oracle_stage in zip(stages, oracle, strict=True):
+        for block, oracle_block in zip(stage, oracle_stage, strict=True):
+            block.compile(backend=splitting_backend("aot_eager"))
+            oracle_block.compile(backend="aot_eager")
+    generator = torch.Generator().manual_seed(1)
+    batch, target = torch.randn(8, 32, 8, generator=generator), torch.randn(8, 32, 8, generator=generator)
+
+    def loss_fn(out: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+        return (out - expected).pow(2).mean()
+
+    with warnings.catch_warnings(record=True) as caught, local_process_group():
+        warnings.simplefilter("always")
+        pipeline_stages = [
+            PipelineStage(stage, index, 2, torch.device("cpu")) for index, stage in enumerate(stages)
+        ]
+        ScheduleZBVZeroBubble(pipeline_stages, n_microbatches=4, loss_fn=loss_fn).step(batch, target=target)
+    assert not [w for w in caught if "graphkit.splitting_backend" in str(w.message)]
+    for microbatch, expected in zip(batch.chunk(4), target.chunk(4), strict=True):
+        (loss_fn(oracle[1](oracle[0](microbatch)), expected) / 4).backward()  # the schedule scales by 1/4
+    for stage, oracle_stage in zip(stages, oracle, strict=True):
+        for (name, parameter), reference in zip(
+            stage.named_parameters(), oracle_stage.parameters(), strict=True
+        ):
+            assert torch.equal(parameter.grad, reference.grad), name
