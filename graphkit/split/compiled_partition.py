@@ -12,7 +12,12 @@ in two:
 
 Each node of the backward graph runs in exactly one of them (in I when an input gradient needs it, else in
 W), with its own arguments, so I then W computes every gradient with the same ops on the same values as
-the whole backward: bit for bit the same result.
+the whole backward: bit for bit the same result. The idea is meta-pytorch/autoparallel's dI/dW split
+(``autoparallel/graph_passes/split_di_dw_graph.py``, built on ``torch._functorch.partitioners``); this one
+uses only the public ``torch.fx`` API and refuses (:class:`UnsplittableBackward`) the graphs it cannot cut
+without changing what runs: an op that mutates a tensor in place, an op with side effects that no gradient
+needs, a random op (the backward would be no function of the saved values alone), a graph whose output is
+not one node or None per gradient.
 
 Higher-order ops (``torch.ops.higher_order.*``: ``flex_attention_backward``, ``invoke_subgraph``) read their
 subgraphs through ``get_attr`` nodes. A ``get_attr`` node is no computation: it is copied into each part
@@ -20,14 +25,12 @@ whose ops read it, and each part's ``GraphModule`` carries the submodules its ``
 higher-order op call is one op like any other: it runs in I when one of its outputs leads to an input
 gradient (``flex_attention_backward`` returns dq, dk, dv and the gradients of the tensors its ``score_mod``
 captured, all in one call), and its outputs that are weight gradients are handed to W as they are. The ops
-inside its subgraphs are checked as the graph's own ops are (no mutation, no random draw, no side effect).
-``invoke_subgraph`` (what ``torch.compiler.nested_compile_region`` compiles to) is no more than a call of
-its subgraph: it is inlined first, so that the weight-gradient ops inside it move to W like any other. The idea is meta-pytorch/autoparallel's dI/dW split
-(``autoparallel/graph_passes/split_di_dw_graph.py``, built on ``torch._functorch.partitioners``); this one
-uses only the public ``torch.fx`` API and refuses (:class:`UnsplittableBackward`) the graphs it cannot cut
-without changing what runs: an op that mutates a tensor in place, an op with side effects that no gradient
-needs, a random op (the backward would be no function of the saved values alone), a graph whose output is
-not one node or None per gradient.
+inside its subgraphs are checked as the graph's own ops are (no mutation, no random draw, no side effect);
+``run_with_rng_state``, which replays a random op from a saved RNG state (dropout recomputed under
+activation checkpointing), is a function of the saved values and splits like any op. ``invoke_subgraph`` (what ``torch.compiler.nested_compile_region`` compiles to) is no more than a call of
+its subgraph: it is inlined first, so that the weight-gradient ops inside it move to W like any other.
+torchtitan's GraphPP (``torchtitan/experiments/graph_trainer/graph_pp/split_di_dw.py``) keeps get_attr
+nodes as references in its weight graph the same way.
 """
 
 from __future__ import annotations
