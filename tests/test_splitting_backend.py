@@ -351,6 +351,8 @@ def test_the_private_torch_accesses_exist_on_this_release():
     assert _aot_autograd.region_refusal(seen["metadata"]) is None
     assert isinstance(seen["context"].output_strides, list | type(None))
     assert isinstance(_aot_autograd.keeps_graph(), bool) and not _aot_autograd.autocast_enabled()
+    # the RNG-state op whose saved state a checkpointed dropout's backward replays (saved_rng_state)
+    assert torch.ops.higher_order.run_and_save_rng_state.name() == "run_and_save_rng_state"
 
 
 def test_unknown_inner_compiler_is_refused():
