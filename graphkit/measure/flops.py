@@ -21,10 +21,10 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from torch.autograd.graph import Node
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 from graphkit.graph import _autograd
 from graphkit.split.backward import observing_direct_calls
@@ -50,17 +50,38 @@ class _GlobalOnly:
         return None
 
 
+class _CountingMode(_FlopCounterMode):
+    """FlopCounterMode's dispatch mode, counting also the higher-order ops that have a FLOP formula
+    (``flex_attention``, ``flex_attention_backward``): each runs below the mode, counted by its formula, as
+    the newest torch counts them; torch 2.13 refuses them (``NotImplemented``), so a flex_attention
+    backward could not run under the counter at all."""
+
+    def _handle_higher_order_ops(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        if func in self.counter.flop_registry:
+            return self.counter._count_flops(func, func(*args, **kwargs), args, kwargs)
+        return super()._handle_higher_order_ops(func, types, args, kwargs)
+
+
 class FlopCounter(FlopCounterMode):
     """``FlopCounterMode(display=False)`` counting only the total (``get_total_flops()``), so that it
-    works while checkpointed modules are recomputed inside ``torch.autograd.grad`` (module docstring).
+    works while checkpointed modules are recomputed inside ``torch.autograd.grad`` (module docstring), and
+    counting higher-order ops by their FLOP formula (:class:`_CountingMode`).
 
-    Replaces the private ``mod_tracker`` attribute of ``FlopCounterMode``
-    (``torch/utils/flop_counter.py``), pinned by a test.
+    Replaces the private ``mod_tracker`` and ``mode`` attributes of ``FlopCounterMode``
+    (``torch/utils/flop_counter.py``: its dispatch mode ``_FlopCounterMode``), pinned by tests.
     """
 
     def __init__(self) -> None:
         super().__init__(display=False)
         self.mod_tracker = _GlobalOnly()
+
+    def __enter__(self) -> FlopCounter:
+        super().__enter__()
+        # swap the dispatch mode FlopCounterMode pushed for one that counts higher-order ops too
+        self.mode.__exit__(None, None, None)
+        self.mode = _CountingMode(self)
+        self.mode.__enter__()
+        return self
 
 
 @contextmanager

@@ -22,12 +22,17 @@ small file (and the keyed tests that pin it, ``tests/test_splitting_backend.py``
   ``fw_metadata.bw_donated_idxs``: the saved tensors inductor may overwrite in a backward (none, here);
 - ``Tensor._version``: the version counter, to check saved tensors against in-place changes;
 - ``torch._inductor.compile_fx.compile_fx_inner`` and ``torch._inductor.decomposition.select_decomp_table``:
-  inductor's compiler of one aten graph, and the decompositions its graphs are traced with.
+  inductor's compiler of one aten graph, and the decompositions its graphs are traced with;
+- how ``torch._functorch.partitioners`` hands a recomputed random op (dropout under activation
+  checkpointing) its saved RNG state on the CPU: the forward returns ``getitem(run_and_save_rng_state(...),
+  0)`` among its saved values, the backward takes it as a placeholder named ``rng_state_output_<n>`` in the
+  same position and replays the op with ``run_with_rng_state``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +51,7 @@ __all__ = [
     "no_autocast",
     "partitioner",
     "region_refusal",
+    "saved_rng_state",
     "version",
 ]
 
@@ -142,6 +148,17 @@ def region_refusal(metadata: Any) -> str | None:
         if any(isinstance(meta, SubclassCreationMeta) for meta in getattr(metadata, f"subclass_{kind}_meta")):
             return "the region takes or returns tensor subclasses"
     return None
+
+
+def saved_rng_state(saved: fx.Node, placeholder: fx.Node) -> bool:
+    """Whether the forward's saved value ``saved`` is an RNG state that the backward takes as
+    ``placeholder`` (module docstring): the partitioner renames it there."""
+    producer = saved.args[0] if saved.target is operator.getitem and saved.args[1] == 0 else None
+    return (
+        placeholder.name.startswith("rng_state_output_")
+        and isinstance(producer, fx.Node)
+        and producer.target is torch.ops.higher_order.run_and_save_rng_state
+    )
 
 
 def boxed(module: Callable[..., Any]) -> Callable[[list[Any]], Any]:

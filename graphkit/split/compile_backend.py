@@ -20,7 +20,13 @@ has side effects or draws random numbers, dynamic shapes (SymInt arguments), hoo
 region (a BackwardState argument), functionalized RNG, tensor subclasses.
 
 Dropout is exact: the forward draws its random mask once and saves it (neither partitioner recomputes a
-random op), and both backward parts read the saved mask.
+random op), and both backward parts read the saved mask. Under activation checkpointing inside the region
+the backward recomputes dropout from the RNG state the forward saved (``run_with_rng_state``), the same
+mask again, in whichever part needs it.
+
+Regions whose backward calls higher-order ops split as well (``flex_attention_backward`` with its
+``score_mod`` and ``mask_mod`` subgraphs, ``invoke_subgraph`` of nested compile regions):
+:mod:`graphkit.split.compiled_partition` says how.
 """
 
 from __future__ import annotations
@@ -163,7 +169,8 @@ class _RegionCompiler:
         saved_nodes = forward_outputs[output_count:]
         tangent_count = len(placeholders) - len(saved_nodes)
         if any(
-            not isinstance(node, fx.Node) or node.name != placeholder.name
+            not isinstance(node, fx.Node)
+            or (node.name != placeholder.name and not _aot_autograd.saved_rng_state(node, placeholder))
             for node, placeholder in zip(saved_nodes, placeholders, strict=False)
         ) or not all(node.name.startswith("tangents") for node in placeholders[len(saved_nodes) :]):
             raise UnsplittableBackward(

@@ -111,8 +111,12 @@ class SplitRegionFunction(torch.autograd.Function):
             results = _aot_autograd.call_boxed(region.forward, list(arguments))
         outputs = tuple(results[: region.output_count])
         # detached aliases: no reference from the Node to an output's grad_fn (itself), and the version
-        # counter they share with the original tells whether anyone changed one in place since
-        saved = [value.detach() for value in results[region.output_count :]]
+        # counter they share with the original tells whether anyone changed one in place since. A saved
+        # input that requires grad (a parameter a flex_attention score_mod captured) still says so, as in
+        # AOTAutograd's own backward: flex_attention_backward computes a captured tensor's gradient only then
+        saved = [
+            value.detach().requires_grad_(value.requires_grad) for value in results[region.output_count :]
+        ]
         ctx.region = region
         ctx.phase = _Phase.FRESH
         ctx.saved = saved
