@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,6 +64,12 @@ from graphkit.pipelining.planning.cost_model import (
 )
 from graphkit.pipelining.planning.registry import GENERATED_SCHEDULES, is_generated
 from graphkit.pipelining.planning.simulator import simulate
+from graphkit.pipelining.record_selection import (
+    DEFAULT_PREDICTION_ERROR,
+    DEFAULT_RECORD_BUDGET_S,
+    RecordingChoice,
+    choose_recorded,
+)
 from graphkit.pipelining.recording import record_schedules
 from graphkit.pipelining.schedule_plan import (
     BUILT_IN_SCHEDULES,
@@ -90,12 +97,16 @@ def plan_schedules(
     schedules: Sequence[str] | None = None,
     run: bool = False,
     steps: int = 15,
-    top: int = 3,
+    top: int | None = None,
     output: str | os.PathLike[str] | None = None,
     threads: int = 1,
     timeout_s: float = 600.0,
     repeat: int = 10,
     pin_cores: bool = False,
+    prediction_error: float = DEFAULT_PREDICTION_ERROR,
+    record_budget_s: float | None = DEFAULT_RECORD_BUDGET_S,
+    control: bool = True,
+    weight_slowdown: float = 1.0,
 ) -> SchedulePlan:
     """Simulate every schedule that fits ``ranks`` from measured costs and rank them; optionally run the best.
 
@@ -117,22 +128,38 @@ def plan_schedules(
             schedules' from the costs and that calibration alone.
         batch_size: the whole batch of the pipeline spec (default: 8 rows per microbatch).
         schedules: the names to plan (default: :data:`BUILT_IN_SCHEDULES` and ``ZBH1``, ``ZBH2``, ``Adaptive``).
-        run: record 1F1B, the best zero-bubble schedule and the ``top`` best predicted others for real,
-            ``steps`` steps each in interleaved rounds (default 15), on ``ranks`` gloo processes (one thread
-            each), and add the measured steps.
+        run: record for real, ``steps`` steps each in interleaved rounds (default 15; each round starts one
+            schedule further on), on ``ranks`` gloo processes (one thread each), and add the measured steps:
+            1F1B (twice with ``control``), the best zero-bubble schedule, every schedule predicted within
+            ``prediction_error`` of the best predicted step while ``record_budget_s`` allows (at most
+            ``top`` of them, None: no cap), and for each recorded schedule that splits its backwards the
+            best non-splitting schedule of its placement
+            (:func:`~graphkit.pipelining.record_selection.choose_recorded`); the plan says which it left
+            out and why.
         output: a folder for ``best.csv`` (the best schedule's order, for ``csv:PATH``), every generated
             schedule's CSV, ``plan.json`` and, with ``run``, ``recorded.json`` (the recorded steps).
         threads, timeout_s: of the recorded run. repeat: timed microbatches per pass when measuring costs.
         pin_cores: with ``run``, the recorded ranks each run on one CPU core (Linux; see
             :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU
             machine with a core per rank. The output's load line and ``plan.json`` (``recording``) say so.
+        prediction_error: with ``run``, the fraction of the best predicted step within which schedules are
+            recorded (default :data:`~graphkit.pipelining.record_selection.DEFAULT_PREDICTION_ERROR`);
+            the run measures the error and says when it was larger.
+        record_budget_s: with ``run``, seconds of recording (estimated from the predicted steps) that the
+            schedules within ``prediction_error`` may take; None: no budget.
+        control: with ``run``, record 1F1B a second time in the same rounds (an A/A control): the spread
+            between the copies is the run's noise floor, and no smaller difference is called.
+        weight_slowdown: every W's seconds are multiplied by this before anything is simulated or built
+            (CostAware, Adaptive): the factor a previous ``--run`` fitted for W in the pipeline, which it
+            prints (default 1: W as ``graphkit costs`` measured it standalone).
 
     Returns:
         A :class:`SchedulePlan`, best first.
 
     Raises:
         ValueError: neither a pipeline nor costs, costs for a number of stages that does not fit,
-            ``run`` without a pipeline spec, or ``pin_cores`` where the platform cannot pin (checked first).
+            ``run`` without a pipeline spec, ``pin_cores`` where the platform cannot pin (checked first),
+            ``prediction_error``, ``record_budget_s`` or ``top`` below 0, ``weight_slowdown`` not above 0.
         graphkit.pipelining.recording.TimelineError: with ``run``, a recorded rank failed or the run
             passed ``timeout_s``.
     """
@@ -142,6 +169,17 @@ def plan_schedules(
         raise ValueError("run=True records the schedules: give the pipeline as a spec string")
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"ranks and microbatches must be at least 1, got {ranks} and {microbatches}")
+    if (
+        prediction_error < 0
+        or (record_budget_s is not None and record_budget_s < 0)
+        or (top is not None and top < 0)
+    ):
+        raise ValueError(
+            "prediction_error, record_budget_s and top must be at least 0, got "
+            f"{prediction_error}, {record_budget_s} and {top}"
+        )
+    if not weight_slowdown > 0:
+        raise ValueError(f"weight_slowdown must be above 0, got {weight_slowdown}")
     if run and pin_cores and ranks > 1:
         try:
             usable_cores()  # refused now, not after minutes of measuring costs
@@ -163,6 +201,9 @@ def plan_schedules(
     measured_one, two = _per_layout(per_stage, ranks)
     one = first_stage_as_run(measured_one)
     two = first_stage_as_run(two) if two is not None else None
+    if weight_slowdown != 1.0:  # W as the pipeline runs it (a factor an earlier run fitted)
+        one = slowed(one, 1.0, weight_slowdown)
+        two = slowed(two, 1.0, weight_slowdown) if two is not None else None
     calibrate = run and overhead is None and comm is None
     overhead_source = "given" if overhead is not None else "default: gloo on the CPU"
     overhead = DEFAULT_OVERHEAD if overhead is None else overhead
@@ -196,6 +237,7 @@ def plan_schedules(
         overhead_source=overhead_source,
         load_warning=load_warning,
         load=load,
+        weight_slowdown=weight_slowdown,
     )
     _write_best(plan, folder)
     if run:
@@ -204,11 +246,19 @@ def plan_schedules(
             pipeline,  # type: ignore[arg-type]
             batch_size,
             steps,
-            top,
             folder,
             threads,
             timeout_s,
             pin_cores,
+            choose_recorded(
+                plan.schedules,
+                plan.baseline,
+                steps=steps,
+                prediction_error=prediction_error,
+                budget_s=record_budget_s,
+                top=top,
+                control=control,
+            ),
         )
         if calibrate:
             _calibrate(plan, two)
@@ -358,7 +408,7 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
         costs = one if item.stages_per_rank == 1 else two or one
         item.simulation = simulate(
             item.order,
-            slowed(costs, fitted.slowdown),
+            slowed(costs, fitted.slowdown, fitted.weight_factor),
             fitted.comm,
             microbatches=plan.microbatches,
             name=item.name,
@@ -375,6 +425,11 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
     plan.schedules.sort(key=_rank_key)
     pooled = calibrate_runtime(list(recorded.values()), by_count)
     plan.comm, plan.overhead = pooled.comm, pooled.overhead
+    if pooled.weight_slowdown is not None:  # relative to the costs as planned (W x plan.weight_slowdown)
+        plan.fitted_slowdown = {
+            "weight": pooled.weight_slowdown * plan.weight_slowdown,
+            "other": pooled.slowdown,
+        }
     plan.overhead_source = (
         "calibrated on the recorded schedules (each predicted from the others), all of them: "
         + pooled.describe()
@@ -393,19 +448,23 @@ def _run(
     pipeline: str,
     batch_size: int,
     steps: int,
-    top: int,
     output: Path | None,
     threads: int,
     timeout_s: float,
-    pin_cores: bool = False,
+    pin_cores: bool,
+    choice: RecordingChoice,
 ) -> None:
-    """Record 1F1B, the best zero-bubble schedule and the ``top`` best other predicted schedules; fill in
-    measured steps (every round's) and recorded-fed predictions."""
-    chosen = plan.to_record(top)
+    """Record what ``choice`` chose (and 1F1B a second time, the A/A control, where it says so); fill in
+    measured steps (every round's), recorded-fed predictions, the control's steps, what was left out and
+    how far the prediction that chose them was off."""
+    chosen = choice.chosen
+    control = choice.control
+    plan.left_out = list(choice.left_out)
+    plan.prediction_error, plan.record_budget_s = choice.prediction_error, choice.budget_s
     load_before = load_average()
     timelines = record_schedules(
         pipeline,
-        [item.runnable for item in chosen],
+        [item.runnable for item in chosen] + (["1F1B"] if control else []),
         microbatches=plan.microbatches,
         ranks=plan.ranks,
         threads=threads,
@@ -425,11 +484,15 @@ def _run(
     by_count: dict[int, Sequence[StageCost]] = {plan.ranks: plan.costs}
     if plan.stage_costs is not None:
         by_count[2 * plan.ranks] = plan.stage_costs
+    if control:
+        copy = timelines.pop()
+        plan.control_steps = list(copy.ranks[0].step_times) if copy.ranks else []
     plan.measured_overhead = runtime_overhead(timelines, by_count)
     for item, timeline in zip(chosen, timelines, strict=True):
         item.measured_seconds = timeline.step_seconds
         item.measured_steps = list(timeline.ranks[0].step_times) if timeline.ranks else []
         item.recorded_prediction_seconds = predict_recorded(timeline, comm=plan.comm).step_seconds
+    plan.selection_error = _selection_error(plan, chosen)
     for item, timeline in zip(chosen, timelines, strict=True):
         assert item.simulation is not None
         predicted = item.simulation.to_schedule_timeline()
@@ -440,6 +503,23 @@ def _run(
         (output / "recorded.json").write_text(
             json.dumps([timeline.to_dict() for timeline in timelines], indent=1)
         )
+
+
+def _selection_error(plan: SchedulePlan, chosen: Sequence[PlannedSchedule]) -> dict[str, Any] | None:
+    """How far the prediction that chose ``chosen`` (before calibration) was from what they measured, as
+    ratios to 1F1B: each schedule's predicted ratio over its median round ratio, less 1 (absolute); the
+    median and the worst, and which schedule that was. None with fewer than one schedule besides 1F1B."""
+    base = plan.baseline
+    errors = []
+    for item in chosen:
+        measured = plan.round_ratio(item)
+        if item is base or measured is None or not measured > 0 or not base.predicted_seconds:
+            continue
+        errors.append((abs(item.predicted_seconds / base.predicted_seconds / measured - 1.0), item.name))
+    if not errors:
+        return None
+    worst, name = max(errors)
+    return {"median": statistics.median(error for error, _ in errors), "worst": worst, "schedule": name}
 
 
 _MOVED = {

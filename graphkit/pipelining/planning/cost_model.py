@@ -303,14 +303,16 @@ def mean_cost(costs: Sequence[StageCost]) -> StageCost:
     )
 
 
-def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
-    """``costs`` with every pass's seconds multiplied by ``factor`` (bytes unchanged)."""
+def slowed(costs: Sequence[StageCost], factor: float, weight_factor: float | None = None) -> list[StageCost]:
+    """``costs`` with every pass's seconds multiplied by ``factor``, W's by ``weight_factor`` (default
+    ``factor``; bytes unchanged)."""
+    weight = factor if weight_factor is None else weight_factor
     return [
         replace(
             cost,
             forward=cost.forward * factor,
             backward_input=cost.backward_input * factor,
-            backward_weight=cost.backward_weight * factor,
+            backward_weight=cost.backward_weight * weight,
             full_backward=None if cost.full_backward is None else cost.full_backward * factor,
             recompute=cost.recompute * factor,
         )
