@@ -133,7 +133,8 @@ def test_run_records_1f1b_twice_the_best_zero_bubble_and_the_top_within_the_band
     # each says its ratio to 1F1B in the prediction it was chosen by (before calibration) and why
     assert all(
         re.fullmatch(
-            r"predicted \d+\.\d\dx(, within 10% of the best predicted)?(, the best zero-bubble predicted)?", why
+            r"predicted \d+\.\d\dx(, within 10% of the best predicted)?(, the best zero-bubble predicted)?",
+            why,
         )
         for name, why in recorded.items()
         if name != "1F1B"

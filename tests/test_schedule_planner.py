@@ -356,18 +356,20 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
         top=3,
         schedules=["1F1B", "GPipe", "ZBH1"],
     )
-    assert sorted(recorded_names) == ["1F1B", "GPipe", "ZBH1"]
+    assert sorted(recorded_names) == ["1F1B", "1F1B", "GPipe", "ZBH1"]  # 1F1B twice: the A/A control
     assert pinned == [False] and plan.to_dict()["recording"] == {
         "steps": 15,
         "threads": 1,
         "pin_cores": False,
     }
     recorded_names.clear()
-    # --top counts the schedules recorded besides 1F1B, wherever 1F1B ranks
+    # --top caps the schedules recorded from the band, wherever 1F1B ranks; the best zero-bubble one and
+    # its placement's best non-splitting one are recorded besides
     pinned_plan = plan_schedules(
         "zoo-pipeline:mlp", ranks=2, microbatches=6, costs=measured, run=True, top=1, pin_cores=True
     )
-    assert len(recorded_names) == 2 and "1F1B" in recorded_names
+    assert recorded_names.count("1F1B") == 2 and len(recorded_names) <= 5
+    assert all("beyond --top 1" in why or "above the best" in why for _, why in pinned_plan.left_out)
     assert pinned[-1] is True and pinned_plan.recording["pin_cores"] is True
     assert "each rank pinned to one core" in pinned_plan.load
     recorded_names.clear()
@@ -398,3 +400,53 @@ def test_a_csv_schedule_run_with_other_microbatches_than_it_names_is_refused_bef
         verify_pipeline("zoo-pipeline:mlp", schedule=f"csv:{path}", microbatches=4, ranks=2)
     with pytest.raises(TimelineError, match="--microbatches 8"):
         record_schedules("zoo-pipeline:mlp", [f"csv:{path}"], microbatches=4, ranks=2)
+
+
+def test_w_gets_its_own_calibration_factor_and_a_run_plan_then_predicts_every_zero_bubble_step(monkeypatch):
+    # a machine whose passes run 1.25 x the measured costs but whose W runs 1.4 x (W late in a step):
+    # the calibration must find both factors, and predict each split schedule from the others exactly
+    from graphkit.pipelining import planner
+    from graphkit.pipelining.planning.calibration import calibrate_runtime
+    from graphkit.pipelining.planning.cost_model import first_stage_as_run, slowed
+
+    measured = costs_from_json(costs_json(2, f=2 * MS, i=1.5 * MS, w=1 * MS))
+    as_run = first_stage_as_run(measured)
+    on_machine = slowed(as_run, 1.25, 1.4)
+    assert on_machine[1].backward_weight == pytest.approx(1.4 * MS)
+    assert on_machine[1].backward_input == pytest.approx(1.25 * 1.5 * MS)
+    step = _machine_step("ZBH1", on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
+    fitted = calibrate_runtime(step, as_run)
+    assert fitted.slowdown == pytest.approx(1.25) and fitted.weight_slowdown == pytest.approx(1.4)
+    plain = _machine_step("1F1B", on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
+    assert calibrate_runtime(plain, as_run).weight_slowdown is None  # 1F1B runs no W
+
+    def record(pipeline, schedules, **_):
+        names = [schedule_name(schedule) for schedule in schedules]
+        return [
+            _machine_step(name, on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
+            for name in names
+        ]
+
+    monkeypatch.setattr(planner, "record_schedules", record)
+    plan = plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=6,
+        costs=measured,
+        run=True,
+        prediction_error=10.0,
+        schedules=["1F1B", "ZBH1", "ZBH2"],
+    )
+    for item in plan.schedules:
+        assert item.predicted_seconds == pytest.approx(item.measured_seconds), item.name
+    assert plan.fitted_slowdown == pytest.approx({"weight": 1.4, "other": 1.25})
+    # the plan says what to build CostAware with next time: W 1.4 / 1.25 = 1.12 x the other passes
+    assert "plan with --weight-slowdown 1.12 to build it with the W it will meet" in plan.table()
+    # given that factor, every W is costed so before anything is simulated
+    again = plan_schedules(
+        ranks=2, microbatches=6, costs=measured, schedules=["1F1B", "ZBH1"], weight_slowdown=1.12
+    )
+    assert again.costs[1].backward_weight == pytest.approx(1.12 * MS)
+    assert again.costs[1].backward_input == pytest.approx(1.5 * MS)
+    with pytest.raises(ValueError, match="weight_slowdown must be above 0"):
+        plan_schedules(ranks=2, microbatches=6, costs=measured, weight_slowdown=0.0)

@@ -70,7 +70,8 @@ class RuntimeCalibration:
             (splitting the batch into microbatches, the last messages' waits), added to every prediction.
         weight_slowdown: the same ratio over the W actions alone (a W run late in a step, after other
             passes reused its memory, measured 1.3 to 1.4x its standalone cost on ``mlp_wide``); None when
-            the steps recorded no W (then W takes ``slowdown``).
+            the steps recorded no W (then W takes ``slowdown``). The first stage's W, a full backward (its
+            I is nothing), counts with the other passes.
     """
 
     overhead: float
@@ -129,7 +130,7 @@ def calibrate_runtime(
             modelled = per_stage[item.stage].seconds(item.kind)
             if modelled <= NOTHING_SECONDS:
                 continue
-            if item.kind == "W":
+            if item.kind == "W" and per_stage[item.stage].backward_input > NOTHING_SECONDS:
                 weight_recorded += item.end - item.start
                 weight_modelled += modelled
             else:
