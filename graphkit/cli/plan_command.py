@@ -31,8 +31,9 @@ def add_plan_command(commands: Any) -> None:
         description="Measure PIPELINE_SPEC's per-stage F, I and W costs (or read them with --costs), simulate "
         "every built-in schedule that fits --ranks and graphkit's ZBH1, ZBH2 and adaptive ones, and print "
         "them ranked: predicted step, ratio to 1F1B, bubble, peak activation memory per rank, messages per "
-        "step. The best is written as a CSV that csv:PATH runs (-o DIR). With --run, 1F1B and the --top "
-        "best are recorded for real and the table adds the measured step.",
+        "step. The best is written as a CSV that csv:PATH runs (-o DIR). With --run, 1F1B (twice: an A/A "
+        "control) and every schedule predicted within --prediction-error of the best are recorded for real, "
+        "in rounds that rotate their order, and the table adds the measured step.",
     )
     plan.add_argument(
         "spec",
@@ -88,9 +89,11 @@ def add_plan_command(commands: Any) -> None:
         "--run",
         dest="record",
         action="store_true",
-        help="record 1F1B, the best zero-bubble schedule and the --top best for real, print the measured "
-        "steps, and recommend (and write as best.csv) what measured faster than 1F1B in more rounds than "
-        "chance would give it (a sign test)",
+        help="record for real 1F1B (twice: the spread between the copies is the run's noise floor), the best "
+        "zero-bubble schedule, every schedule predicted within --prediction-error of the best that "
+        "--record-budget allows, and the best non-splitting schedule of each recorded splitting schedule's "
+        "placement; print the measured steps, and recommend (and write as best.csv) what measured faster than "
+        "1F1B beyond the noise floor and in more rounds than chance would give it (a sign test)",
     )
     add_steps_option(
         plan,
@@ -103,9 +106,38 @@ def add_plan_command(commands: Any) -> None:
     plan.add_argument(
         "--top",
         type=int,
-        default=3,
         metavar="N",
-        help="schedules to record with --run besides 1F1B (default 3)",
+        help="with --run, record at most N of the schedules within --prediction-error (default: no cap)",
+    )
+    plan.add_argument(
+        "--prediction-error",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="with --run, record every schedule predicted within this fraction of the best predicted step "
+        "(default 0.10; the run prints the error it measured, to give here next time)",
+    )
+    plan.add_argument(
+        "--record-budget",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="with --run, seconds of recording (estimated from the predicted steps) the schedules within "
+        "--prediction-error may take; those it leaves out are named (default 600)",
+    )
+    plan.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="with --run, record 1F1B once: no A/A control, no noise floor",
+    )
+    plan.add_argument(
+        "--weight-slowdown",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="cost every W at X times what was measured standalone before simulating and building "
+        "CostAware (a --run prints the factor it fitted for W in the pipeline; default 1)",
     )
     plan.add_argument(
         "--schedules",
@@ -176,6 +208,10 @@ def run_plan(arguments: argparse.Namespace) -> int:
                 run=arguments.record,
                 steps=arguments.steps,
                 top=arguments.top,
+                prediction_error=arguments.prediction_error,
+                record_budget_s=arguments.record_budget,
+                control=arguments.control,
+                weight_slowdown=arguments.weight_slowdown,
                 output=arguments.output,
                 threads=arguments.threads or 1,
                 timeout_s=arguments.timeout,

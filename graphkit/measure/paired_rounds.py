@@ -11,7 +11,9 @@ position equally often.
   round by round (the median ratio is the paired effect, the wins feed a sign test,
   :func:`~graphkit.measure.timing.sign_test_p_value`);
 - :func:`noise_floor`: the spread between two copies of the same candidate (an A/A control) recorded in
-  the same rounds, below which no difference is called.
+  the same rounds, below which no difference is called;
+- :func:`compare_rounds`: every candidate against the first, with the noise floor where a name comes twice
+  (what ``graphkit compare-schedules`` prints under its table).
 
 Steps are seconds (any unit, the same for both sides); ratios are the first side's step over the second's.
 """
@@ -21,7 +23,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["median_round_ratio", "noise_floor", "rotated_order", "round_ratios", "rounds_won"]
+from graphkit.measure.timing import sign_test_p_value
+
+__all__ = [
+    "compare_rounds",
+    "median_round_ratio",
+    "noise_floor",
+    "rotated_order",
+    "round_ratios",
+    "rounds_won",
+]
 
 
 def rotated_order(round_index: int, count: int) -> list[int]:
@@ -71,3 +82,40 @@ def noise_floor(copy: Sequence[float], original: Sequence[float]) -> float | Non
     """
     ratio = median_round_ratio(copy, original)
     return None if ratio is None else abs(ratio - 1.0)
+
+
+def compare_rounds(named_steps: Sequence[tuple[str, Sequence[float]]]) -> dict[str, object]:
+    """Every candidate's rounds against the first's, and the noise floor where a name comes twice.
+
+    ``named_steps``: ``(name, steps)`` per candidate, steps round by round, all recorded in the same rounds;
+    the first is the baseline. Returns ``{"baseline": name, "rows": [...], "noise_floor": float | None,
+    "control": name | None}``: a row per candidate after the first, ``{"name", "median_round_ratio",
+    "won", "rounds", "p", "within_noise"}`` (``p``: the one-sided sign test of its wins,
+    :func:`~graphkit.measure.timing.sign_test_p_value`; ``within_noise``: its median round ratio is within
+    the noise floor of 1); the noise floor is :func:`noise_floor` between the first two copies of the
+    first name that comes twice (an A/A control), None where none does.
+    """
+    if not named_steps:
+        return {"baseline": None, "rows": [], "noise_floor": None, "control": None}
+    floor, control = None, None
+    seen: dict[str, Sequence[float]] = {}
+    for name, steps in named_steps:
+        if name in seen and control is None:
+            floor, control = noise_floor(steps, seen[name]), name
+        seen.setdefault(name, steps)
+    base_name, base = named_steps[0]
+    rows = []
+    for name, steps in named_steps[1:]:
+        ratio = median_round_ratio(steps, base)
+        won, rounds = rounds_won(steps, base)
+        rows.append(
+            {
+                "name": name,
+                "median_round_ratio": ratio,
+                "won": won,
+                "rounds": rounds,
+                "p": sign_test_p_value(won, rounds),
+                "within_noise": floor is not None and ratio is not None and abs(ratio - 1.0) <= floor,
+            }
+        )
+    return {"baseline": base_name, "rows": rows, "noise_floor": floor, "control": control}
