@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from graphkit.measure.timing import sign_test_p_value
+from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
 from graphkit.pipelining import planner
 from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import CommModel, StageCost, simulate
@@ -229,3 +229,75 @@ def test_the_run_says_how_far_the_prediction_that_chose_was_off(monkeypatch):
     assert plan.selection_error == pytest.approx({"median": error, "worst": error, "schedule": "GPipe"})
     assert error > 0.05  # GPipe was predicted about 1F1B's step: 0.90x measured is further than 5%
     assert f"plan again with --prediction-error {int(error * 100 + 1) / 100:.2f}" in plan.table()
+
+
+def run_auto(monkeypatch, rounds: dict[str, list[float]], **options):
+    """plan --run --steps auto over made-up rounds (milliseconds), handed out in the order they are asked
+    for; returns the plan and the rounds each recording was asked for."""
+    asked: list[int] = []
+    handed = {name: 0 for name in rounds}
+
+    def record(pipeline, names, microbatches, ranks, steps, **_):
+        asked.append(steps)
+        timelines = []
+        for schedule in names:
+            name = schedule_name(schedule)
+            order = schedule_order(schedule, ranks, microbatches)
+            timeline = simulate(order, StageCost(1 * MS, 1 * MS, 1 * MS), CommModel(), name=name)
+            timeline = timeline.to_schedule_timeline()
+            start = handed[name]  # both copies of 1F1B get the same rounds
+            times = [value * MS for value in rounds[name][start : start + steps]]
+            for rank in timeline.ranks:
+                rank.step_times = list(times)
+                rank.step_seconds = sorted(times)[(len(times) - 1) // 2]
+            timelines.append(timeline)
+        for name in {schedule_name(schedule) for schedule in names}:
+            handed[name] += steps
+        return timelines
+
+    monkeypatch.setattr(planner, "record_schedules", record)
+    monkeypatch.setattr(planner, "busy_machine_warning", lambda: "")
+    plan = plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=4,
+        costs=four_stage_costs(),
+        schedules=["1F1B", "GPipe"],
+        run=True,
+        steps="auto",
+        overhead=0.0,
+        comm=CommModel(),
+        prediction_error=10.0,
+        **options,
+    )
+    return plan, asked
+
+
+def test_steps_auto_records_until_the_sign_test_decides(monkeypatch):
+    # 12 of the first 15 rounds won (p = 0.018 < 0.05): decided at once
+    plan, asked = run_auto(
+        monkeypatch, {"1F1B": [100.0] * 400, "GPipe": [98.0] * 12 + [102.0] * 3 + [98.0] * 400}
+    )
+    assert asked == [15] and plan.recommended.name == "GPipe"
+    assert plan.recording["auto"] == "15 rounds: decided, GPipe beat 1F1B beyond chance"
+    assert "--steps auto recorded 15 rounds: decided, GPipe beat 1F1B beyond chance" in plan.table()
+    # 10 of 15 (p = 0.15): at 2/3 a sign test at 0.05 needs rounds_to_decide(2/3) rounds; the next recording
+    # brings them, all won, and decides
+    needed = rounds_to_decide(10 / 15, 0.05)
+    assert needed == 30  # 20 wins of 30 score 0.049; 19 of 29 score 0.068, 18 of 27 0.061
+    assert sign_test_p_value(20, 30) < 0.05 <= sign_test_p_value(18, 27)
+    plan, asked = run_auto(
+        monkeypatch, {"1F1B": [100.0] * 400, "GPipe": [98.0] * 10 + [102.0] * 5 + [98.0] * 400}
+    )
+    assert asked == [15, needed - 15] and plan.recommended.name == "GPipe"
+    assert len(plan.baseline.measured_steps) == needed and len(plan.control_steps) == needed
+    # 6 of 15: nothing to wait for
+    plan, asked = run_auto(
+        monkeypatch, {"1F1B": [100.0] * 400, "GPipe": [98.0] * 6 + [102.0] * 9 + [98.0] * 400}
+    )
+    assert asked == [15] and plan.recommended is plan.baseline
+    assert plan.recording["auto"] == "15 rounds: decided, no schedule was faster than 1F1B in most rounds"
+    with pytest.raises(ValueError, match="'auto'"):
+        plan_schedules(
+            "zoo-pipeline:mlp", ranks=2, microbatches=4, costs=four_stage_costs(), run=True, steps=0
+        )

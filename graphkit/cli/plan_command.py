@@ -16,7 +16,6 @@ from graphkit.cli.options import (
     add_json_option,
     add_pin_cores_option,
     add_run_timeout_option,
-    add_steps_option,
     add_threads_option,
     positive_bytes,
 )
@@ -95,13 +94,15 @@ def add_plan_command(commands: Any) -> None:
         "placement; print the measured steps, and recommend (and write as best.csv) what measured faster than "
         "1F1B beyond the noise floor and in more rounds than chance would give it (a sign test)",
     )
-    add_steps_option(
-        plan,
+    plan.add_argument(
+        "--steps",
+        type=steps_or_auto,
         default=15,
-        metavar="K",
+        metavar="K|auto",
         help="recorded steps per schedule with --run, in interleaved rounds (default 15; a schedule is "
         "recommended only when faster than 1F1B in more rounds than chance would give it: 12 of 15, "
-        "8 of 9, never from fewer than 5)",
+        "8 of 9, never from fewer than 5); auto: 15, then as many more as the schedule closest to beating "
+        "1F1B needs at its win fraction, until decided or --record-budget seconds pass",
     )
     plan.add_argument(
         "--top",
@@ -163,6 +164,21 @@ def add_plan_command(commands: Any) -> None:
     )
     add_json_option(plan, help="print the plan as JSON instead of the table")
     plan.set_defaults(run=run_plan)
+
+
+def steps_or_auto(text: str) -> int | str:
+    """An argparse ``type``: a whole number of steps of at least 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of steps or 'auto', got {text!r}"
+        ) from None
+    if steps < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {steps}")
+    return steps
 
 
 def run_plan(arguments: argparse.Namespace) -> int:

@@ -104,12 +104,12 @@ def rounds_to_decide(win_fraction: float, significance: float, most: int = 5_000
     """About how many paired rounds a one-sided sign test needs to tell a side that wins ``win_fraction``
     of the rounds (the effect measured: 9 of 15 is 0.6) from chance below ``significance``: the fewest
     rounds ``n`` whose expected wins, ``floor(win_fraction * n)``, pass :func:`sign_test_p_value` (found by
-    doubling then bisection over ``n``, the tail being decreasing in ``n`` at a fixed fraction but for the floor's steps,
-    so the answer can be a round or two off). None when ``win_fraction`` is 0.5 or less (no number of
+    doubling ``n``, then trying each ``n`` up to 512 rounds, beyond by bisection: the tail decreases in
+    ``n`` at a fixed fraction but for the floor's steps, so there the answer can be a round or two off). None when ``win_fraction`` is 0.5 or less (no number of
     rounds decides a coin) or more than ``most`` rounds would be needed.
 
     At 0.05, a side that wins 0.6 of the rounds needs about 80 of them (48 wins of 80 score 0.047), one
-    that wins 0.9 needs 8 (7 of 8 score 0.035); at 0.05 / 3, one that won 9 of 15 needs about 130.
+    that wins 0.9 needs 8 (7 of 8 score 0.035); at 0.05 / 3, one that won 9 of 15 needs 125.
 
     Raises:
         ValueError: ``win_fraction`` outside 0..1 or ``significance`` outside (0, 1).
@@ -129,6 +129,8 @@ def rounds_to_decide(win_fraction: float, significance: float, most: int = 5_000
         if high >= most:
             return None
         low, high = high, min(2 * high, most)
+    if high <= 512:  # few enough to try each: the floor's steps make the tail not quite monotone
+        return next(rounds for rounds in range(1, high + 1) if decides(rounds))
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (low, middle) if decides(middle) else (middle, high)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,6 +65,7 @@ from graphkit.pipelining.planning.cost_model import (
 )
 from graphkit.pipelining.planning.registry import GENERATED_SCHEDULES, is_generated
 from graphkit.pipelining.planning.simulator import simulate
+from graphkit.pipelining.planning.timelines import ScheduleTimeline
 from graphkit.pipelining.record_selection import (
     DEFAULT_PREDICTION_ERROR,
     DEFAULT_RECORD_BUDGET_S,
@@ -81,7 +83,24 @@ from graphkit.pipelining.schedule_plan import (
 )
 from graphkit.pipelining.schedules import is_single_stage, schedule_name, stage_count
 
-__all__ = ["BUILT_IN_SCHEDULES", "PlannedSchedule", "SchedulePlan", "plan_schedules"]
+__all__ = [
+    "AUTO_FIRST_ROUNDS",
+    "AUTO_MOST_ROUNDS",
+    "BUILT_IN_SCHEDULES",
+    "PlannedSchedule",
+    "SchedulePlan",
+    "plan_schedules",
+]
+
+AUTO_FIRST_ROUNDS = 15
+"""With ``steps="auto"``, the rounds recorded first; then as many more as the closest schedule needs."""
+
+AUTO_MOST_ROUNDS = 301
+"""With ``steps="auto"``, the most rounds recorded (a 2-core machine records about 3 rounds a second of a
+pipeline with 150 ms steps and six schedules: about 10 minutes)."""
+
+AUTO_LEAST_ROUNDS = 5
+"""With ``steps="auto"``, the fewest rounds recorded at once (each recording starts the ranks anew)."""
 
 
 def plan_schedules(
@@ -96,7 +115,7 @@ def plan_schedules(
     batch_size: int | None = None,
     schedules: Sequence[str] | None = None,
     run: bool = False,
-    steps: int = 15,
+    steps: int | str = 15,
     top: int | None = None,
     output: str | os.PathLike[str] | None = None,
     threads: int = 1,
@@ -135,7 +154,10 @@ def plan_schedules(
             ``top`` of them, None: no cap), and for each recorded schedule that splits its backwards the
             best non-splitting schedule of its placement
             (:func:`~graphkit.pipelining.record_selection.choose_recorded`); the plan says which it left
-            out and why.
+            out and why. ``steps="auto"``: record :data:`AUTO_FIRST_ROUNDS` rounds, then as many more as
+            the schedule closest to beating 1F1B needs at its win fraction, until one is recommended, none
+            won most rounds, it would take more than :data:`AUTO_MOST_ROUNDS`, or ``record_budget_s``
+            seconds of recording pass (``plan.recording["auto"]`` says which).
         output: a folder for ``best.csv`` (the best schedule's order, for ``csv:PATH``), every generated
             schedule's CSV, ``plan.json`` and, with ``run``, ``recorded.json`` (the recorded steps).
         threads, timeout_s: of the recorded run. repeat: timed microbatches per pass when measuring costs.
@@ -159,6 +181,7 @@ def plan_schedules(
     Raises:
         ValueError: neither a pipeline nor costs, costs for a number of stages that does not fit,
             ``run`` without a pipeline spec, ``pin_cores`` where the platform cannot pin (checked first),
+            ``steps`` neither a whole number of at least 1 nor ``"auto"``,
             ``prediction_error``, ``record_budget_s`` or ``top`` below 0, ``weight_slowdown`` not above 0.
         graphkit.pipelining.recording.TimelineError: with ``run``, a recorded rank failed or the run
             passed ``timeout_s``.
@@ -180,6 +203,8 @@ def plan_schedules(
         )
     if not weight_slowdown > 0:
         raise ValueError(f"weight_slowdown must be above 0, got {weight_slowdown}")
+    if run and steps != "auto" and not (isinstance(steps, int) and steps >= 1):
+        raise ValueError(f"steps must be a whole number of at least 1 or 'auto', got {steps!r}")
     if run and pin_cores and ranks > 1:
         try:
             usable_cores()  # refused now, not after minutes of measuring costs
@@ -253,7 +278,7 @@ def plan_schedules(
             choose_recorded(
                 plan.schedules,
                 plan.baseline,
-                steps=steps,
+                steps=AUTO_FIRST_ROUNDS if steps == "auto" else int(steps),
                 prediction_error=prediction_error,
                 budget_s=record_budget_s,
                 top=top,
@@ -447,7 +472,7 @@ def _run(
     plan: SchedulePlan,
     pipeline: str,
     batch_size: int,
-    steps: int,
+    steps: int | str,
     output: Path | None,
     threads: int,
     timeout_s: float,
@@ -462,21 +487,43 @@ def _run(
     plan.left_out = list(choice.left_out)
     plan.prediction_error, plan.record_budget_s = choice.prediction_error, choice.budget_s
     load_before = load_average()
-    timelines = record_schedules(
-        pipeline,
-        [item.runnable for item in chosen] + (["1F1B"] if control else []),
-        microbatches=plan.microbatches,
-        ranks=plan.ranks,
-        threads=threads,
-        timeout_s=timeout_s,
-        steps=steps,
-        batch_size=batch_size,
-        pin_cores=pin_cores,
-    )
+    auto = steps == "auto"
+    runnables = [item.runnable for item in chosen] + (["1F1B"] if control else [])
+    started = time.monotonic()
+    rounds = AUTO_FIRST_ROUNDS if auto else int(steps)
+    timelines: list[ScheduleTimeline] = []
+    while True:
+        recorded = record_schedules(
+            pipeline,
+            runnables,
+            microbatches=plan.microbatches,
+            ranks=plan.ranks,
+            threads=threads,
+            timeout_s=timeout_s,
+            steps=rounds,
+            batch_size=batch_size,
+            pin_cores=pin_cores,
+        )
+        timelines = _more_rounds(timelines, recorded)
+        _fill_measured(plan, chosen, timelines, control)
+        if not auto:
+            break
+        done = len(plan.baseline.measured_steps)
+        elapsed = time.monotonic() - started
+        rounds, why = _auto_rounds(plan, done, elapsed, choice.budget_s)
+        if not rounds:
+            plan.auto_steps = f"{done} rounds: {why}"
+            break
     plan.load = (
         f"{plan.load}; " if plan.load else ""
     ) + f"{load_before} before recording, {load_average()} after"
-    plan.recording = {"steps": steps, "threads": threads, "pin_cores": pin_cores}
+    plan.recording = {
+        "steps": len(plan.baseline.measured_steps) if auto else steps,
+        "threads": threads,
+        "pin_cores": pin_cores,
+    }
+    if auto:
+        plan.recording["auto"] = plan.auto_steps
     if pin_cores:
         plan.load += "; each rank pinned to one core" + (
             " (ranks sharing cores: fewer cores than ranks)" if plan.ranks > len(usable_cores()) else ""
@@ -485,12 +532,9 @@ def _run(
     if plan.stage_costs is not None:
         by_count[2 * plan.ranks] = plan.stage_costs
     if control:
-        copy = timelines.pop()
-        plan.control_steps = list(copy.ranks[0].step_times) if copy.ranks else []
+        timelines.pop()  # the A/A copy: its steps are plan.control_steps
     plan.measured_overhead = runtime_overhead(timelines, by_count)
     for item, timeline in zip(chosen, timelines, strict=True):
-        item.measured_seconds = timeline.step_seconds
-        item.measured_steps = list(timeline.ranks[0].step_times) if timeline.ranks else []
         item.recorded_prediction_seconds = predict_recorded(timeline, comm=plan.comm).step_seconds
     plan.selection_error = _selection_error(plan, chosen)
     for item, timeline in zip(chosen, timelines, strict=True):
@@ -503,6 +547,56 @@ def _run(
         (output / "recorded.json").write_text(
             json.dumps([timeline.to_dict() for timeline in timelines], indent=1)
         )
+
+
+def _more_rounds(earlier: list[ScheduleTimeline], later: list[ScheduleTimeline]) -> list[ScheduleTimeline]:
+    """``later``'s timelines (the latest recorded steps, whose actions are kept), each rank's step times
+    preceded by ``earlier``'s: the rounds of several recordings of the same schedules, in order."""
+    if not earlier:
+        return later
+    for before, after in zip(earlier, later, strict=True):
+        for old, new in zip(before.ranks, after.ranks, strict=True):
+            new.step_times = list(old.step_times) + list(new.step_times)
+    return later
+
+
+def _fill_measured(
+    plan: SchedulePlan, chosen: Sequence[PlannedSchedule], timelines: list[ScheduleTimeline], control: bool
+) -> None:
+    """Every recorded round's step into ``chosen`` (and the A/A copy's, the last timeline with ``control``,
+    into ``plan.control_steps``); the measured step is the median round's (the lower of two middles)."""
+    for item, timeline in zip(chosen, timelines, strict=False):
+        item.measured_steps = list(timeline.ranks[0].step_times) if timeline.ranks else []
+        ordered = sorted(item.measured_steps)
+        item.measured_seconds = ordered[(len(ordered) - 1) // 2] if ordered else timeline.step_seconds
+    if control and len(timelines) == len(chosen) + 1 and timelines[-1].ranks:
+        plan.control_steps = list(timelines[-1].ranks[0].step_times)
+
+
+def _auto_rounds(plan: SchedulePlan, done: int, elapsed: float, budget_s: float | None) -> tuple[int, str]:
+    """With ``--steps auto``, after ``done`` rounds that took ``elapsed`` seconds: how many more rounds to
+    record (0: stop), and why. Stops when a schedule is recommended, when no schedule won most rounds
+    against 1F1B, when the closest one would need more than :data:`AUTO_MOST_ROUNDS` rounds
+    (:meth:`SchedulePlan.rounds_to_decide`), or when ``budget_s`` seconds of recording would be passed
+    (at the rounds' pace so far); else records up to the rounds the closest one needs."""
+    recommended = plan.recommended
+    if recommended is not plan.baseline:
+        return 0, f"decided, {recommended.name} beat 1F1B beyond chance"
+    contender = plan.closest_contender()
+    if contender is None or 2 * plan.rounds_won(contender)[0] <= plan.rounds_won(contender)[1]:
+        return 0, "decided, no schedule was faster than 1F1B in most rounds"
+    needed = plan.rounds_to_decide(contender)
+    if needed is None or needed > AUTO_MOST_ROUNDS:
+        return 0, (
+            f"undecided, {contender.name} would need more than {AUTO_MOST_ROUNDS} rounds at its win fraction"
+        )
+    more = max(needed - done, AUTO_LEAST_ROUNDS)
+    if budget_s is not None and done:
+        fits = int((budget_s - elapsed) / (elapsed / done))  # the recordings' start-up counted in the pace
+        if fits < AUTO_LEAST_ROUNDS:
+            return 0, f"undecided, the --record-budget of {budget_s:.0f} s ran out"
+        more = min(more, fits)
+    return min(more, AUTO_MOST_ROUNDS - done), ""
 
 
 def _selection_error(plan: SchedulePlan, chosen: Sequence[PlannedSchedule]) -> dict[str, Any] | None:

@@ -170,6 +170,8 @@ class SchedulePlan:
     weight_slowdown: float = 1.0
     # with run: W's recorded seconds over its costs, and the other passes', fitted on every recorded step
     fitted_slowdown: dict[str, float] | None = None
+    # with run and steps="auto": how many rounds were recorded and why it stopped
+    auto_steps: str | None = None
 
     def by_name(self, name: str) -> PlannedSchedule:
         for item in self.schedules:
@@ -868,6 +870,8 @@ def _recording_notes(plan: SchedulePlan) -> str:
         )
         if plan.left_out:
             text += "; left out: " + "; ".join(f"{name} ({why})" for name, why in plan.left_out)
+    if plan.auto_steps is not None:
+        text += f"\n--steps auto recorded {plan.auto_steps}"
     floor = plan.noise_floor
     if floor is not None:
         copy = PlannedSchedule("1F1B", 1, None, measured_steps=plan.control_steps)
