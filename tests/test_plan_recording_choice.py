@@ -301,3 +301,36 @@ def test_steps_auto_records_until_the_sign_test_decides(monkeypatch):
         plan_schedules(
             "zoo-pipeline:mlp", ranks=2, microbatches=4, costs=four_stage_costs(), run=True, steps=0
         )
+
+
+def test_the_command_takes_the_new_options_and_says_1f1b_was_kept_when_it_measured_fastest(
+    monkeypatch, tmp_path, capsys
+):
+    import json
+
+    from graphkit.cli import main
+
+    rounds = {"1F1B": [100.0] * 9, "GPipe": [104.0] * 9}
+    run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"])  # installs the made-up recorder
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(four_stage_costs()))
+    output = tmp_path / "plan"
+    argv = ["plan", "zoo-pipeline:mlp", "--costs", str(costs), "--ranks", "2", "--microbatches", "4"]
+    argv += ["--schedules", "1F1B,GPipe", "--run", "--steps", "9", "--prediction-error", "0.5"]
+    argv += ["--record-budget", "100", "--weight-slowdown", "1.2", "-o", str(output)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # 1F1B measured fastest and is the best predicted after calibration: it was kept, not "measured faster"
+    assert f"wrote {output}/best.csv (1F1B, kept: nothing measured faster" in out
+    assert (
+        "recorded every schedule predicted within 50% of the best predicted (--prediction-error), within a "
+        in out
+    )
+    assert "noise floor: 1F1B recorded twice" in out
+    saved = json.loads((output / "plan.json").read_text())
+    assert saved["prediction_error"] == 0.5 and saved["record_budget_s"] == 100.0
+    assert saved["weight_slowdown"] == 1.2 and saved["noise_floor"] == 0.0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "zoo-pipeline:mlp", "--costs", str(costs), "--run", "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err

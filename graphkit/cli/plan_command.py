@@ -258,7 +258,8 @@ def run_plan(arguments: argparse.Namespace) -> int:
     if arguments.output:
         folder = Path(arguments.output)
         recommended = plan.recommended
-        if recommended is plan.baseline and plan.best is not plan.baseline:
+        measured_kept = recommended is plan.baseline and recommended.measured_seconds is not None
+        if measured_kept or (recommended is plan.baseline and plan.best is not plan.baseline):
             how = "kept: nothing " + (
                 "measured faster in the median round and beyond chance in the rounds"
                 if recommended.measured_seconds is not None
