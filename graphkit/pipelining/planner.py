@@ -13,10 +13,12 @@ microbatches:
 
 The result (:class:`SchedulePlan`) ranks them by predicted step (schedules over ``memory_limit`` last), with
 the ratio to 1F1B, the bubble, the peak activation memory per rank and the messages per step; it prints as
-a table, shows itself as HTML in a notebook and gives JSON. With ``run=True`` it records 1F1B and the
-``top`` best schedules for real (:func:`graphkit.pipelining.recording.record_schedules`) and adds the
-measured step and a second prediction fed the recorded per-action durations (which isolates what the
-runtime adds between actions). :meth:`SchedulePlan.what_if` simulates the same per-stage costs on more ranks
+a table, shows itself as HTML in a notebook and gives JSON. With ``run=True`` it records for real
+(:func:`graphkit.pipelining.recording.record_schedules`, in rounds whose order rotates) what the prediction
+cannot tell apart (:func:`graphkit.pipelining.record_selection.choose_recorded`: every schedule within
+the prediction's error of the best, each splitting schedule's own placement, 1F1B twice as an A/A
+control), and adds the measured step, the run's noise floor and a second prediction fed the recorded
+per-action durations (which isolates what the runtime adds between actions). :meth:`SchedulePlan.what_if` simulates the same per-stage costs on more ranks
 and microbatches.
 
 What the model assumes (:mod:`graphkit.pipelining.planning.simulator`): each rank runs its actions in order;
