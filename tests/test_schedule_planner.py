@@ -450,3 +450,71 @@ def test_w_gets_its_own_calibration_factor_and_a_run_plan_then_predicts_every_ze
     assert again.costs[1].backward_input == pytest.approx(1.5 * MS)
     with pytest.raises(ValueError, match="weight_slowdown must be above 0"):
         plan_schedules(ranks=2, microbatches=6, costs=measured, weight_slowdown=0.0)
+
+
+def test_cost_aware_built_again_with_ws_fitted_factor_says_whether_its_order_changes(monkeypatch):
+    # W runs 3x its standalone cost in the pipeline: the CostAware recorded (built from the standalone
+    # costs) splits and is predicted, and measures, slower than 1F1B; built with W at 3x it splits nothing
+    from graphkit.pipelining import planner
+    from graphkit.pipelining.planning import CommModel, ScheduleOrder
+    from graphkit.pipelining.planning.cost_model import first_stage_as_run, slowed
+    from graphkit.pipelining.schedule_plan import simulate_schedule
+
+    measured = costs_from_json(costs_json(2, f=2 * MS, i=1 * MS, w=2 * MS))
+    on_machine = slowed(first_stage_as_run(measured), 1.0, 3.0)
+    comm = CommModel(0.4 * MS, 1e12, rendezvous=True, send_seconds=0.1 * MS)
+
+    def record(pipeline, schedules, microbatches, ranks, **_):
+        timelines = []
+        for schedule in schedules:
+            order = (
+                schedule
+                if isinstance(schedule, ScheduleOrder)
+                else schedule_order(schedule, ranks, microbatches)
+            )
+            timeline = simulate(
+                order,
+                on_machine,
+                comm,
+                microbatches=microbatches,
+                name=schedule_name(schedule),
+                overhead=0.3 * MS,
+            ).to_schedule_timeline()
+            for rank in timeline.ranks:
+                rank.step_times = [timeline.step_seconds] * 5
+            timelines.append(timeline)
+        return timelines
+
+    monkeypatch.setattr(planner, "record_schedules", record)
+    plan = plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=4,
+        costs=measured,
+        run=True,
+        prediction_error=10.0,
+        schedules=["1F1B", "ZBH1", "CostAware"],
+    )
+    assert plan.fitted_slowdown == pytest.approx({"weight": 3.0, "other": 1.0})
+    cost_aware = plan.by_name("CostAware")
+    assert cost_aware.splits_backward and cost_aware.measured_seconds > plan.baseline.measured_seconds
+    rebuilt = plan.rebuilt_cost_aware
+    # the oracle: CostAware built from the costs with W at 3x comes out as 1F1B's order
+    oracle = simulate_schedule(
+        "CostAware",
+        2,
+        4,
+        slowed(plan.costs, 1.0, 3.0),
+        slowed(plan.costs, 1.0, 3.0),
+        plan.comm,
+        plan.overhead,
+        None,
+    )
+    assert oracle.order.labels() == plan.baseline.order.labels()
+    assert rebuilt["same_order"] is False and rebuilt["predicted_vs_1f1b"] == pytest.approx(1.0)
+    recorded_ratio = cost_aware.measured_seconds / plan.baseline.measured_seconds
+    assert rebuilt["recorded_predicted_vs_1f1b"] == pytest.approx(recorded_ratio)  # calibrated: exact
+    assert (
+        "plan with --weight-slowdown 3.00 to build it with the W it will meet (built so now it comes out another "
+        f"order, predicted 1.00x 1F1B against {recorded_ratio:.2f}x for the order recorded)"
+    ) in plan.table()

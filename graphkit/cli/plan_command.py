@@ -138,7 +138,8 @@ def add_plan_command(commands: Any) -> None:
         default=1.0,
         metavar="X",
         help="cost every W at X times what was measured standalone before simulating and building "
-        "CostAware (a --run prints the factor it fitted for W in the pipeline; default 1)",
+        "CostAware and Adaptive (a --run prints the X it measured: W's slowdown in the pipeline over the other "
+        "passes'; default 1)",
     )
     plan.add_argument(
         "--schedules",

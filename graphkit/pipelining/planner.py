@@ -457,6 +457,9 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
             "weight": pooled.weight_slowdown * plan.weight_slowdown,
             "other": pooled.slowdown,
         }
+        plan.rebuilt_cost_aware = _rebuilt_cost_aware(
+            plan, slowed(one, pooled.slowdown, pooled.weight_factor), pooled.step_overhead
+        )
     plan.overhead_source = (
         "calibrated on the recorded schedules (each predicted from the others), all of them: "
         + pooled.describe()
@@ -468,6 +471,38 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
             redrawn = predicted[name].to_schedule_timeline()
             redrawn.schedule = item.schedule
             plan.timelines[position] = redrawn
+
+
+def _rebuilt_cost_aware(
+    plan: SchedulePlan, calibrated: Sequence[StageCost], step_overhead: float
+) -> dict[str, Any] | None:
+    """CostAware built again from ``calibrated`` costs (W at its own fitted factor) and the calibrated
+    runtime: ``{"same_order": whether it is the order recorded, "predicted_vs_1f1b": its predicted step
+    over 1F1B's}``; None where CostAware was not recorded or cannot be built."""
+    try:
+        recorded = plan.by_name("CostAware")
+    except KeyError:
+        return None
+    if not recorded.measured_steps or recorded.order is None or not plan.baseline.predicted_seconds:
+        return None
+    try:
+        rebuilt = simulate_schedule(
+            "CostAware",
+            plan.ranks,
+            plan.microbatches,
+            calibrated,
+            calibrated,
+            plan.comm,
+            plan.overhead,
+            plan.memory_limit,
+        )
+    except (ScheduleError, ValueError):
+        return None
+    return {
+        "same_order": rebuilt.order is not None and rebuilt.order.labels() == recorded.order.labels(),
+        "predicted_vs_1f1b": (rebuilt.predicted_seconds + step_overhead) / plan.baseline.predicted_seconds,
+        "recorded_predicted_vs_1f1b": recorded.predicted_seconds / plan.baseline.predicted_seconds,
+    }
 
 
 def _run(

@@ -172,6 +172,8 @@ class SchedulePlan:
     fitted_slowdown: dict[str, float] | None = None
     # with run and steps="auto": how many rounds were recorded and why it stopped
     auto_steps: str | None = None
+    # with run: CostAware built again with W at its fitted factor (same order as recorded? its prediction)
+    rebuilt_cost_aware: dict[str, Any] | None = None
 
     def by_name(self, name: str) -> PlannedSchedule:
         for item in self.schedules:
@@ -497,6 +499,7 @@ class SchedulePlan:
             "selection_error": self.selection_error,
             "weight_slowdown": self.weight_slowdown,
             "fitted_slowdown": self.fitted_slowdown,
+            "rebuilt_cost_aware": self.rebuilt_cost_aware,
             "load_warning": self.load_warning,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
@@ -896,18 +899,25 @@ def _recording_notes(plan: SchedulePlan) -> str:
         )
     fitted = plan.fitted_slowdown
     if fitted is not None and fitted.get("other"):
-        relative = fitted["weight"] / fitted["other"]
-        suggested = round(plan.weight_slowdown * relative, 2)
+        suggested = round(fitted["weight"] / fitted["other"], 2)  # W's factor over the other passes'
         text += (
-            f"\nW in the pipeline: the recorded W ran {fitted['weight']:.2f}x its costs, the other passes "
-            f"{fitted['other']:.2f}x (calibrated predictions give W its own factor)"
-            + (
-                f"; CostAware was built with W at {plan.weight_slowdown:.2f}x its standalone cost: plan with "
-                f"--weight-slowdown {suggested:.2f} to build it with the W it will meet"
-                if abs(suggested - plan.weight_slowdown) > 0.05 * plan.weight_slowdown
-                else ""
-            )
+            f"\nW in the pipeline: the recorded W ran {fitted['weight']:.2f}x its standalone cost, the other "
+            f"passes {fitted['other']:.2f}x theirs (calibrated predictions give W its own factor)"
         )
+        if abs(suggested - plan.weight_slowdown) > 0.05 * plan.weight_slowdown:
+            text += (
+                f"; CostAware was built with W at {plan.weight_slowdown:.2f}x the other passes: plan with "
+                f"--weight-slowdown {suggested:.2f} to build it with the W it will meet"
+            )
+            rebuilt = plan.rebuilt_cost_aware
+            if rebuilt is not None:
+                text += (
+                    " (it keeps the order recorded)"
+                    if rebuilt["same_order"]
+                    else f" (built so now it comes out another order, predicted "
+                    f"{rebuilt['predicted_vs_1f1b']:.2f}x 1F1B against {rebuilt['recorded_predicted_vs_1f1b']:.2f}x "
+                    "for the order recorded)"
+                )
     return text
 
 
