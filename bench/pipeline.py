@@ -12,7 +12,8 @@ of ``--seq`` tokens; or ``--spec``, any pipeline spec (:mod:`graphkit.models.pip
 every pipeline command takes), built with ``2 x ranks`` stages and ``--microbatches x --batch`` rows.
 In the same processes, the same weights run one schedule with
 ``torch.distributed.pipelining.PipelineStage`` and one with ``graphkit.pipelining.PipelineStage``, steps
-alternating between them after warm-up; each step is timed between barriers on every rank, and the
+alternating between them after warm-up, the one that goes first swapping every step; each step is timed
+between barriers on every rank, and the
 slowest rank counts. Printed: the median and the fastest step time of each, and graphkit's ratios over
 PyTorch's. Not a test: run it by hand (the numbers depend on the machine's load).
 """
@@ -31,6 +32,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from graphkit.measure.paired_rounds import rotated_order  # noqa: E402
 from graphkit.models.pipeline_specs import load_pipeline_spec  # noqa: E402
 from graphkit.pipelining.launcher import local_process_group, run_on_processes  # noqa: E402
 from graphkit.pipelining.schedules import build_schedule, stage_indices  # noqa: E402
@@ -98,8 +100,11 @@ def time_steps(arguments: argparse.Namespace) -> dict[str, list[float]]:
             modules,
         )
     times: dict[str, list[float]] = {"torch": [], "graphkit": []}
+    names = list(schedules)
     for repeat in range(arguments.warmup + arguments.repeat):
-        for name, (schedule, modules) in schedules.items():
+        for position in rotated_order(repeat, len(names)):  # each stage class takes each place in turn
+            name = names[position]
+            schedule, modules = schedules[name]
             for index in mine:
                 modules[index].zero_grad(set_to_none=True)
             _synchronize(device)

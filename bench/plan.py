@@ -6,9 +6,10 @@
 
 For each spec: ``graphkit costs`` (measured here, one thread) feeds the simulator for every built-in schedule
 and graphkit's ZBH1, ZBH2 and adaptive ones (:func:`graphkit.pipelining.planner.plan_schedules`);
-then the ``--top`` best predicted (default: all) and 1F1B are recorded for real on ``--ranks`` gloo processes
-(one thread each; with ``--pin-cores auto``, the default, each on a core of its own where there is a core
-per rank), ``--steps`` steps each in rounds (the median kept). The table gives, per schedule, the
+then the ``--top`` best predicted (default: all) and 1F1B, twice (an A/A control: the run's noise floor), are
+recorded for real on ``--ranks`` gloo processes (one thread each; with ``--pin-cores auto``, the default, each
+on a core of its own where there is a core per rank), ``--steps`` steps each in rounds whose order rotates by
+one schedule each round (the median kept). The table gives, per schedule, the
 predicted step from the costs, the measured step and their ratio, and the step predicted from the recorded
 per-action durations (what the runtime adds between actions, isolated) and its ratio to the measured one;
 ratios to 1F1B are taken within the same run. The machine's load average is printed before and after:
@@ -77,6 +78,9 @@ def rounds(plan) -> None:
             f"  {item.name:<22} median {median:.3f}x, faster in {won} of {total} rounds "
             f"(sign test p = {sign_test_p_value(won, total):.2g}; range {ratios[0]:.3f}-{ratios[-1]:.3f})"
         )
+    floor = plan.noise_floor
+    if floor is not None:
+        print(f"  noise floor (1F1B against its A/A copy, median round): {floor:.1%}")
     print(f"  recommended: {plan.recommended.name}")
     print()
 
@@ -91,7 +95,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument(
-        "--top", type=int, default=100, help="record the N best predicted and 1F1B (default: all)"
+        "--top", type=int, default=None, help="record the N best predicted and 1F1B (default: all)"
     )
     parser.add_argument("--memory-limit", type=float, default=None)
     parser.add_argument("--schedules", help="comma-separated schedules to plan (default: every one)")
@@ -125,6 +129,8 @@ def main() -> None:
             run=True,
             steps=arguments.steps,
             top=arguments.top,
+            prediction_error=10.0,  # every schedule: the bench measures the prediction of all of them
+            record_budget_s=None,
             output=output,
             timeout_s=1800,
             pin_cores=pin_cores,

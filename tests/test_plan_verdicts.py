@@ -15,6 +15,7 @@ import pytest
 from graphkit.pipelining import planner
 from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import CommModel, StageCost, read_schedule_csv, simulate
+from graphkit.pipelining.record_selection import choose_recorded
 from graphkit.pipelining.schedules import schedule_name, schedule_order
 
 MS = 1e-3
@@ -115,7 +116,9 @@ def test_a_schedule_is_recommended_only_when_it_beat_1f1b_in_more_rounds_than_ch
     assert read_schedule_csv(tmp_path / "best.csv") == plan.by_name("ZBH1").order.actions()
 
 
-def test_run_records_1f1b_the_best_zero_bubble_and_top_others_and_says_why(monkeypatch, tmp_path):
+def test_run_records_1f1b_twice_the_best_zero_bubble_and_the_top_within_the_band_and_says_why(
+    monkeypatch, tmp_path
+):
     steps = {name: [10.0] * 5 for name in ("1F1B", "GPipe", "ZBH1", "ZBH2")}
     plan = run_plan(monkeypatch, tmp_path, steps)
     recorded = {item.name: item.recorded_because for item in plan.schedules if item.recorded_because}
@@ -125,20 +128,31 @@ def test_run_records_1f1b_the_best_zero_bubble_and_top_others_and_says_why(monke
         and zero_bubble.name in recorded
         and "the best zero-bubble" in recorded[zero_bubble.name]
     )
-    assert recorded["1F1B"] == "the baseline"
-    # each says its place and ratio to 1F1B in the prediction it was chosen by (before calibration)
+    assert recorded["1F1B"] == "the baseline, recorded twice: the second copy is the A/A control"
+    assert plan.control_steps == [10.0] * 5 and plan.noise_floor == 0.0
+    # each says its ratio to 1F1B in the prediction it was chosen by (before calibration) and why
     assert all(
-        re.fullmatch(r"predicted \d+\.\d\dx(, the best zero-bubble predicted)?", why)
+        re.fullmatch(
+            r"predicted \d+\.\d\dx(, within 10% of the best predicted)?(, the best zero-bubble predicted)?",
+            why,
+        )
         for name, why in recorded.items()
         if name != "1F1B"
     ), recorded
     assert len(recorded) in (2, 3)  # --top 1, plus the best zero-bubble when the top one is not it
-    assert "recorded (chosen by the prediction" in plan.table() and "(the baseline)" in plan.table()
-    # the verdict on zero bubble reads the recorded zero-bubble schedule, not a prediction
+    # what --top left out is named, with the reason
+    left_out = dict(plan.left_out)
+    assert set(left_out) == {"GPipe", "ZBH1", "ZBH2"} - set(recorded)
+    assert all("beyond --top 1" in why or "above the best predicted" in why for why in left_out.values())
+    table = plan.table()
+    assert "recorded (chosen by the prediction" in table and "(the baseline, recorded twice" in table
+    assert "left out: " in table
+    # the verdict on zero bubble reads the recorded zero-bubble schedule, not a prediction; ZBH1 and ZBH2
+    # have 1F1B's placement, so 1F1B is what their splitting is measured against
     assert (
-        f"({zero_bubble.name} measured 1.00x 1F1B in the median round, faster in 0 of 5 rounds (p = 1))"
-        in plan.zero_bubble_verdict()
-    )
+        f"({zero_bubble.name} measured 1.00x 1F1B in the median round, faster in 0 of 5 rounds (p = 1); it has "
+        "1F1B's placement (one stage per rank), so that is what splitting gains)"
+    ) in plan.zero_bubble_verdict()
 
 
 def test_the_zero_bubble_line_gives_i_plus_w_against_b_per_stage_and_1f1bs_bubble():
@@ -405,7 +419,8 @@ def test_a_generated_schedule_that_came_out_as_1f1bs_order_is_named_so_and_not_r
     assert cost_aware.same_order_as == "1F1B" and not cost_aware.splits_backward
     assert plan.schedules.index(plan.baseline) < plan.schedules.index(cost_aware)  # 1F1B first on a tie
     assert "CostAware (1F1B's order)" in plan.table()
-    assert cost_aware not in plan.to_record(top=3)
+    choice = choose_recorded(plan.schedules, plan.baseline, steps=5, prediction_error=10.0, budget_s=None)
+    assert cost_aware not in choice.chosen and "CostAware" not in dict(choice.left_out)
     assert plan.by_name("ZBH1").splits_backward
 
 

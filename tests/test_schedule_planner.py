@@ -356,18 +356,20 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
         top=3,
         schedules=["1F1B", "GPipe", "ZBH1"],
     )
-    assert sorted(recorded_names) == ["1F1B", "GPipe", "ZBH1"]
+    assert sorted(recorded_names) == ["1F1B", "1F1B", "GPipe", "ZBH1"]  # 1F1B twice: the A/A control
     assert pinned == [False] and plan.to_dict()["recording"] == {
         "steps": 15,
         "threads": 1,
         "pin_cores": False,
     }
     recorded_names.clear()
-    # --top counts the schedules recorded besides 1F1B, wherever 1F1B ranks
+    # --top caps the schedules recorded from the band, wherever 1F1B ranks; the best zero-bubble one and
+    # its placement's best non-splitting one are recorded besides
     pinned_plan = plan_schedules(
         "zoo-pipeline:mlp", ranks=2, microbatches=6, costs=measured, run=True, top=1, pin_cores=True
     )
-    assert len(recorded_names) == 2 and "1F1B" in recorded_names
+    assert recorded_names.count("1F1B") == 2 and len(recorded_names) <= 5
+    assert all("beyond --top 1" in why or "above the best" in why for _, why in pinned_plan.left_out)
     assert pinned[-1] is True and pinned_plan.recording["pin_cores"] is True
     assert "each rank pinned to one core" in pinned_plan.load
     recorded_names.clear()
@@ -398,3 +400,121 @@ def test_a_csv_schedule_run_with_other_microbatches_than_it_names_is_refused_bef
         verify_pipeline("zoo-pipeline:mlp", schedule=f"csv:{path}", microbatches=4, ranks=2)
     with pytest.raises(TimelineError, match="--microbatches 8"):
         record_schedules("zoo-pipeline:mlp", [f"csv:{path}"], microbatches=4, ranks=2)
+
+
+def test_w_gets_its_own_calibration_factor_and_a_run_plan_then_predicts_every_zero_bubble_step(monkeypatch):
+    # a machine whose passes run 1.25 x the measured costs but whose W runs 1.4 x (W late in a step):
+    # the calibration must find both factors, and predict each split schedule from the others exactly
+    from graphkit.pipelining import planner
+    from graphkit.pipelining.planning.calibration import calibrate_runtime
+    from graphkit.pipelining.planning.cost_model import first_stage_as_run, slowed
+
+    measured = costs_from_json(costs_json(2, f=2 * MS, i=1.5 * MS, w=1 * MS))
+    as_run = first_stage_as_run(measured)
+    on_machine = slowed(as_run, 1.25, 1.4)
+    assert on_machine[1].backward_weight == pytest.approx(1.4 * MS)
+    assert on_machine[1].backward_input == pytest.approx(1.25 * 1.5 * MS)
+    step = _machine_step("ZBH1", on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
+    fitted = calibrate_runtime(step, as_run)
+    assert fitted.slowdown == pytest.approx(1.25) and fitted.weight_slowdown == pytest.approx(1.4)
+    plain = _machine_step("1F1B", on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
+    assert calibrate_runtime(plain, as_run).weight_slowdown is None  # 1F1B runs no W
+
+    def record(pipeline, schedules, **_):
+        names = [schedule_name(schedule) for schedule in schedules]
+        return [
+            _machine_step(name, on_machine, 0.3 * MS, 0.4 * MS, microbatches=6, send=0.1 * MS)
+            for name in names
+        ]
+
+    monkeypatch.setattr(planner, "record_schedules", record)
+    plan = plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=6,
+        costs=measured,
+        run=True,
+        prediction_error=10.0,
+        schedules=["1F1B", "ZBH1", "ZBH2"],
+    )
+    for item in plan.schedules:
+        assert item.predicted_seconds == pytest.approx(item.measured_seconds), item.name
+    assert plan.fitted_slowdown == pytest.approx({"weight": 1.4, "other": 1.25})
+    # the plan says what to build CostAware with next time: W 1.4 / 1.25 = 1.12 x the other passes
+    assert "plan with --weight-slowdown 1.12 to build it with the W it will meet" in plan.table()
+    # given that factor, every W is costed so before anything is simulated
+    again = plan_schedules(
+        ranks=2, microbatches=6, costs=measured, schedules=["1F1B", "ZBH1"], weight_slowdown=1.12
+    )
+    assert again.costs[1].backward_weight == pytest.approx(1.12 * MS)
+    assert again.costs[1].backward_input == pytest.approx(1.5 * MS)
+    with pytest.raises(ValueError, match="weight_slowdown must be above 0"):
+        plan_schedules(ranks=2, microbatches=6, costs=measured, weight_slowdown=0.0)
+
+
+def test_cost_aware_built_again_with_ws_fitted_factor_says_whether_its_order_changes(monkeypatch):
+    # W runs 3x its standalone cost in the pipeline: the CostAware recorded (built from the standalone
+    # costs) splits and is predicted, and measures, slower than 1F1B; built with W at 3x it splits nothing
+    from graphkit.pipelining import planner
+    from graphkit.pipelining.planning import CommModel, ScheduleOrder
+    from graphkit.pipelining.planning.cost_model import first_stage_as_run, slowed
+    from graphkit.pipelining.schedule_plan import simulate_schedule
+
+    measured = costs_from_json(costs_json(2, f=2 * MS, i=1 * MS, w=2 * MS))
+    on_machine = slowed(first_stage_as_run(measured), 1.0, 3.0)
+    comm = CommModel(0.4 * MS, 1e12, rendezvous=True, send_seconds=0.1 * MS)
+
+    def record(pipeline, schedules, microbatches, ranks, **_):
+        timelines = []
+        for schedule in schedules:
+            order = (
+                schedule
+                if isinstance(schedule, ScheduleOrder)
+                else schedule_order(schedule, ranks, microbatches)
+            )
+            timeline = simulate(
+                order,
+                on_machine,
+                comm,
+                microbatches=microbatches,
+                name=schedule_name(schedule),
+                overhead=0.3 * MS,
+            ).to_schedule_timeline()
+            for rank in timeline.ranks:
+                rank.step_times = [timeline.step_seconds] * 5
+            timelines.append(timeline)
+        return timelines
+
+    monkeypatch.setattr(planner, "record_schedules", record)
+    plan = plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=4,
+        costs=measured,
+        run=True,
+        prediction_error=10.0,
+        schedules=["1F1B", "ZBH1", "CostAware"],
+    )
+    assert plan.fitted_slowdown == pytest.approx({"weight": 3.0, "other": 1.0})
+    cost_aware = plan.by_name("CostAware")
+    assert cost_aware.splits_backward and cost_aware.measured_seconds > plan.baseline.measured_seconds
+    rebuilt = plan.rebuilt_cost_aware
+    # the oracle: CostAware built from the costs with W at 3x comes out as 1F1B's order
+    oracle = simulate_schedule(
+        "CostAware",
+        2,
+        4,
+        slowed(plan.costs, 1.0, 3.0),
+        slowed(plan.costs, 1.0, 3.0),
+        plan.comm,
+        plan.overhead,
+        None,
+    )
+    assert oracle.order.labels() == plan.baseline.order.labels()
+    assert rebuilt["same_order"] is False and rebuilt["predicted_vs_1f1b"] == pytest.approx(1.0)
+    recorded_ratio = cost_aware.measured_seconds / plan.baseline.measured_seconds
+    assert rebuilt["recorded_predicted_vs_1f1b"] == pytest.approx(recorded_ratio)  # calibrated: exact
+    assert (
+        "plan with --weight-slowdown 3.00 to build it with the W it will meet (built so now it comes out another "
+        f"order, predicted 1.00x 1F1B against {recorded_ratio:.2f}x for the order recorded)"
+    ) in plan.table()

@@ -228,6 +228,12 @@ def add_compare_schedules_command(commands: Any) -> None:
         help="schedule names, comma-separated (default: GPipe, 1F1B, Interleaved1F1B and the zero-bubble ones)",
     )
     compare.add_argument(
+        "--control",
+        action="store_true",
+        help="record the first schedule a second time, last, as an A/A control: the spread between the "
+        "copies is printed as the run's noise floor (listing a schedule twice does the same)",
+    )
+    compare.add_argument(
         "-o", "--output", metavar="DIR", help="also write index.html and the pictures to DIR"
     )
     add_json_option(compare, help="also print the summaries as JSON")
@@ -238,8 +244,12 @@ def run_compare_schedules(arguments: argparse.Namespace) -> int:
     from graphkit.drawing.timeline import comparison_table, write_timeline
 
     schedules = [name.strip() for name in arguments.schedules.split(",") if name.strip()]
+    if arguments.control and schedules:
+        schedules.append(schedules[0])
     timelines = record(arguments, schedules)
     print(comparison_table(timelines))
+    if arguments.steps > 1:
+        print(rounds_lines(timelines))
     if arguments.json:
         print(json.dumps([timeline.summary() for timeline in timelines], indent=1))
     if arguments.output:
@@ -251,6 +261,39 @@ def run_compare_schedules(arguments: argparse.Namespace) -> int:
             write_timeline(timelines, folder / name, title="Schedules compared", note=note)
         print(f"wrote {folder / 'index.html'} (and timelines.svg, .png, .json)")
     return 0
+
+
+def rounds_lines(timelines: list[Any]) -> str:
+    """Each schedule's recorded rounds against the first's (paired: the same round, the order of each
+    round rotated), and the noise floor where a schedule was recorded twice."""
+    from graphkit.measure.paired_rounds import compare_rounds
+
+    named = [
+        (timeline.schedule, list(timeline.ranks[0].step_times) if timeline.ranks else [])
+        for timeline in timelines
+    ]
+    summary = compare_rounds(named)
+    rounds = len(named[0][1]) if named else 0
+    lines = [
+        f"rounds ({rounds}, each visiting the schedules in an order rotated by one), step over "
+        f"{summary['baseline']}'s in the same round:"
+    ]
+    for row in summary["rows"]:
+        ratio = row["median_round_ratio"]
+        lines.append(
+            f"  {row['name']}: {'-' if ratio is None else f'{ratio:.3f}x'} in the median round, faster in "
+            f"{row['won']} of {row['rounds']} (sign test p = {row['p']:.2g})"
+            + (" - within the noise floor" if row["within_noise"] else "")
+        )
+    floor = summary["noise_floor"]
+    if floor is not None:
+        lines.append(
+            f"noise floor: {summary['control']} recorded twice (A/A) measured {floor:.1%} apart in the median "
+            "round: differences within it are not told from noise in this run"
+        )
+    else:
+        lines.append("no noise floor: list a schedule twice, or add --control, to measure one")
+    return "\n".join(lines)
 
 
 # --- verify-pipeline -----------------------------------------------------------------------------------------

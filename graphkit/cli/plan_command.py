@@ -16,7 +16,6 @@ from graphkit.cli.options import (
     add_json_option,
     add_pin_cores_option,
     add_run_timeout_option,
-    add_steps_option,
     add_threads_option,
     positive_bytes,
 )
@@ -31,8 +30,9 @@ def add_plan_command(commands: Any) -> None:
         description="Measure PIPELINE_SPEC's per-stage F, I and W costs (or read them with --costs), simulate "
         "every built-in schedule that fits --ranks and graphkit's ZBH1, ZBH2 and adaptive ones, and print "
         "them ranked: predicted step, ratio to 1F1B, bubble, peak activation memory per rank, messages per "
-        "step. The best is written as a CSV that csv:PATH runs (-o DIR). With --run, 1F1B and the --top "
-        "best are recorded for real and the table adds the measured step.",
+        "step. The best is written as a CSV that csv:PATH runs (-o DIR). With --run, 1F1B (twice: an A/A "
+        "control) and every schedule predicted within --prediction-error of the best are recorded for real, "
+        "in rounds that rotate their order, and the table adds the measured step.",
     )
     plan.add_argument(
         "spec",
@@ -88,24 +88,58 @@ def add_plan_command(commands: Any) -> None:
         "--run",
         dest="record",
         action="store_true",
-        help="record 1F1B, the best zero-bubble schedule and the --top best for real, print the measured "
-        "steps, and recommend (and write as best.csv) what measured faster than 1F1B in more rounds than "
-        "chance would give it (a sign test)",
+        help="record for real 1F1B (twice: the spread between the copies is the run's noise floor), the best "
+        "zero-bubble schedule, every schedule predicted within --prediction-error of the best that "
+        "--record-budget allows, and the best non-splitting schedule of each recorded splitting schedule's "
+        "placement; print the measured steps, and recommend (and write as best.csv) what measured faster than "
+        "1F1B beyond the noise floor and in more rounds than chance would give it (a sign test)",
     )
-    add_steps_option(
-        plan,
+    plan.add_argument(
+        "--steps",
+        type=steps_or_auto,
         default=15,
-        metavar="K",
+        metavar="K|auto",
         help="recorded steps per schedule with --run, in interleaved rounds (default 15; a schedule is "
         "recommended only when faster than 1F1B in more rounds than chance would give it: 12 of 15, "
-        "8 of 9, never from fewer than 5)",
+        "8 of 9, never from fewer than 5); auto: 15, then as many more as the schedule closest to beating "
+        "1F1B needs at its win fraction, until decided or --record-budget seconds pass",
     )
     plan.add_argument(
         "--top",
         type=int,
-        default=3,
         metavar="N",
-        help="schedules to record with --run besides 1F1B (default 3)",
+        help="with --run, record at most N of the schedules within --prediction-error (default: no cap)",
+    )
+    plan.add_argument(
+        "--prediction-error",
+        type=float,
+        default=0.10,
+        metavar="F",
+        help="with --run, record every schedule predicted within this fraction of the best predicted step "
+        "(default 0.10; the run prints the error it measured, to give here next time)",
+    )
+    plan.add_argument(
+        "--record-budget",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="with --run, seconds of recording (estimated from the predicted steps) the schedules within "
+        "--prediction-error may take; those it leaves out are named (default 600)",
+    )
+    plan.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="with --run, record 1F1B once: no A/A control, no noise floor",
+    )
+    plan.add_argument(
+        "--weight-slowdown",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="cost every W at X times what was measured standalone before simulating and building "
+        "CostAware and Adaptive (a --run prints the X it measured: W's slowdown in the pipeline over the other "
+        "passes'; default 1)",
     )
     plan.add_argument(
         "--schedules",
@@ -131,6 +165,21 @@ def add_plan_command(commands: Any) -> None:
     )
     add_json_option(plan, help="print the plan as JSON instead of the table")
     plan.set_defaults(run=run_plan)
+
+
+def steps_or_auto(text: str) -> int | str:
+    """An argparse ``type``: a whole number of steps of at least 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        steps = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of steps or 'auto', got {text!r}"
+        ) from None
+    if steps < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {steps}")
+    return steps
 
 
 def run_plan(arguments: argparse.Namespace) -> int:
@@ -176,6 +225,10 @@ def run_plan(arguments: argparse.Namespace) -> int:
                 run=arguments.record,
                 steps=arguments.steps,
                 top=arguments.top,
+                prediction_error=arguments.prediction_error,
+                record_budget_s=arguments.record_budget,
+                control=arguments.control,
+                weight_slowdown=arguments.weight_slowdown,
                 output=arguments.output,
                 threads=arguments.threads or 1,
                 timeout_s=arguments.timeout,
@@ -206,7 +259,8 @@ def run_plan(arguments: argparse.Namespace) -> int:
     if arguments.output:
         folder = Path(arguments.output)
         recommended = plan.recommended
-        if recommended is plan.baseline and plan.best is not plan.baseline:
+        measured_kept = recommended is plan.baseline and recommended.measured_seconds is not None
+        if measured_kept or (recommended is plan.baseline and plan.best is not plan.baseline):
             how = "kept: nothing " + (
                 "measured faster in the median round and beyond chance in the rounds"
                 if recommended.measured_seconds is not None

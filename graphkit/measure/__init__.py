@@ -9,7 +9,9 @@
 - :mod:`graphkit.measure.benchmark`: timing B + W against a full backward;
 - :mod:`graphkit.measure.costs`: time, FLOPs and memory of each stage's F, B (I) and W, as schedulers
   take them;
-- :mod:`graphkit.measure.timing`: the timer they share;
+- :mod:`graphkit.measure.timing`: the timer they share, the load, the sign test;
+- :mod:`graphkit.measure.paired_rounds`: steps measured in rounds (rotated order, paired ratios, the A/A
+  noise floor);
 - :mod:`graphkit.measure.stage_inputs`: running a stage on its device and on fresh copies of its inputs,
   as verification, benchmarks and costs do.
 

@@ -21,6 +21,7 @@ __all__ = [
     "busy_machine_warning",
     "fewest_wins_beyond_chance",
     "load_average",
+    "rounds_to_decide",
     "sign_test_p_value",
     "synchronize",
     "timed",
@@ -97,3 +98,40 @@ def fewest_wins_beyond_chance(rounds: int, significance: float) -> int | None:
     """The fewest wins of ``rounds`` whose :func:`sign_test_p_value` is below ``significance``; None when
     even winning every round is not (too few rounds: 4 of 4 scores 0.0625)."""
     return next((wins for wins in range(rounds + 1) if sign_test_p_value(wins, rounds) < significance), None)
+
+
+def rounds_to_decide(win_fraction: float, significance: float, most: int = 5_000) -> int | None:
+    """About how many paired rounds a one-sided sign test needs to tell a side that wins ``win_fraction``
+    of the rounds (the effect measured: 9 of 15 is 0.6) from chance below ``significance``: the fewest
+    rounds ``n`` whose expected wins, ``floor(win_fraction * n)``, pass :func:`sign_test_p_value` (found by
+    doubling ``n``, then trying each ``n`` up to 512 rounds, beyond by bisection: the tail decreases in
+    ``n`` at a fixed fraction but for the floor's steps, so there the answer can be a round or two off). None when ``win_fraction`` is 0.5 or less (no number of
+    rounds decides a coin) or more than ``most`` rounds would be needed.
+
+    At 0.05, a side that wins 0.6 of the rounds needs about 80 of them (48 wins of 80 score 0.047), one
+    that wins 0.9 needs 8 (7 of 8 score 0.035); at 0.05 / 3, one that won 9 of 15 needs 125.
+
+    Raises:
+        ValueError: ``win_fraction`` outside 0..1 or ``significance`` outside (0, 1).
+    """
+    if not 0.0 <= win_fraction <= 1.0:
+        raise ValueError(f"win_fraction must be between 0 and 1, got {win_fraction}")
+    if not 0.0 < significance < 1.0:
+        raise ValueError(f"significance must be between 0 and 1 (exclusive), got {significance}")
+    if win_fraction <= 0.5:
+        return None
+
+    def decides(rounds: int) -> bool:
+        return sign_test_p_value(math.floor(win_fraction * rounds + 1e-9), rounds) < significance
+
+    low, high = 0, 4  # decides(low) does not hold (0 rounds score 1.0); double high until it does
+    while not decides(high):
+        if high >= most:
+            return None
+        low, high = high, min(2 * high, most)
+    if high <= 512:  # few enough to try each: the floor's steps make the tail not quite monotone
+        return next(rounds for rounds in range(1, high + 1) if decides(rounds))
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if decides(middle) else (middle, high)
+    return high

@@ -13,10 +13,12 @@ microbatches:
 
 The result (:class:`SchedulePlan`) ranks them by predicted step (schedules over ``memory_limit`` last), with
 the ratio to 1F1B, the bubble, the peak activation memory per rank and the messages per step; it prints as
-a table, shows itself as HTML in a notebook and gives JSON. With ``run=True`` it records 1F1B and the
-``top`` best schedules for real (:func:`graphkit.pipelining.recording.record_schedules`) and adds the
-measured step and a second prediction fed the recorded per-action durations (which isolates what the
-runtime adds between actions). :meth:`SchedulePlan.what_if` simulates the same per-stage costs on more ranks
+a table, shows itself as HTML in a notebook and gives JSON. With ``run=True`` it records for real
+(:func:`graphkit.pipelining.recording.record_schedules`, in rounds whose order rotates) what the prediction
+cannot tell apart (:func:`graphkit.pipelining.record_selection.choose_recorded`: every schedule within
+the prediction's error of the best, each splitting schedule's own placement, 1F1B twice as an A/A
+control), and adds the measured step, the run's noise floor and a second prediction fed the recorded
+per-action durations (which isolates what the runtime adds between actions). :meth:`SchedulePlan.what_if` simulates the same per-stage costs on more ranks
 and microbatches.
 
 What the model assumes (:mod:`graphkit.pipelining.planning.simulator`): each rank runs its actions in order;
@@ -34,6 +36,8 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
+import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -63,6 +67,13 @@ from graphkit.pipelining.planning.cost_model import (
 )
 from graphkit.pipelining.planning.registry import GENERATED_SCHEDULES, is_generated
 from graphkit.pipelining.planning.simulator import simulate
+from graphkit.pipelining.planning.timelines import ScheduleTimeline
+from graphkit.pipelining.record_selection import (
+    DEFAULT_PREDICTION_ERROR,
+    DEFAULT_RECORD_BUDGET_S,
+    RecordingChoice,
+    choose_recorded,
+)
 from graphkit.pipelining.recording import record_schedules
 from graphkit.pipelining.schedule_plan import (
     BUILT_IN_SCHEDULES,
@@ -74,7 +85,24 @@ from graphkit.pipelining.schedule_plan import (
 )
 from graphkit.pipelining.schedules import is_single_stage, schedule_name, stage_count
 
-__all__ = ["BUILT_IN_SCHEDULES", "PlannedSchedule", "SchedulePlan", "plan_schedules"]
+__all__ = [
+    "AUTO_FIRST_ROUNDS",
+    "AUTO_MOST_ROUNDS",
+    "BUILT_IN_SCHEDULES",
+    "PlannedSchedule",
+    "SchedulePlan",
+    "plan_schedules",
+]
+
+AUTO_FIRST_ROUNDS = 15
+"""With ``steps="auto"``, the rounds recorded first; then as many more as the closest schedule needs."""
+
+AUTO_MOST_ROUNDS = 301
+"""With ``steps="auto"``, the most rounds recorded (a 2-core machine records about 3 rounds a second of a
+pipeline with 150 ms steps and six schedules: about 10 minutes)."""
+
+AUTO_LEAST_ROUNDS = 5
+"""With ``steps="auto"``, the fewest rounds recorded at once (each recording starts the ranks anew)."""
 
 
 def plan_schedules(
@@ -89,13 +117,17 @@ def plan_schedules(
     batch_size: int | None = None,
     schedules: Sequence[str] | None = None,
     run: bool = False,
-    steps: int = 15,
-    top: int = 3,
+    steps: int | str = 15,
+    top: int | None = None,
     output: str | os.PathLike[str] | None = None,
     threads: int = 1,
     timeout_s: float = 600.0,
     repeat: int = 10,
     pin_cores: bool = False,
+    prediction_error: float = DEFAULT_PREDICTION_ERROR,
+    record_budget_s: float | None = DEFAULT_RECORD_BUDGET_S,
+    control: bool = True,
+    weight_slowdown: float = 1.0,
 ) -> SchedulePlan:
     """Simulate every schedule that fits ``ranks`` from measured costs and rank them; optionally run the best.
 
@@ -117,22 +149,42 @@ def plan_schedules(
             schedules' from the costs and that calibration alone.
         batch_size: the whole batch of the pipeline spec (default: 8 rows per microbatch).
         schedules: the names to plan (default: :data:`BUILT_IN_SCHEDULES` and ``ZBH1``, ``ZBH2``, ``Adaptive``).
-        run: record 1F1B, the best zero-bubble schedule and the ``top`` best predicted others for real,
-            ``steps`` steps each in interleaved rounds (default 15), on ``ranks`` gloo processes (one thread
-            each), and add the measured steps.
+        run: record for real, ``steps`` steps each in interleaved rounds (default 15; each round starts one
+            schedule further on), on ``ranks`` gloo processes (one thread each), and add the measured steps:
+            1F1B (twice with ``control``), the best zero-bubble schedule, every schedule predicted within
+            ``prediction_error`` of the best predicted step while ``record_budget_s`` allows (at most
+            ``top`` of them, None: no cap), and for each recorded schedule that splits its backwards the
+            best non-splitting schedule of its placement
+            (:func:`~graphkit.pipelining.record_selection.choose_recorded`); the plan says which it left
+            out and why. ``steps="auto"``: record :data:`AUTO_FIRST_ROUNDS` rounds, then as many more as
+            the schedule closest to beating 1F1B needs at its win fraction, until one is recommended, none
+            won most rounds, it would take more than :data:`AUTO_MOST_ROUNDS`, or ``record_budget_s``
+            seconds of recording pass (``plan.recording["auto"]`` says which).
         output: a folder for ``best.csv`` (the best schedule's order, for ``csv:PATH``), every generated
             schedule's CSV, ``plan.json`` and, with ``run``, ``recorded.json`` (the recorded steps).
         threads, timeout_s: of the recorded run. repeat: timed microbatches per pass when measuring costs.
         pin_cores: with ``run``, the recorded ranks each run on one CPU core (Linux; see
             :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU
             machine with a core per rank. The output's load line and ``plan.json`` (``recording``) say so.
+        prediction_error: with ``run``, the fraction of the best predicted step within which schedules are
+            recorded (default :data:`~graphkit.pipelining.record_selection.DEFAULT_PREDICTION_ERROR`);
+            the run measures the error and says when it was larger.
+        record_budget_s: with ``run``, seconds of recording (estimated from the predicted steps) that the
+            schedules within ``prediction_error`` may take; None: no budget.
+        control: with ``run``, record 1F1B a second time in the same rounds (an A/A control): the spread
+            between the copies is the run's noise floor, and no smaller difference is called.
+        weight_slowdown: every W's seconds are multiplied by this before anything is simulated or built
+            (CostAware, Adaptive): the factor a previous ``--run`` fitted for W in the pipeline, which it
+            prints (default 1: W as ``graphkit costs`` measured it standalone).
 
     Returns:
         A :class:`SchedulePlan`, best first.
 
     Raises:
         ValueError: neither a pipeline nor costs, costs for a number of stages that does not fit,
-            ``run`` without a pipeline spec, or ``pin_cores`` where the platform cannot pin (checked first).
+            ``run`` without a pipeline spec, ``pin_cores`` where the platform cannot pin (checked first),
+            ``steps`` neither a whole number of at least 1 nor ``"auto"``,
+            ``prediction_error``, ``record_budget_s`` or ``top`` below 0, ``weight_slowdown`` not above 0.
         graphkit.pipelining.recording.TimelineError: with ``run``, a recorded rank failed or the run
             passed ``timeout_s``.
     """
@@ -142,6 +194,19 @@ def plan_schedules(
         raise ValueError("run=True records the schedules: give the pipeline as a spec string")
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"ranks and microbatches must be at least 1, got {ranks} and {microbatches}")
+    if (
+        prediction_error < 0
+        or (record_budget_s is not None and record_budget_s < 0)
+        or (top is not None and top < 0)
+    ):
+        raise ValueError(
+            "prediction_error, record_budget_s and top must be at least 0, got "
+            f"{prediction_error}, {record_budget_s} and {top}"
+        )
+    if not weight_slowdown > 0:
+        raise ValueError(f"weight_slowdown must be above 0, got {weight_slowdown}")
+    if run and steps != "auto" and not (isinstance(steps, int) and steps >= 1):
+        raise ValueError(f"steps must be a whole number of at least 1 or 'auto', got {steps!r}")
     if run and pin_cores and ranks > 1:
         try:
             usable_cores()  # refused now, not after minutes of measuring costs
@@ -163,6 +228,9 @@ def plan_schedules(
     measured_one, two = _per_layout(per_stage, ranks)
     one = first_stage_as_run(measured_one)
     two = first_stage_as_run(two) if two is not None else None
+    if weight_slowdown != 1.0:  # W as the pipeline runs it (a factor an earlier run fitted)
+        one = slowed(one, 1.0, weight_slowdown)
+        two = slowed(two, 1.0, weight_slowdown) if two is not None else None
     calibrate = run and overhead is None and comm is None
     overhead_source = "given" if overhead is not None else "default: gloo on the CPU"
     overhead = DEFAULT_OVERHEAD if overhead is None else overhead
@@ -196,6 +264,7 @@ def plan_schedules(
         overhead_source=overhead_source,
         load_warning=load_warning,
         load=load,
+        weight_slowdown=weight_slowdown,
     )
     _write_best(plan, folder)
     if run:
@@ -204,11 +273,19 @@ def plan_schedules(
             pipeline,  # type: ignore[arg-type]
             batch_size,
             steps,
-            top,
             folder,
             threads,
             timeout_s,
             pin_cores,
+            choose_recorded(
+                plan.schedules,
+                plan.baseline,
+                steps=AUTO_FIRST_ROUNDS if steps == "auto" else int(steps),
+                prediction_error=prediction_error,
+                budget_s=record_budget_s,
+                top=top,
+                control=control,
+            ),
         )
         if calibrate:
             _calibrate(plan, two)
@@ -358,7 +435,7 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
         costs = one if item.stages_per_rank == 1 else two or one
         item.simulation = simulate(
             item.order,
-            slowed(costs, fitted.slowdown),
+            slowed(costs, fitted.slowdown, fitted.weight_factor),
             fitted.comm,
             microbatches=plan.microbatches,
             name=item.name,
@@ -375,6 +452,14 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
     plan.schedules.sort(key=_rank_key)
     pooled = calibrate_runtime(list(recorded.values()), by_count)
     plan.comm, plan.overhead = pooled.comm, pooled.overhead
+    if pooled.weight_slowdown is not None:  # relative to the costs as planned (W x plan.weight_slowdown)
+        plan.fitted_slowdown = {
+            "weight": pooled.weight_slowdown * plan.weight_slowdown,
+            "other": pooled.slowdown,
+        }
+        plan.rebuilt_cost_aware = _rebuilt_cost_aware(
+            plan, slowed(one, pooled.slowdown, pooled.weight_factor), pooled.step_overhead
+        )
     plan.overhead_source = (
         "calibrated on the recorded schedules (each predicted from the others), all of them: "
         + pooled.describe()
@@ -388,36 +473,94 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
             plan.timelines[position] = redrawn
 
 
+def _rebuilt_cost_aware(
+    plan: SchedulePlan, calibrated: Sequence[StageCost], step_overhead: float
+) -> dict[str, Any] | None:
+    """CostAware built again from ``calibrated`` costs (W at its own fitted factor) and the calibrated
+    runtime: ``{"same_order": whether it is the order recorded, "predicted_vs_1f1b": its predicted step
+    over 1F1B's}``; None where CostAware was not recorded or cannot be built."""
+    try:
+        recorded = plan.by_name("CostAware")
+    except KeyError:
+        return None
+    if not recorded.measured_steps or recorded.order is None or not plan.baseline.predicted_seconds:
+        return None
+    try:
+        rebuilt = simulate_schedule(
+            "CostAware",
+            plan.ranks,
+            plan.microbatches,
+            calibrated,
+            calibrated,
+            plan.comm,
+            plan.overhead,
+            plan.memory_limit,
+        )
+    except (ScheduleError, ValueError):
+        return None
+    return {
+        "same_order": rebuilt.order is not None and rebuilt.order.labels() == recorded.order.labels(),
+        "predicted_vs_1f1b": (rebuilt.predicted_seconds + step_overhead) / plan.baseline.predicted_seconds,
+        "recorded_predicted_vs_1f1b": recorded.predicted_seconds / plan.baseline.predicted_seconds,
+    }
+
+
 def _run(
     plan: SchedulePlan,
     pipeline: str,
     batch_size: int,
-    steps: int,
-    top: int,
+    steps: int | str,
     output: Path | None,
     threads: int,
     timeout_s: float,
-    pin_cores: bool = False,
+    pin_cores: bool,
+    choice: RecordingChoice,
 ) -> None:
-    """Record 1F1B, the best zero-bubble schedule and the ``top`` best other predicted schedules; fill in
-    measured steps (every round's) and recorded-fed predictions."""
-    chosen = plan.to_record(top)
+    """Record what ``choice`` chose (and 1F1B a second time, the A/A control, where it says so); fill in
+    measured steps (every round's), recorded-fed predictions, the control's steps, what was left out and
+    how far the prediction that chose them was off."""
+    chosen = choice.chosen
+    control = choice.control
+    plan.left_out = list(choice.left_out)
+    plan.prediction_error, plan.record_budget_s = choice.prediction_error, choice.budget_s
     load_before = load_average()
-    timelines = record_schedules(
-        pipeline,
-        [item.runnable for item in chosen],
-        microbatches=plan.microbatches,
-        ranks=plan.ranks,
-        threads=threads,
-        timeout_s=timeout_s,
-        steps=steps,
-        batch_size=batch_size,
-        pin_cores=pin_cores,
-    )
+    auto = steps == "auto"
+    runnables = [item.runnable for item in chosen] + (["1F1B"] if control else [])
+    started = time.monotonic()
+    rounds = AUTO_FIRST_ROUNDS if auto else int(steps)
+    timelines: list[ScheduleTimeline] = []
+    while True:
+        recorded = record_schedules(
+            pipeline,
+            runnables,
+            microbatches=plan.microbatches,
+            ranks=plan.ranks,
+            threads=threads,
+            timeout_s=timeout_s,
+            steps=rounds,
+            batch_size=batch_size,
+            pin_cores=pin_cores,
+        )
+        timelines = _more_rounds(timelines, recorded)
+        _fill_measured(plan, chosen, timelines, control)
+        if not auto:
+            break
+        done = len(plan.baseline.measured_steps)
+        elapsed = time.monotonic() - started
+        rounds, why = _auto_rounds(plan, done, elapsed, choice.budget_s)
+        if not rounds:
+            plan.auto_steps = f"{done} rounds: {why}"
+            break
     plan.load = (
         f"{plan.load}; " if plan.load else ""
     ) + f"{load_before} before recording, {load_average()} after"
-    plan.recording = {"steps": steps, "threads": threads, "pin_cores": pin_cores}
+    plan.recording = {
+        "steps": len(plan.baseline.measured_steps) if auto else steps,
+        "threads": threads,
+        "pin_cores": pin_cores,
+    }
+    if auto:
+        plan.recording["auto"] = plan.auto_steps
     if pin_cores:
         plan.load += "; each rank pinned to one core" + (
             " (ranks sharing cores: fewer cores than ranks)" if plan.ranks > len(usable_cores()) else ""
@@ -425,11 +568,12 @@ def _run(
     by_count: dict[int, Sequence[StageCost]] = {plan.ranks: plan.costs}
     if plan.stage_costs is not None:
         by_count[2 * plan.ranks] = plan.stage_costs
+    if control:
+        timelines.pop()  # the A/A copy: its steps are plan.control_steps
     plan.measured_overhead = runtime_overhead(timelines, by_count)
     for item, timeline in zip(chosen, timelines, strict=True):
-        item.measured_seconds = timeline.step_seconds
-        item.measured_steps = list(timeline.ranks[0].step_times) if timeline.ranks else []
         item.recorded_prediction_seconds = predict_recorded(timeline, comm=plan.comm).step_seconds
+    plan.selection_error = _selection_error(plan, chosen)
     for item, timeline in zip(chosen, timelines, strict=True):
         assert item.simulation is not None
         predicted = item.simulation.to_schedule_timeline()
@@ -440,6 +584,73 @@ def _run(
         (output / "recorded.json").write_text(
             json.dumps([timeline.to_dict() for timeline in timelines], indent=1)
         )
+
+
+def _more_rounds(earlier: list[ScheduleTimeline], later: list[ScheduleTimeline]) -> list[ScheduleTimeline]:
+    """``later``'s timelines (the latest recorded steps, whose actions are kept), each rank's step times
+    preceded by ``earlier``'s: the rounds of several recordings of the same schedules, in order."""
+    if not earlier:
+        return later
+    for before, after in zip(earlier, later, strict=True):
+        for old, new in zip(before.ranks, after.ranks, strict=True):
+            new.step_times = list(old.step_times) + list(new.step_times)
+    return later
+
+
+def _fill_measured(
+    plan: SchedulePlan, chosen: Sequence[PlannedSchedule], timelines: list[ScheduleTimeline], control: bool
+) -> None:
+    """Every recorded round's step into ``chosen`` (and the A/A copy's, the last timeline with ``control``,
+    into ``plan.control_steps``); the measured step is the median round's (the lower of two middles)."""
+    for item, timeline in zip(chosen, timelines, strict=False):
+        item.measured_steps = list(timeline.ranks[0].step_times) if timeline.ranks else []
+        ordered = sorted(item.measured_steps)
+        item.measured_seconds = ordered[(len(ordered) - 1) // 2] if ordered else timeline.step_seconds
+    if control and len(timelines) == len(chosen) + 1 and timelines[-1].ranks:
+        plan.control_steps = list(timelines[-1].ranks[0].step_times)
+
+
+def _auto_rounds(plan: SchedulePlan, done: int, elapsed: float, budget_s: float | None) -> tuple[int, str]:
+    """With ``--steps auto``, after ``done`` rounds that took ``elapsed`` seconds: how many more rounds to
+    record (0: stop), and why. Stops when a schedule is recommended, when no schedule won most rounds
+    against 1F1B, when the closest one would need more than :data:`AUTO_MOST_ROUNDS` rounds
+    (:meth:`SchedulePlan.rounds_to_decide`), or when ``budget_s`` seconds of recording would be passed
+    (at the rounds' pace so far); else records up to the rounds the closest one needs."""
+    recommended = plan.recommended
+    if recommended is not plan.baseline:
+        return 0, f"decided, {recommended.name} beat 1F1B beyond chance"
+    contender = plan.closest_contender()
+    if contender is None or 2 * plan.rounds_won(contender)[0] <= plan.rounds_won(contender)[1]:
+        return 0, "decided, no schedule was faster than 1F1B in most rounds"
+    needed = plan.rounds_to_decide(contender)
+    if needed is None or needed > AUTO_MOST_ROUNDS:
+        return 0, (
+            f"undecided, {contender.name} would need more than {AUTO_MOST_ROUNDS} rounds at its win fraction"
+        )
+    more = max(needed - done, AUTO_LEAST_ROUNDS)
+    if budget_s is not None and done:
+        fits = int((budget_s - elapsed) / (elapsed / done))  # the recordings' start-up counted in the pace
+        if fits < AUTO_LEAST_ROUNDS:
+            return 0, f"undecided, the --record-budget of {budget_s:.0f} s ran out"
+        more = min(more, fits)
+    return min(more, AUTO_MOST_ROUNDS - done), ""
+
+
+def _selection_error(plan: SchedulePlan, chosen: Sequence[PlannedSchedule]) -> dict[str, Any] | None:
+    """How far the prediction that chose ``chosen`` (before calibration) was from what they measured, as
+    ratios to 1F1B: each schedule's predicted ratio over its median round ratio, less 1 (absolute); the
+    median and the worst, and which schedule that was. None with fewer than one schedule besides 1F1B."""
+    base = plan.baseline
+    errors = []
+    for item in chosen:
+        measured = plan.round_ratio(item)
+        if item is base or measured is None or not measured > 0 or not base.predicted_seconds:
+            continue
+        errors.append((abs(item.predicted_seconds / base.predicted_seconds / measured - 1.0), item.name))
+    if not errors:
+        return None
+    worst, name = max(errors)
+    return {"median": statistics.median(error for error, _ in errors), "worst": worst, "schedule": name}
 
 
 _MOVED = {

@@ -12,12 +12,12 @@ from __future__ import annotations
 import html
 import json
 import math
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from graphkit.measure.timing import fewest_wins_beyond_chance, sign_test_p_value
+from graphkit.measure import paired_rounds
+from graphkit.measure.timing import fewest_wins_beyond_chance, rounds_to_decide, sign_test_p_value
 from graphkit.pipelining.planning.actions import ScheduleError, ScheduleOrder
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_split, mean_cost, scaled
 from graphkit.pipelining.planning.registry import generated_order, is_generated
@@ -156,6 +156,24 @@ class SchedulePlan:
     free_split_vs_1f1b: float | None = None
     # the machine was busier than its cores before measuring: what to expect of the figures
     load_warning: str = ""
+    # with run: the A/A control, 1F1B recorded a second time in the same rounds (its steps, round by round)
+    control_steps: list[float] = field(default_factory=list, repr=False)
+    # with run: (name, why) for every schedule within the memory limit that was not recorded
+    left_out: list[tuple[str, str]] = field(default_factory=list)
+    # with run: the band recorded (a fraction of the best predicted step) and the time budget (seconds)
+    prediction_error: float | None = None
+    record_budget_s: float | None = None
+    # with run: how far the prediction that chose the recorded schedules was from what they measured
+    # (ratios to 1F1B): {"median": ..., "worst": ..., "schedule": the worst one}; see selection_error
+    selection_error: dict[str, Any] | None = None
+    # W's seconds were multiplied by this in every prediction (a W factor measured by an earlier run)
+    weight_slowdown: float = 1.0
+    # with run: W's recorded seconds over its costs, and the other passes', fitted on every recorded step
+    fitted_slowdown: dict[str, float] | None = None
+    # with run and steps="auto": how many rounds were recorded and why it stopped
+    auto_steps: str | None = None
+    # with run: CostAware built again with W at its fitted factor (same order as recorded? its prediction)
+    rebuilt_cost_aware: dict[str, Any] | None = None
 
     def by_name(self, name: str) -> PlannedSchedule:
         for item in self.schedules:
@@ -185,20 +203,53 @@ class SchedulePlan:
             None,
         )
 
-    def rounds_won(self, item: PlannedSchedule) -> tuple[int, int]:
-        """``(won, rounds)``: in how many of the recorded rounds ``item``'s step was shorter than 1F1B's."""
-        pairs = list(zip(item.measured_steps, self.baseline.measured_steps, strict=False))
-        return sum(step < base for step, base in pairs), len(pairs)
+    def rounds_won(self, item: PlannedSchedule, against: PlannedSchedule | None = None) -> tuple[int, int]:
+        """``(won, rounds)``: in how many of the recorded rounds ``item``'s step was shorter than that of
+        ``against`` (default 1F1B)."""
+        other = against if against is not None else self.baseline
+        return paired_rounds.rounds_won(item.measured_steps, other.measured_steps)
 
-    def round_ratio(self, item: PlannedSchedule) -> float | None:
-        """The median over the recorded rounds of ``item``'s step over 1F1B's step in the same round (the
-        paired figure: a change of load touches both steps of a round); None without recorded rounds."""
-        ratios = [
-            step / base
-            for step, base in zip(item.measured_steps, self.baseline.measured_steps, strict=False)
-            if base > 0
+    def round_ratio(self, item: PlannedSchedule, against: PlannedSchedule | None = None) -> float | None:
+        """The median over the recorded rounds of ``item``'s step over the step of ``against`` (default
+        1F1B) in the same round (the paired figure: a change of load touches both steps of a round); None
+        without recorded rounds."""
+        other = against if against is not None else self.baseline
+        return paired_rounds.median_round_ratio(item.measured_steps, other.measured_steps)
+
+    @property
+    def noise_floor(self) -> float | None:
+        """The run's noise floor: how far apart the two copies of 1F1B recorded in the same rounds (the A/A
+        control) measured in the median round (:func:`~graphkit.measure.paired_rounds.noise_floor`: 0.012
+        for 1.2%); no difference this small is called. None without a control."""
+        if not self.control_steps or not self.baseline.measured_steps:
+            return None
+        return paired_rounds.noise_floor(self.control_steps, self.baseline.measured_steps)
+
+    def beyond_noise(self, ratio: float | None) -> bool:
+        """Whether a median round ratio is below 1 by more than the noise floor (any amount without one)."""
+        return ratio is not None and ratio < 1.0 - (self.noise_floor or 0.0)
+
+    def placement_baseline(self, item: PlannedSchedule) -> PlannedSchedule | None:
+        """The recorded non-splitting schedule of ``item``'s placement (as many stages per rank) that
+        measured fastest against 1F1B in the median round: what ``item``'s splitting is measured against
+        (1F1B or GPipe for one stage per rank; Interleaved1F1B or LoopedBFS for two, the V schedules
+        included); None if none was recorded."""
+        peers = [
+            other
+            for other in self.schedules
+            if other.measured_steps
+            and other.fits_memory
+            and other.stages_per_rank == item.stages_per_rank
+            and not other.splits_backward
         ]
-        return statistics.median(ratios) if ratios else None
+        return min(peers, key=lambda other: self.round_ratio(other) or math.inf, default=None)
+
+    def rounds_to_decide(self, item: PlannedSchedule) -> int | None:
+        """About how many rounds a sign test at :attr:`significance` would need to tell ``item`` from 1F1B at
+        the win fraction measured (:func:`~graphkit.measure.timing.rounds_to_decide`); None if it won half
+        the rounds or fewer, or more than 5,000 would be needed."""
+        won, rounds = self.rounds_won(item)
+        return rounds_to_decide(won / rounds, self.significance) if rounds else None
 
     def won_beyond_chance(self, item: PlannedSchedule) -> bool:
         """Whether ``item``'s step was shorter than 1F1B's in more of the recorded rounds than chance would
@@ -221,8 +272,9 @@ class SchedulePlan:
         """What to run. Without recorded steps, the best predicted schedule where it is predicted at least 1%
         below 1F1B (:data:`PREDICTED_MARGIN`), else 1F1B. With them, the measured:
         the schedule with the shortest median step among those that beat 1F1B's median and its step in
-        more recorded rounds than chance would (:meth:`won_beyond_chance`), whose median step is below 1F1B's
-        too; 1F1B when none does (keep 1F1B)."""
+        more recorded rounds than chance would (:meth:`won_beyond_chance`), by more than the noise floor in
+        the median round (:attr:`noise_floor`), whose median step is below 1F1B's too; 1F1B when none does
+        (keep 1F1B)."""
         base = self.baseline
         if base.measured_seconds is None:
             best = self.best
@@ -235,7 +287,7 @@ class SchedulePlan:
             if item is not base
             and item.measured_seconds is not None
             and item.fits_memory
-            and (self.round_ratio(item) or math.inf) < 1
+            and self.beyond_noise(self.round_ratio(item))
             and item.measured_seconds < (base.measured_seconds or 0)
             and self.won_beyond_chance(item)
         ]
@@ -297,39 +349,16 @@ class SchedulePlan:
             rows.append(row)
         return rows
 
-    def to_record(self, top: int) -> list[PlannedSchedule]:
-        """What ``--run`` records, each with the reason it was chosen: the ``top`` best predicted schedules within
-        the memory limit, the best zero-bubble one if they leave it out, and 1F1B (the baseline of every ratio),
-        last."""
-        simulated = [
-            item
-            for item in self.schedules
-            if item.simulation is not None and item.fits_memory and item.same_order_as is None
-        ]
-        others = [item for item in simulated if item is not self.baseline]
-        base = self.baseline.predicted_seconds
-
-        def ranked(item: PlannedSchedule) -> str:
-            return f"predicted {item.predicted_seconds / base:.2f}x" if base else "predicted"
-
-        chosen = []
-        for item in others[:top]:
-            item.recorded_because = ranked(item) + (
-                ", the best zero-bubble predicted" if item is self.best_zero_bubble else ""
-            )
-            chosen.append(item)
-        zero_bubble = self.best_zero_bubble
-        if zero_bubble is not None and zero_bubble not in chosen and zero_bubble is not self.baseline:
-            zero_bubble.recorded_because = f"{ranked(zero_bubble)}, the best zero-bubble predicted"
-            chosen.append(zero_bubble)
-        self.baseline.recorded_because = "the baseline"
-        chosen.append(self.baseline)
-        return chosen
-
     def zero_bubble_verdict(self) -> str:
         """One line: does zero bubble pay on these stages, and why - each stage's I + W against its full
         backward B (from the measured costs, one stage per rank), the bubble 1F1B leaves (predicted), and
-        the best zero-bubble schedule against 1F1B (measured where recorded, else predicted)."""
+        the best zero-bubble schedule against 1F1B (measured where recorded, else predicted).
+
+        Measured, the gain over 1F1B is told apart: what the schedule's placement gains over 1F1B (the best
+        non-splitting schedule recorded with as many stages per rank, :meth:`placement_baseline`) and what
+        splitting gains over that placement, both in the same rounds. Zero bubble "pays" only when splitting
+        beats its own placement in more rounds than chance would give it (sign test below
+        :attr:`significance`) and by more than the noise floor in the median round."""
         costs = self.measured_costs or self.costs
         stages = ", ".join(
             f"stage {index} I + W {(cost.backward_input + cost.backward_weight) * 1e3:.3g} ms = "
@@ -357,21 +386,72 @@ class SchedulePlan:
         )
         if best is None:
             return f"zero bubble: no zero-bubble schedule fits here; {head}"
-        won, rounds = self.rounds_won(best)
-        measured_ratio = self.round_ratio(best) if best.measured_steps else None
-        if measured_ratio is not None:
-            ratio = measured_ratio
-            pays = ratio < 1 and self.won_beyond_chance(best)
-            evidence = (
-                f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of {rounds} "
-                f"rounds (p = {sign_test_p_value(won, rounds):.2g})"
-            )
+        floor = self.noise_floor
+        reason = ""
+        if best.measured_steps:
+            ratio = self.round_ratio(best) or math.inf
+            won, rounds = self.rounds_won(best)
+            placement = self.placement_baseline(best)
+            if placement is None:  # nothing of its placement recorded: only 1F1B to compare with
+                pays = self.beyond_noise(ratio) and self.won_beyond_chance(best)
+                evidence = (
+                    f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of {rounds} "
+                    f"rounds (p = {sign_test_p_value(won, rounds):.2g}); no non-splitting schedule of its "
+                    "placement was recorded, so part of that may be the placement's"
+                )
+            else:
+                split_ratio = self.round_ratio(best, placement) or math.inf
+                split_won, split_rounds = self.rounds_won(best, placement)
+                split_p = sign_test_p_value(split_won, split_rounds)
+                placement_ratio = self.round_ratio(placement) or math.inf
+                pays = self.beyond_noise(split_ratio) and split_p < self.significance
+                head_to_head = (
+                    f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
+                    f"round, faster in {split_won} of {split_rounds}, p = {split_p:.2g}"
+                )
+                if placement is base:
+                    evidence = (
+                        f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of "
+                        f"{rounds} rounds (p = {sign_test_p_value(won, rounds):.2g}); it has 1F1B's placement "
+                        f"({_placement(best)}), so that is what splitting gains"
+                    )
+                else:
+                    placement_won, _ = self.rounds_won(placement)
+                    evidence = (
+                        f"{best.name} measured {ratio:.2f}x 1F1B in the median round; its placement "
+                        f"({_placement(best)}) gains {_gain(placement_ratio)} over 1F1B ({placement.name}, "
+                        f"which splits nothing: {placement_ratio:.2f}x 1F1B in the median round, faster in "
+                        f"{placement_won} of {rounds}, p = {sign_test_p_value(placement_won, rounds):.2g}), "
+                        f"splitting gains {_gain(split_ratio)} over its placement ({head_to_head})"
+                    )
+                placement_wins = (
+                    placement is not base
+                    and self.beyond_noise(placement_ratio)
+                    and self.won_beyond_chance(placement)
+                )
+                if not pays and placement_wins:
+                    reason = (
+                        f"what it gains over 1F1B is its placement's, not splitting's: {placement.name} "
+                        "gains it without splitting"
+                    )
+                elif (
+                    not pays and split_ratio < 1 and floor is not None and not self.beyond_noise(split_ratio)
+                ):
+                    reason = (
+                        f"splitting's {_gain(split_ratio)} over its placement is within the run's noise floor "
+                        f"({floor:.1%}, 1F1B against itself)"
+                    )
+                elif not pays and split_ratio < 1:
+                    reason = (
+                        f"splitting's {_gain(split_ratio)} over its placement could be chance "
+                        f"(p = {split_p:.2g}, not below {self.significance:.2g})"
+                    )
         else:
             ratio = best.predicted_seconds / base.predicted_seconds
             pays = ratio < PREDICTED_MARGIN  # a prediction within 1% of 1F1B is no reason to split
             evidence = f"{best.name} predicted {ratio:.2f}x 1F1B"
         verdict = "pays" if pays else "does not pay"
-        reason = (
+        reason = reason or (
             "the bubble it fills is worth more than the extra work of splitting"
             if pays
             else "the extra work of splitting costs more than the bubble it fills"
@@ -411,6 +491,15 @@ class SchedulePlan:
             "recommended": self.recommended.run_name,
             "zero_bubble": self.zero_bubble_verdict(),
             "free_split_vs_1f1b": self.free_split_vs_1f1b,
+            "noise_floor": self.noise_floor,
+            "control_steps": list(self.control_steps),
+            "prediction_error": self.prediction_error,
+            "record_budget_s": self.record_budget_s,
+            "left_out": [{"schedule": name, "why": why} for name, why in self.left_out],
+            "selection_error": self.selection_error,
+            "weight_slowdown": self.weight_slowdown,
+            "fitted_slowdown": self.fitted_slowdown,
+            "rebuilt_cost_aware": self.rebuilt_cost_aware,
             "load_warning": self.load_warning,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
@@ -709,6 +798,7 @@ def _verdict(plan: SchedulePlan) -> str:
                     f"(p = {sign_test_p_value(won, rounds):.2g}), {_ratio(plan.round_ratio(contender))} in the "
                     "median round"
                 )
+                text += _power_note(plan, contender)
         else:
             if is_generated(recommended.name) and recommended.csv is None:
                 how = "plan with -o DIR to write the order built from these costs, then run csv:DIR/best.csv"
@@ -724,6 +814,7 @@ def _verdict(plan: SchedulePlan) -> str:
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
             f"{item.name} ({item.recorded_because})" for item in chosen
         )
+        text += _recording_notes(plan)
     text += "\n" + plan.zero_bubble_verdict()
     measured = plan.measured_overhead
     if measured and measured.get("between") is not None:
@@ -745,6 +836,88 @@ def _verdict(plan: SchedulePlan) -> str:
             text += " - busier than the cores: rankings within the error warned of before measuring are not to be trusted"
     elif plan.load_warning:
         text += f"\nwarning: {plan.load_warning}"
+    return text
+
+
+def _power_note(plan: SchedulePlan, contender: PlannedSchedule) -> str:
+    """Where 1F1B is kept but ``contender`` measured faster in most rounds: how many rounds a sign test
+    would need, at the win fraction measured, to decide; empty otherwise."""
+    won, rounds = plan.rounds_won(contender)
+    if not rounds or 2 * won <= rounds:
+        return ""
+    needed = plan.rounds_to_decide(contender)
+    if needed is None:
+        return (
+            f"; at its win fraction ({won} of {rounds}, {won / rounds:.0%}) more than 5,000 rounds would be "
+            "needed to decide: too close to tell on this machine"
+        )
+    return (
+        f"; at its win fraction ({won} of {rounds}, {won / rounds:.0%}) a sign test at p < "
+        f"{plan.significance:.2g} would need about {needed} rounds to decide (--steps {needed})"
+    )
+
+
+def _recording_notes(plan: SchedulePlan) -> str:
+    """With ``run``: what was left out and why, the noise floor from the A/A control, how far the prediction
+    that chose the recorded schedules was off, and W's own factor; one line each, each starting a line."""
+    text = ""
+    if plan.prediction_error is not None:
+        budget = (
+            f", within a budget of {plan.record_budget_s:.0f} s of recording (--record-budget)"
+            if plan.record_budget_s is not None
+            else ""
+        )
+        text += (
+            f"\nrecorded every schedule predicted within {plan.prediction_error:.0%} of the best predicted "
+            f"(--prediction-error){budget}"
+        )
+        if plan.left_out:
+            text += "; left out: " + "; ".join(f"{name} ({why})" for name, why in plan.left_out)
+    if plan.auto_steps is not None:
+        text += f"\n--steps auto recorded {plan.auto_steps}"
+    floor = plan.noise_floor
+    if floor is not None:
+        copy = PlannedSchedule("1F1B", 1, None, measured_steps=plan.control_steps)
+        won, rounds = plan.rounds_won(copy)
+        text += (
+            f"\nnoise floor: 1F1B recorded twice in the same rounds (A/A) measured "
+            f"{plan.round_ratio(copy):.3f}x itself in the median round (the copy faster in {won} of {rounds}): "
+            f"no difference within {floor:.1%} is called"
+        )
+    error = plan.selection_error
+    if error is not None and plan.prediction_error is not None:
+        worst = error["worst"]
+        text += (
+            f"\nthe prediction that chose them was off by a median {error['median']:.1%} and at worst "
+            f"{worst:.1%} ({error['schedule']}) against the measured ratios to 1F1B: "
+            + (
+                f"within the {plan.prediction_error:.0%} band recorded"
+                if worst <= plan.prediction_error
+                else f"beyond the {plan.prediction_error:.0%} band recorded, so a schedule left out may be faster: "
+                f"plan again with --prediction-error {math.ceil(worst * 100) / 100:.2f}"
+            )
+        )
+    fitted = plan.fitted_slowdown
+    if fitted is not None and fitted.get("other"):
+        suggested = round(fitted["weight"] / fitted["other"], 2)  # W's factor over the other passes'
+        text += (
+            f"\nW in the pipeline: the recorded W ran {fitted['weight']:.2f}x its standalone cost, the other "
+            f"passes {fitted['other']:.2f}x theirs (calibrated predictions give W its own factor)"
+        )
+        if abs(suggested - plan.weight_slowdown) > 0.05 * plan.weight_slowdown:
+            text += (
+                f"; CostAware was built with W at {plan.weight_slowdown:.2f}x the other passes: plan with "
+                f"--weight-slowdown {suggested:.2f} to build it with the W it will meet"
+            )
+            rebuilt = plan.rebuilt_cost_aware
+            if rebuilt is not None:
+                text += (
+                    " (it keeps the order recorded)"
+                    if rebuilt["same_order"]
+                    else f" (built so now it comes out another order, predicted "
+                    f"{rebuilt['predicted_vs_1f1b']:.2f}x 1F1B against {rebuilt['recorded_predicted_vs_1f1b']:.2f}x "
+                    "for the order recorded)"
+                )
     return text
 
 
@@ -800,6 +973,17 @@ def what_if_table(rows: list[dict[str, Any]]) -> str:
             f"{row['bubble_fraction']:>6.1%}  {row['peak_memory_bytes_rank0'] / 2**20:>10.1f}"
         )
     return "\n".join(lines)
+
+
+def _gain(ratio: float) -> str:
+    """A median round ratio as a gain: 0.95 is "5.0%", 1.02 "-2.0% (slower)"."""
+    if not math.isfinite(ratio):
+        return "nothing measured"
+    return f"{1 - ratio:.1%}" + (" (slower)" if ratio > 1 else "")
+
+
+def _placement(item: PlannedSchedule) -> str:
+    return {1: "one stage per rank", 2: "two stages per rank"}.get(item.stages_per_rank, "")
 
 
 def _ratio(value: float | None) -> str:

@@ -63,21 +63,34 @@ class RuntimeCalibration:
     Attributes:
         overhead: seconds the runtime spends on a rank after each action (the simulator's ``overhead``).
         comm: the message model, rendezvous, with the fitted latency.
-        slowdown: recorded action seconds over ``graphkit costs`` seconds (summed over the actions): what
-            running beside the other ranks (sharing cores, caches and memory bandwidth) does to each pass.
+        slowdown: recorded action seconds over ``graphkit costs`` seconds (summed over the actions but the
+            W actions where there are any): what running beside the other ranks (sharing cores, caches and
+            memory bandwidth) does to each pass.
         step_overhead: seconds of the step outside its first action's start and its last action's end
             (splitting the batch into microbatches, the last messages' waits), added to every prediction.
+        weight_slowdown: the same ratio over the W actions alone (a W run late in a step, after other
+            passes reused its memory, measured 1.3 to 1.4x its standalone cost on ``mlp_wide``); None when
+            the steps recorded no W (then W takes ``slowdown``). The first stage's W, a full backward (its
+            I is nothing), counts with the other passes.
     """
 
     overhead: float
     comm: CommModel
     slowdown: float
     step_overhead: float = 0.0
+    weight_slowdown: float | None = None
+
+    @property
+    def weight_factor(self) -> float:
+        """The factor W's seconds are multiplied by: ``weight_slowdown``, else ``slowdown``."""
+        return self.slowdown if self.weight_slowdown is None else self.weight_slowdown
 
     def describe(self) -> str:
         return (
             f"{self.overhead * 1e6:.0f} us per action, +{self.comm.send_seconds * 1e6:.0f} us per send, "
-            f"messages {self.comm.latency * 1e6:.0f} us when received, passes x{self.slowdown:.2f}, "
+            f"messages {self.comm.latency * 1e6:.0f} us when received, passes x{self.slowdown:.2f}"
+            + (f", W x{self.weight_slowdown:.2f}" if self.weight_slowdown is not None else "")
+            + ", "
             f"{self.step_overhead * 1e3:.2f} ms per step outside the actions"
         )
 
@@ -92,7 +105,8 @@ def calibrate_runtime(
     ``timelines``: one recorded step or several; ``costs``: per stage as run (:func:`first_stage_as_run`),
     or ``{num_stages: costs}`` for steps of several stage counts. ``slowdown`` is the steps' recorded
     compute seconds over the seconds ``costs`` give the same actions (a ratio of sums, as a step is a sum;
-    a faster run gives a factor below 1); overhead and latency come from :func:`measure_runtime`;
+    a faster run gives a factor below 1), over every action but the W actions, which get their own
+    ``weight_slowdown`` (None where no W was recorded); overhead and latency come from :func:`measure_runtime`;
     ``step_overhead`` is the mean over the steps of what each spends outside its actions.
 
     Raises:
@@ -101,6 +115,7 @@ def calibrate_runtime(
     steps = list(timelines) if isinstance(timelines, list | tuple) else [timelines]
     by_count = costs if isinstance(costs, dict) else {len(costs): costs}
     recorded_seconds = modelled_seconds = 0.0
+    weight_recorded = weight_modelled = 0.0
     outside: list[float] = []
     for timeline in steps:
         per_stage = by_count.get(timeline.num_stages)
@@ -113,14 +128,26 @@ def calibrate_runtime(
             raise ValueError(f"the recorded {timeline.schedule} has no compute actions")
         for item in actions:
             modelled = per_stage[item.stage].seconds(item.kind)
-            if modelled > NOTHING_SECONDS:
+            if modelled <= NOTHING_SECONDS:
+                continue
+            if item.kind == "W" and per_stage[item.stage].backward_input > NOTHING_SECONDS:
+                weight_recorded += item.end - item.start
+                weight_modelled += modelled
+            else:
                 recorded_seconds += item.end - item.start
                 modelled_seconds += modelled
         span = max(item.end for item in actions) - min(item.start for item in actions)
         outside.append(max(timeline.step_seconds - span, 0.0))
     overhead, measured = measure_runtime(steps, comm)
-    slowdown = recorded_seconds / modelled_seconds if modelled_seconds > 0 else 1.0
-    return RuntimeCalibration(overhead, measured, slowdown, sum(outside) / len(outside))
+    weight_slowdown = weight_recorded / weight_modelled if weight_modelled > 0 else None
+    slowdown = (
+        recorded_seconds / modelled_seconds
+        if modelled_seconds > 0
+        else weight_slowdown
+        if weight_slowdown is not None
+        else 1.0
+    )
+    return RuntimeCalibration(overhead, measured, slowdown, sum(outside) / len(outside), weight_slowdown)
 
 
 def measure_runtime(

@@ -303,19 +303,29 @@ def mean_cost(costs: Sequence[StageCost]) -> StageCost:
     )
 
 
-def slowed(costs: Sequence[StageCost], factor: float) -> list[StageCost]:
-    """``costs`` with every pass's seconds multiplied by ``factor`` (bytes unchanged)."""
-    return [
-        replace(
-            cost,
-            forward=cost.forward * factor,
-            backward_input=cost.backward_input * factor,
-            backward_weight=cost.backward_weight * factor,
-            full_backward=None if cost.full_backward is None else cost.full_backward * factor,
-            recompute=cost.recompute * factor,
+def slowed(costs: Sequence[StageCost], factor: float, weight_factor: float | None = None) -> list[StageCost]:
+    """``costs`` with every pass's seconds multiplied by ``factor`` (bytes unchanged), W's by
+    ``weight_factor`` where given: what W costs late in a pipeline step. A full backward keeps ``factor``
+    (a stage without its own full backward gets ``factor x (I + W)`` as one), and so does the W of a stage
+    whose I is nothing (the first stage as run, :func:`first_stage_as_run`: its W is a full backward)."""
+    result = []
+    for cost in costs:
+        full = None if cost.full_backward is None else cost.full_backward * factor
+        weight = factor
+        if weight_factor is not None and weight_factor != factor:
+            full = cost.seconds("B") * factor
+            weight = factor if cost.backward_input <= NOTHING_SECONDS else weight_factor
+        result.append(
+            replace(
+                cost,
+                forward=cost.forward * factor,
+                backward_input=cost.backward_input * factor,
+                backward_weight=cost.backward_weight * weight,
+                full_backward=full,
+                recompute=cost.recompute * factor,
+            )
         )
-        for cost in costs
-    ]
+    return result
 
 
 def free_split(costs: Sequence[StageCost]) -> list[StageCost]:

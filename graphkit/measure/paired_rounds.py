@@ -1,0 +1,121 @@
+"""Steps measured in rounds: the order a round visits its candidates in, and what two candidates' rounds say.
+
+A *round* runs one step of every candidate (schedule, variant) under the same load; the same round of two
+candidates is a *pair*. Pairs cancel what the machine does between rounds (another process waking up, the
+frequency changing), but not what a candidate's *position* in the round does to it (the first step after a
+barrier, the step after a given candidate's allocations): :func:`rotated_order` gives each candidate every
+position equally often.
+
+- :func:`rotated_order`: the visiting order of a round;
+- :func:`round_ratios`, :func:`median_round_ratio`, :func:`rounds_won`: one candidate against another,
+  round by round (the median ratio is the paired effect, the wins feed a sign test,
+  :func:`~graphkit.measure.timing.sign_test_p_value`);
+- :func:`noise_floor`: the spread between two copies of the same candidate (an A/A control) recorded in
+  the same rounds, below which no difference is called;
+- :func:`compare_rounds`: every candidate against the first, with the noise floor where a name comes twice
+  (what ``graphkit compare-schedules`` prints under its table).
+
+Steps are seconds (any unit, the same for both sides); ratios are the first side's step over the second's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from graphkit.measure.timing import sign_test_p_value
+
+__all__ = [
+    "compare_rounds",
+    "median_round_ratio",
+    "noise_floor",
+    "rotated_order",
+    "round_ratios",
+    "rounds_won",
+]
+
+
+def rotated_order(round_index: int, count: int) -> list[int]:
+    """The order in which round ``round_index`` (from 0) visits ``count`` candidates: ``0, 1, ..., count - 1``
+    rotated left by ``round_index``. Over any ``count`` consecutive rounds each candidate takes every position
+    once (over ``k * count`` rounds, each position ``k`` times), so what a position does to a step touches
+    every candidate alike. With a fixed order, 1F1B in third place measured 1.06 to 1.09x its identical
+    copy in first place, twice, on a loaded 2-core machine.
+
+    Raises:
+        ValueError: ``round_index`` or ``count`` below 0.
+    """
+    if round_index < 0 or count < 0:
+        raise ValueError(f"round_index and count must be at least 0, got {round_index} and {count}")
+    if count == 0:
+        return []
+    start = round_index % count
+    return [(start + offset) % count for offset in range(count)]
+
+
+def round_ratios(steps: Sequence[float], baseline: Sequence[float]) -> list[float]:
+    """``steps[i] / baseline[i]`` for every round both recorded (the shorter list sets the rounds), leaving
+    out rounds whose baseline step is not above 0."""
+    return [step / base for step, base in zip(steps, baseline, strict=False) if base > 0]
+
+
+def median_round_ratio(steps: Sequence[float], baseline: Sequence[float]) -> float | None:
+    """The median of :func:`round_ratios` (the paired effect: 0.95 is 5% faster in the median round);
+    None without a round."""
+    ratios = round_ratios(steps, baseline)
+    return statistics.median(ratios) if ratios else None
+
+
+def rounds_won(steps: Sequence[float], baseline: Sequence[float]) -> tuple[int, int]:
+    """``(won, rounds)``: in how many rounds ``steps`` was shorter than ``baseline`` (ties count as lost),
+    out of the rounds both recorded."""
+    pairs = list(zip(steps, baseline, strict=False))
+    return sum(step < base for step, base in pairs), len(pairs)
+
+
+def noise_floor(copy: Sequence[float], original: Sequence[float]) -> float | None:
+    """The spread between two copies of the same candidate recorded in the same rounds (an A/A control):
+    ``|median_round_ratio(copy, original) - 1|``, e.g. 0.012 for copies 1.2% apart in the median round.
+
+    Two identical candidates differ only by noise and their positions in the rounds, so a difference
+    between two others no larger than this is not told from noise by this run. None without a round.
+    """
+    ratio = median_round_ratio(copy, original)
+    return None if ratio is None else abs(ratio - 1.0)
+
+
+def compare_rounds(named_steps: Sequence[tuple[str, Sequence[float]]]) -> dict[str, object]:
+    """Every candidate's rounds against the first's, and the noise floor where a name comes twice.
+
+    ``named_steps``: ``(name, steps)`` per candidate, steps round by round, all recorded in the same rounds;
+    the first is the baseline. Returns ``{"baseline": name, "rows": [...], "noise_floor": float | None,
+    "control": name | None}``: a row per candidate after the first, ``{"name", "median_round_ratio",
+    "won", "rounds", "p", "within_noise"}`` (``p``: the one-sided sign test of its wins,
+    :func:`~graphkit.measure.timing.sign_test_p_value`; ``within_noise``: its median round ratio is within
+    the noise floor of 1); the noise floor is :func:`noise_floor` between the first two copies of the
+    first name that comes twice (an A/A control), None where none does.
+    """
+    if not named_steps:
+        return {"baseline": None, "rows": [], "noise_floor": None, "control": None}
+    floor, control = None, None
+    seen: dict[str, Sequence[float]] = {}
+    for name, steps in named_steps:
+        if name in seen and control is None:
+            floor, control = noise_floor(steps, seen[name]), name
+        seen.setdefault(name, steps)
+    base_name, base = named_steps[0]
+    rows = []
+    for name, steps in named_steps[1:]:
+        ratio = median_round_ratio(steps, base)
+        won, rounds = rounds_won(steps, base)
+        rows.append(
+            {
+                "name": name,
+                "median_round_ratio": ratio,
+                "won": won,
+                "rounds": rounds,
+                "p": sign_test_p_value(won, rounds),
+                "within_noise": floor is not None and ratio is not None and abs(ratio - 1.0) <= floor,
+            }
+        )
+    return {"baseline": base_name, "rows": rows, "noise_floor": floor, "control": control}

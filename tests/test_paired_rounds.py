@@ -1,0 +1,110 @@
+"""Steps measured in rounds: every candidate takes every position of a round equally often, the A/A noise
+floor, the paired comparison compare-schedules prints, and how many rounds a sign test needs - each
+against values computed by hand (binomial tails written out as fractions)."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from graphkit.measure.paired_rounds import (
+    compare_rounds,
+    median_round_ratio,
+    noise_floor,
+    rotated_order,
+    rounds_won,
+)
+from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
+
+
+def test_each_candidate_takes_every_position_of_a_round_equally_often():
+    assert rotated_order(0, 3) == [0, 1, 2]
+    assert rotated_order(1, 3) == [1, 2, 0]
+    assert rotated_order(2, 3) == [2, 0, 1]
+    assert rotated_order(3, 3) == [0, 1, 2]
+    assert rotated_order(5, 0) == [] and rotated_order(4, 1) == [0]
+    # over 4 x 5 rounds each of 5 candidates sits in each position 4 times
+    positions = Counter(
+        (candidate, place) for index in range(20) for place, candidate in enumerate(rotated_order(index, 5))
+    )
+    assert set(positions.values()) == {4} and len(positions) == 25
+    with pytest.raises(ValueError, match="at least 0"):
+        rotated_order(-1, 3)
+
+
+def test_the_recorder_visits_the_schedules_of_each_round_in_the_rotated_order(monkeypatch):
+    # _record_rank's loop, with the schedule steps replaced by a log of what ran in which round
+    from graphkit.pipelining import recording
+
+    visited: list[str] = []
+    monkeypatch.setattr(recording, "memory_probe", lambda device: (None, ""))
+    monkeypatch.setattr(
+        recording,
+        "_prepare_schedule",
+        lambda pipeline, name, *args: (SimpleNamespace(), [SimpleNamespace(name=name, num_stages=1)], []),
+    )
+
+    def record_step(prepared, batch, rank, device, probe):
+        visited.append(prepared[1][0].name)
+        return SimpleNamespace(step_seconds=float(len(visited)), step_times=[])
+
+    monkeypatch.setattr(recording, "_record_step", record_step)
+    monkeypatch.setattr(recording.dist, "all_reduce", lambda tensor, op=None: None)
+    monkeypatch.setattr(recording.dist, "barrier", lambda: None)
+    monkeypatch.setattr(recording, "schedule_name", lambda name: str(name))
+    pipeline = SimpleNamespace(
+        microbatches=lambda count: None, inputs=(), schedule_target=lambda: recording.torch.zeros(1)
+    )
+    import torch
+
+    recording._record_rank(pipeline, ["A", "B", "C"], 4, 0, 1, torch.device("cpu"), None, steps=3)
+    assert visited == ["A", "B", "C", "B", "C", "A", "C", "A", "B"]
+
+
+def test_the_noise_floor_is_the_median_round_spread_between_two_copies():
+    original = [10.0, 10.0, 10.0, 20.0, 20.0]
+    copy = [10.1, 9.9, 10.2, 20.0, 20.6]  # 1.01, 0.99, 1.02, 1.00, 1.03: median 1.01
+    assert median_round_ratio(copy, original) == pytest.approx(1.01)
+    assert noise_floor(copy, original) == pytest.approx(0.01)
+    assert noise_floor([9.7] * 3, [10.0] * 3) == pytest.approx(0.03)  # faster copies count as well
+    assert noise_floor([], []) is None
+    assert rounds_won(copy, original) == (1, 5)  # ties lose
+
+
+def test_compare_rounds_pairs_every_schedule_with_the_first_and_reads_the_noise_floor_off_a_repeat():
+    summary = compare_rounds(
+        [
+            ("1F1B", [10.0] * 6),
+            ("ZBVZeroBubble", [9.0] * 5 + [11.0]),
+            ("Interleaved1F1B", [9.9] * 6),
+            ("1F1B", [10.2] * 6),
+        ]
+    )
+    assert summary["baseline"] == "1F1B" and summary["control"] == "1F1B"
+    assert summary["noise_floor"] == pytest.approx(0.02)
+    zbv, interleaved, copy = summary["rows"]
+    assert zbv["median_round_ratio"] == pytest.approx(0.9) and (zbv["won"], zbv["rounds"]) == (5, 6)
+    assert zbv["p"] == pytest.approx(7 / 64) and not zbv["within_noise"]
+    # 0.99x is within the 2% the two copies of 1F1B measured apart
+    assert interleaved["median_round_ratio"] == pytest.approx(0.99) and interleaved["within_noise"]
+    assert copy["within_noise"]
+    assert compare_rounds([("1F1B", [1.0]), ("GPipe", [1.0])])["noise_floor"] is None
+
+
+def test_rounds_to_decide_at_a_win_fraction_against_the_binomial_tails():
+    # 0.9 at 0.05: 7 of 8 score 9/256 = 0.035, 6 of 7 score 8/128 = 0.0625
+    assert sign_test_p_value(7, 8) == pytest.approx(9 / 256) and sign_test_p_value(6, 7) == pytest.approx(
+        1 / 16
+    )
+    assert rounds_to_decide(0.9, 0.05) == 8
+    # 0.6 at 0.05: 48 of 80 is the first expected count below 0.05 (47 of 79 is not)
+    assert rounds_to_decide(0.6, 0.05) == 80
+    assert sign_test_p_value(48, 80) < 0.05 <= sign_test_p_value(47, 79)
+    assert all(sign_test_p_value(math.floor(0.6 * n + 1e-9), n) >= 0.05 for n in range(1, 80))
+    assert rounds_to_decide(0.5, 0.05) is None and rounds_to_decide(0.3, 0.05) is None
+    assert rounds_to_decide(0.51, 0.05, most=200) is None  # more than `most` rounds
+    with pytest.raises(ValueError, match="win_fraction"):
+        rounds_to_decide(1.5, 0.05)

@@ -1,0 +1,336 @@
+"""What `graphkit plan --run` records and what it concludes: every schedule the prediction cannot tell from
+the best (within a budget, each left out named with its reason), each splitting schedule's own placement
+beside it, 1F1B twice as an A/A control, splitting credited only with what it gains over its placement,
+no difference called within the noise floor, and the rounds a sign test would need - each against
+hand-made predictions and recorded rounds."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
+from graphkit.pipelining import planner
+from graphkit.pipelining.planner import plan_schedules
+from graphkit.pipelining.planning import CommModel, StageCost, simulate
+from graphkit.pipelining.record_selection import best_non_splitting, choose_recorded
+from graphkit.pipelining.schedule_plan import PlannedSchedule
+from graphkit.pipelining.schedules import schedule_name, schedule_order, stage_count
+
+MS = 1e-3
+
+
+def planned(name: str, milliseconds: float) -> PlannedSchedule:
+    """A schedule as the planner would hold it, with its real order and a made-up predicted step."""
+    order = schedule_order(name, 2, 4)
+    per_rank = stage_count(name, 2) // 2
+    return PlannedSchedule(name, per_rank, SimpleNamespace(step_seconds=milliseconds * MS), order=order)
+
+
+def predictions(**milliseconds: float) -> list[PlannedSchedule]:
+    items = [planned(name.replace("_", ""), value) for name, value in milliseconds.items()]
+    return sorted(items, key=lambda item: item.predicted_seconds)
+
+
+def test_every_schedule_within_the_error_is_recorded_with_its_placement_and_the_rest_is_named():
+    schedules = predictions(
+        _1F1B=100,
+        GPipe=104,
+        Interleaved1F1B=102,
+        LoopedBFS=103,
+        ZBVZeroBubble=96,
+        DualPipeV=98,
+        ZBH1=115,
+        ZBH2=97,
+    )
+    by_name = {item.name: item for item in schedules}
+    assert all(by_name[name].splits_backward for name in ("ZBVZeroBubble", "DualPipeV", "ZBH1", "ZBH2"))
+    assert best_non_splitting(schedules, 2) is by_name["Interleaved1F1B"]
+    assert best_non_splitting(schedules, 1) is by_name["1F1B"]
+    # within 5% of the best (96 ms): up to 100.8 ms - ZBV, ZBH2, DualPipeV (and 1F1B, always)
+    choice = choose_recorded(schedules, by_name["1F1B"], steps=9, prediction_error=0.05, budget_s=None)
+    names = [item.name for item in choice.chosen]
+    # Interleaved1F1B (102 ms, outside the band) is recorded as ZBV's and DualPipeV's placement
+    assert names == ["ZBVZeroBubble", "ZBH2", "DualPipeV", "Interleaved1F1B", "1F1B"]
+    why = {item.name: item.recorded_because for item in choice.chosen}
+    assert (
+        why["ZBVZeroBubble"]
+        == "predicted 0.96x, within 5% of the best predicted, the best zero-bubble predicted"
+    )
+    assert why["ZBH2"] == "predicted 0.97x, within 5% of the best predicted"
+    assert why["Interleaved1F1B"] == (
+        "predicted 1.02x, the best non-splitting schedule of two stages per rank (ZBVZeroBubble's placement)"
+    )
+    assert why["1F1B"] == "the baseline, recorded twice: the second copy is the A/A control"
+    assert dict(choice.left_out) == {
+        "LoopedBFS": "predicted 1.03x, more than 5% above the best predicted (0.96x)",
+        "GPipe": "predicted 1.04x, more than 5% above the best predicted (0.96x)",
+        "ZBH1": "predicted 1.15x, more than 5% above the best predicted (0.96x)",
+    }
+    # each recording costs (9 + 1) x its predicted step: 1F1B twice, ZBV, Interleaved1F1B = 3.98 s always;
+    # ZBH2 (0.97 s) fits a 5 s budget, DualPipeV (0.98 s more) does not
+    choice = choose_recorded(schedules, by_name["1F1B"], steps=9, prediction_error=0.05, budget_s=5.0)
+    assert [item.name for item in choice.chosen] == ["ZBVZeroBubble", "ZBH2", "Interleaved1F1B", "1F1B"]
+    assert choice.estimated_s == pytest.approx(10 * (0.096 + 0.102 + 2 * 0.100 + 0.097))
+    assert dict(choice.left_out)["DualPipeV"] == (
+        "predicted 0.98x, within the band, but recording it (about 1 s) would pass the --record-budget of 5 s"
+    )
+    # --top caps the band, not what is always recorded
+    choice = choose_recorded(schedules, by_name["1F1B"], steps=9, prediction_error=0.05, budget_s=None, top=1)
+    assert [item.name for item in choice.chosen] == ["ZBVZeroBubble", "ZBH2", "Interleaved1F1B", "1F1B"]
+    assert dict(choice.left_out)["DualPipeV"] == "predicted 0.98x, within the band but beyond --top 1"
+    with pytest.raises(ValueError, match="at least 0"):
+        choose_recorded(schedules, by_name["1F1B"], steps=9, prediction_error=-0.1)
+
+
+def four_stage_costs() -> dict:
+    """`graphkit costs --json` for four equal stages (2 ranks: the two-stage-per-rank schedules plan too)."""
+    return {
+        "stages": [
+            {
+                "forward": {"seconds": 1 * MS},
+                "backward_input": {"seconds": 0.5 * MS},
+                "backward_weight": {"seconds": 0.5 * MS},
+                "full_backward_seconds": 0.8 * MS,
+                "activation_bytes": 1 << 18,
+                "b_keeps_bytes": 1 << 16,
+                "input_grad_bytes": 0 if index == 0 else 1000,
+            }
+            for index in range(4)
+        ]
+    }
+
+
+def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[str], **options):
+    """plan --run with made-up recorded rounds (milliseconds); the second 1F1B is the A/A control, whose
+    rounds are ``rounds["control"]`` (default: 1F1B's)."""
+
+    def record(pipeline, names, microbatches, ranks, steps, **_):
+        timelines, seen = [], set()
+        for schedule in names:
+            name = schedule_name(schedule)
+            key = "control" if name in seen and "control" in rounds else name
+            seen.add(name)
+            order = schedule_order(schedule, ranks, microbatches)
+            timeline = simulate(order, StageCost(1 * MS, 1 * MS, 1 * MS), CommModel(), name=name)
+            timeline = timeline.to_schedule_timeline()
+            times = [value * MS for value in rounds[key][:steps]]
+            for rank in timeline.ranks:
+                rank.step_times = list(times)
+                rank.step_seconds = sorted(times)[(len(times) - 1) // 2]
+            timelines.append(timeline)
+        return timelines
+
+    monkeypatch.setattr(planner, "record_schedules", record)
+    monkeypatch.setattr(planner, "busy_machine_warning", lambda: "")
+    return plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=4,
+        costs=four_stage_costs(),
+        schedules=schedules,
+        run=True,
+        steps=len(rounds["1F1B"]),
+        overhead=0.0,
+        comm=CommModel(),
+        **{"prediction_error": 10.0, **options},  # default: record every one
+    )
+
+
+def test_a_gain_that_is_the_placements_is_not_credited_to_splitting(monkeypatch):
+    # the V schedule ties Interleaved1F1B, which splits nothing: both 0.94x 1F1B
+    rounds = {
+        "1F1B": [100.0] * 15,
+        "Interleaved1F1B": [94.0] * 15,
+        "DualPipeV": [94.5] * 8 + [93.5] * 7,  # against Interleaved1F1B: 7 wins of 15, median 94.5 / 94
+    }
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "Interleaved1F1B", "DualPipeV"])
+    dual = plan.by_name("DualPipeV")
+    assert plan.placement_baseline(dual) is plan.by_name("Interleaved1F1B")
+    assert plan.rounds_won(dual, plan.by_name("Interleaved1F1B")) == (7, 15)
+    line = plan.zero_bubble_verdict()
+    assert line.startswith(
+        "zero bubble does not pay here (DualPipeV measured 0.94x 1F1B in the median round;"
+    )
+    assert (
+        "its placement (two stages per rank) gains 6.0% over 1F1B (Interleaved1F1B, which splits nothing: "
+        "0.94x 1F1B in the median round, faster in 15 of 15"
+    ) in line
+    assert (
+        "splitting gains -0.5% (slower) over its placement (DualPipeV against Interleaved1F1B in the same rounds: "
+        f"1.01x in the median round, faster in 7 of 15, p = {sign_test_p_value(7, 15):.2g})"
+    ) in line
+    assert "what it gains over 1F1B is its placement's, not splitting's" in line
+    assert plan.recommended.name == "Interleaved1F1B"
+
+
+def test_splitting_pays_only_when_it_beats_its_own_placement_beyond_chance(monkeypatch):
+    rounds = {"1F1B": [100.0] * 15, "Interleaved1F1B": [95.0] * 15, "ZBVZeroBubble": [90.0] * 15}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+    line = plan.zero_bubble_verdict()
+    p = sign_test_p_value(15, 15)  # 1 / 32768, below 0.05 / 2 (two schedules tested against 1F1B)
+    assert line.startswith("zero bubble pays here (ZBVZeroBubble measured 0.90x 1F1B in the median round;")
+    assert (
+        f"splitting gains 5.3% over its placement (ZBVZeroBubble against Interleaved1F1B in the same rounds: 0.95x in the median round, faster in 15 of 15, p = {p:.2g})"
+        in line
+    )
+    assert "the bubble it fills is worth more than the extra work of splitting" in line
+    # 10 of 15 against its placement is chance at 0.025 (p = 0.15): no credit, though 0.90x 1F1B
+    rounds["ZBVZeroBubble"] = [90.0] * 10 + [96.0] * 5
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+    line = plan.zero_bubble_verdict()
+    assert line.startswith("zero bubble does not pay here")
+    assert "what it gains over 1F1B is its placement's, not splitting's" in line
+
+
+def test_no_difference_within_the_a_a_noise_floor_is_called(monkeypatch):
+    # GPipe faster than 1F1B in all 15 rounds by 2%: but the two copies of 1F1B measured 3% apart
+    rounds = {"1F1B": [100.0] * 15, "control": [103.0] * 15, "GPipe": [98.0] * 15}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"])
+    assert plan.noise_floor == pytest.approx(0.03) and plan.won_beyond_chance(plan.by_name("GPipe"))
+    assert plan.recommended is plan.baseline
+    assert (
+        "noise floor: 1F1B recorded twice in the same rounds (A/A) measured 1.030x itself in the median round "
+        "(the copy faster in 0 of 15): no difference within 3.0% is called"
+    ) in plan.table()
+    assert plan.to_dict()["noise_floor"] == pytest.approx(0.03)
+    # copies 1% apart: the 2% is called
+    rounds["control"] = [99.0] * 15
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"])
+    assert plan.noise_floor == pytest.approx(0.01) and plan.recommended.name == "GPipe"
+    # without a control nothing is recorded twice and no floor is applied
+    plan = run_recorded(
+        monkeypatch, {"1F1B": [100.0] * 15, "GPipe": [98.0] * 15}, ["1F1B", "GPipe"], control=False
+    )
+    assert plan.noise_floor is None and plan.control_steps == [] and plan.recommended.name == "GPipe"
+
+
+def test_keep_1f1b_says_how_many_rounds_the_closest_would_need(monkeypatch):
+    # GPipe faster in 9 of 15 rounds (p = 0.30): at 0.6 a sign test at 0.05 needs 80 rounds (48 wins)
+    rounds = {"1F1B": [100.0] * 15, "GPipe": [98.0] * 9 + [102.0] * 6}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"])
+    assert plan.recommended is plan.baseline and plan.rounds_to_decide(plan.by_name("GPipe")) == 80
+    assert (
+        "at its win fraction (9 of 15, 60%) a sign test at p < 0.05 would need about 80 rounds to decide "
+        "(--steps 80)"
+    ) in plan.table()
+    # losing most rounds: no estimate
+    rounds["GPipe"] = [98.0] * 6 + [102.0] * 9
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"])
+    assert "rounds to decide" not in plan.table()
+
+
+def test_the_run_says_how_far_the_prediction_that_chose_was_off(monkeypatch):
+    rounds = {"1F1B": [100.0] * 9, "GPipe": [90.0] * 9}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"], prediction_error=0.05)
+    predicted = plan.by_name("GPipe").predicted_seconds / plan.baseline.predicted_seconds
+    error = abs(predicted / 0.9 - 1)
+    assert plan.selection_error == pytest.approx({"median": error, "worst": error, "schedule": "GPipe"})
+    assert error > 0.05  # GPipe was predicted about 1F1B's step: 0.90x measured is further than 5%
+    assert f"plan again with --prediction-error {int(error * 100 + 1) / 100:.2f}" in plan.table()
+
+
+def run_auto(monkeypatch, rounds: dict[str, list[float]], **options):
+    """plan --run --steps auto over made-up rounds (milliseconds), handed out in the order they are asked
+    for; returns the plan and the rounds each recording was asked for."""
+    asked: list[int] = []
+    handed = {name: 0 for name in rounds}
+
+    def record(pipeline, names, microbatches, ranks, steps, **_):
+        asked.append(steps)
+        timelines = []
+        for schedule in names:
+            name = schedule_name(schedule)
+            order = schedule_order(schedule, ranks, microbatches)
+            timeline = simulate(order, StageCost(1 * MS, 1 * MS, 1 * MS), CommModel(), name=name)
+            timeline = timeline.to_schedule_timeline()
+            start = handed[name]  # both copies of 1F1B get the same rounds
+            times = [value * MS for value in rounds[name][start : start + steps]]
+            for rank in timeline.ranks:
+                rank.step_times = list(times)
+                rank.step_seconds = sorted(times)[(len(times) - 1) // 2]
+            timelines.append(timeline)
+        for name in {schedule_name(schedule) for schedule in names}:
+            handed[name] += steps
+        return timelines
+
+    monkeypatch.setattr(planner, "record_schedules", record)
+    monkeypatch.setattr(planner, "busy_machine_warning", lambda: "")
+    plan = plan_schedules(
+        "zoo-pipeline:mlp",
+        ranks=2,
+        microbatches=4,
+        costs=four_stage_costs(),
+        schedules=["1F1B", "GPipe"],
+        run=True,
+        steps="auto",
+        overhead=0.0,
+        comm=CommModel(),
+        prediction_error=10.0,
+        **options,
+    )
+    return plan, asked
+
+
+def test_steps_auto_records_until_the_sign_test_decides(monkeypatch):
+    # 12 of the first 15 rounds won (p = 0.018 < 0.05): decided at once
+    plan, asked = run_auto(
+        monkeypatch, {"1F1B": [100.0] * 400, "GPipe": [98.0] * 12 + [102.0] * 3 + [98.0] * 400}
+    )
+    assert asked == [15] and plan.recommended.name == "GPipe"
+    assert plan.recording["auto"] == "15 rounds: decided, GPipe beat 1F1B beyond chance"
+    assert "--steps auto recorded 15 rounds: decided, GPipe beat 1F1B beyond chance" in plan.table()
+    # 10 of 15 (p = 0.15): at 2/3 a sign test at 0.05 needs rounds_to_decide(2/3) rounds; the next recording
+    # brings them, all won, and decides
+    needed = rounds_to_decide(10 / 15, 0.05)
+    assert needed == 30  # 20 wins of 30 score 0.049; 19 of 29 score 0.068, 18 of 27 0.061
+    assert sign_test_p_value(20, 30) < 0.05 <= sign_test_p_value(18, 27)
+    plan, asked = run_auto(
+        monkeypatch, {"1F1B": [100.0] * 400, "GPipe": [98.0] * 10 + [102.0] * 5 + [98.0] * 400}
+    )
+    assert asked == [15, needed - 15] and plan.recommended.name == "GPipe"
+    assert len(plan.baseline.measured_steps) == needed and len(plan.control_steps) == needed
+    # 6 of 15: nothing to wait for
+    plan, asked = run_auto(
+        monkeypatch, {"1F1B": [100.0] * 400, "GPipe": [98.0] * 6 + [102.0] * 9 + [98.0] * 400}
+    )
+    assert asked == [15] and plan.recommended is plan.baseline
+    assert plan.recording["auto"] == "15 rounds: decided, no schedule was faster than 1F1B in most rounds"
+    with pytest.raises(ValueError, match="'auto'"):
+        plan_schedules(
+            "zoo-pipeline:mlp", ranks=2, microbatches=4, costs=four_stage_costs(), run=True, steps=0
+        )
+
+
+def test_the_command_takes_the_new_options_and_says_1f1b_was_kept_when_it_measured_fastest(
+    monkeypatch, tmp_path, capsys
+):
+    import json
+
+    from graphkit.cli import main
+
+    rounds = {"1F1B": [100.0] * 9, "GPipe": [104.0] * 9}
+    run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"])  # installs the made-up recorder
+    costs = tmp_path / "costs.json"
+    costs.write_text(json.dumps(four_stage_costs()))
+    output = tmp_path / "plan"
+    argv = ["plan", "zoo-pipeline:mlp", "--costs", str(costs), "--ranks", "2", "--microbatches", "4"]
+    argv += ["--schedules", "1F1B,GPipe", "--run", "--steps", "9", "--prediction-error", "0.5"]
+    argv += ["--record-budget", "100", "--weight-slowdown", "1.2", "-o", str(output)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # 1F1B measured fastest and is the best predicted after calibration: it was kept, not "measured faster"
+    assert f"wrote {output}/best.csv (1F1B, kept: nothing measured faster" in out
+    assert (
+        "recorded every schedule predicted within 50% of the best predicted (--prediction-error), within a "
+        in out
+    )
+    assert "noise floor: 1F1B recorded twice" in out
+    saved = json.loads((output / "plan.json").read_text())
+    assert saved["prediction_error"] == 0.5 and saved["record_budget_s"] == 100.0
+    assert saved["weight_slowdown"] == 1.2 and saved["noise_floor"] == 0.0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "zoo-pipeline:mlp", "--costs", str(costs), "--run", "--steps", "0"])
+    assert exit_info.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err
