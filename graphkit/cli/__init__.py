@@ -44,6 +44,7 @@ and what they trace.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -77,6 +78,10 @@ COMMANDS = (
 )
 """The subcommands, in the order ``graphkit --help`` lists them: each adds its parser."""
 
+MEASURING_COMMANDS = ("costs", "timeline", "compare-schedules", "verify-pipeline", "plan")
+"""The subcommands that run stages in their own process or on the ranks they start: they take
+``--allocator`` and say which allocator those run under."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``graphkit`` command (also used to document the CLI)."""
@@ -98,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="when the model raises, print the whole traceback after the one-line error",
             )
+        if name in MEASURING_COMMANDS:
+            command.add_argument(
+                "--allocator",
+                choices=["tuned", "default"],
+                help="the CPU allocator of this process and of the ranks it starts: tuned (glibc's malloc "
+                "without mmap or trimming: fresh tensors do not page-fault; the default) or default (left "
+                "as it is; also GRAPHKIT_ALLOCATOR=default)",
+            )
     return parser
 
 
@@ -106,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
     try:
+        if arguments.command in MEASURING_COMMANDS:
+            _tune_allocator(arguments)
         return arguments.run(arguments)
     except KeyboardInterrupt:  # Ctrl-C: the ranks it started are ended on the way out (run_on_processes)
         print(f"graphkit {arguments.command}: interrupted", file=sys.stderr)
@@ -118,6 +133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise  # a bug in graphkit: the whole traceback
         print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def _tune_allocator(arguments: argparse.Namespace) -> None:
+    """Tune this process's allocator as ``--allocator`` (else ``GRAPHKIT_ALLOCATOR``) says, the ranks it
+    starts with it, and print which allocator they run under: one line, on stderr under ``--json``."""
+    from graphkit.measure.allocator import ALLOCATOR_VARIABLE, tune_allocator
+
+    if arguments.allocator is not None:
+        os.environ[ALLOCATOR_VARIABLE] = arguments.allocator  # what the launcher's ranks follow
+    allocator = tune_allocator()
+    print(f"allocator: {allocator}", file=sys.stderr if getattr(arguments, "json", False) else sys.stdout)
 
 
 def _refused(error: Exception) -> bool:
