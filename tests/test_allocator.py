@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 import statistics
 import subprocess
@@ -250,7 +249,7 @@ def _stop(*_arguments, **_keywords):
     ],
 )
 @pytest.mark.parametrize("flag", [None, "tuned", "default"])
-def test_the_measuring_commands_say_which_allocator_their_ranks_run_under(
+def test_the_allocator_flag_reaches_the_ranks_and_plan_warns_under_glibcs_defaults(
     monkeypatch, capsys, command, extra, flag
 ):
     import graphkit.measure.costs as costs
@@ -277,13 +276,32 @@ def test_the_measuring_commands_say_which_allocator_their_ranks_run_under(
     flags = ["--allocator", flag] if flag else []
     assert main([command, "zoo-pipeline:mlp", *extra, *flags]) == 2
     out, err = capsys.readouterr()
-    assert STOP in err
+    assert STOP in err and out == ""  # refused: no allocator line for what did not run
     expected = flag or "default"
     assert asked[0] == expected  # the ranks follow GRAPHKIT_ALLOCATOR, which the flag sets
-    said = re.findall(r"^allocator: (.*)$", out, flags=re.MULTILINE)
-    assert said == [str(TUNED if expected == "tuned" else Allocator("glibc", fresh_pages=True))]
     warned = "warning: the processes that measure run under glibc malloc's defaults" in err
     assert warned == (command == "plan" and expected == "default")
+
+
+def test_each_measuring_command_ends_with_the_allocator_it_ran_under(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(allocator_module, "tune_allocator", lambda choice=None: TUNED)
+    costs_file = tmp_path / "costs.json"
+    line = "allocator: glibc malloc, tuned: no mmap, no trim"
+    quick = ["zoo-pipeline:mlp", "--microbatches", "2", "--batch-size", "4"]
+    commands = [
+        ["timeline", *quick, "--schedule", "1F1B", "--steps", "1", "-o", str(tmp_path / "t.json")],
+        ["compare-schedules", *quick, "--schedules", "1F1B,GPipe", "--steps", "1"],
+        ["verify-pipeline", "zoo-pipeline:mlp", "--microbatches", "2", "--schedule", "ZBH1"],
+        ["costs", "zoo-pipeline:mlp", "--num-stages", "4", "--repeat", "1", "--warmup", "0"],
+        ["plan", "--costs", str(costs_file), "--ranks", "2", "--microbatches", "4"],
+    ]
+    assert main(commands[3][:1] + commands[3][1:] + ["--json", "-o", str(costs_file)]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[-1] == line and line not in out  # under --json: on stderr
+    for command in commands:
+        assert main(command) == 0, command
+        out, err = capsys.readouterr()
+        assert out.splitlines()[-1] == line and out.count("allocator:") == 1, (command, out)
 
 
 def test_under_json_the_allocator_line_goes_to_stderr(monkeypatch, capsys):

@@ -49,6 +49,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from graphkit.cli import (
     drawing_commands,
@@ -119,9 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
     try:
-        if arguments.command in MEASURING_COMMANDS:
-            _tune_allocator(arguments)
-        return arguments.run(arguments)
+        allocator = _tune_allocator(arguments) if arguments.command in MEASURING_COMMANDS else None
+        status = arguments.run(arguments)
+        if allocator is not None:  # last, after what the command measured (stderr under --json)
+            print(
+                f"allocator: {allocator}",
+                file=sys.stderr if getattr(arguments, "json", False) else sys.stdout,
+            )
+        return status
     except KeyboardInterrupt:  # Ctrl-C: the ranks it started are ended on the way out (run_on_processes)
         print(f"graphkit {arguments.command}: interrupted", file=sys.stderr)
         return 130
@@ -135,15 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _tune_allocator(arguments: argparse.Namespace) -> None:
-    """Tune this process's allocator as ``--allocator`` (else ``GRAPHKIT_ALLOCATOR``) says, the ranks it
-    starts with it, and print which allocator they run under: one line, on stderr under ``--json``."""
+def _tune_allocator(arguments: argparse.Namespace) -> Any:
+    """Tune this process's allocator as ``--allocator`` (else ``GRAPHKIT_ALLOCATOR``) says, and the ranks
+    it starts with it (they follow ``GRAPHKIT_ALLOCATOR``); returns what they run under."""
     from graphkit.measure.allocator import ALLOCATOR_VARIABLE, tune_allocator
 
     if arguments.allocator is not None:
-        os.environ[ALLOCATOR_VARIABLE] = arguments.allocator  # what the launcher's ranks follow
-    allocator = tune_allocator()
-    print(f"allocator: {allocator}", file=sys.stderr if getattr(arguments, "json", False) else sys.stdout)
+        os.environ[ALLOCATOR_VARIABLE] = arguments.allocator
+    return tune_allocator()
 
 
 def _refused(error: Exception) -> bool:
