@@ -402,8 +402,7 @@ def test_verify_pipeline_past_its_timeout_fails_with_a_message_not_a_traceback(c
         "graphkit verify-pipeline: error: 2 of 2 processes did not finish within 2.5 s; they were ended; "
         "raise --timeout (now 2.5 s) if the step is only slow"
     )
-    failed, allocator = out.strip().splitlines()
-    assert failed == "FAILED: nothing was verified" and allocator.startswith("allocator: ")
+    assert out.strip() == "FAILED: nothing was verified"
 
     status, out, _ = run(
         capsys, "verify-pipeline", "zoo-pipeline:mlp", "--ranks", "2", "--timeout", "2", "--json"

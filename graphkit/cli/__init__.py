@@ -81,7 +81,8 @@ COMMANDS = (
 
 MEASURING_COMMANDS = ("costs", "timeline", "compare-schedules", "verify-pipeline", "plan")
 """The subcommands that run stages in their own process or on the ranks they start: they take
-``--allocator`` and say which allocator those run under."""
+``--allocator``, and all but ``verify-pipeline`` (which times nothing: its verdict stays its last line) end
+by saying which allocator those ran under."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         allocator = _tune_allocator(arguments) if arguments.command in MEASURING_COMMANDS else None
         status = arguments.run(arguments)
-        if allocator is not None:  # last, after what the command measured (stderr under --json)
+        if allocator is not None and arguments.command != "verify-pipeline":  # after the figures
             print(
                 f"allocator: {allocator}",
                 file=sys.stderr if getattr(arguments, "json", False) else sys.stdout,
