@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from graphkit.measure.allocator import ALLOCATOR_VARIABLE, current_allocator
+from graphkit.measure.allocator import ALLOCATOR_VARIABLE, current_allocator, tune_allocator
 from graphkit.measure.benchmark import benchmark_split
 from graphkit.measure.timing import load_average
 from graphkit.models.pipeline_specs import load_pipeline_spec
@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.child:
+        tune_allocator()  # as its GRAPHKIT_ALLOCATOR says
         figures = measure(
             arguments.spec,
             arguments.stage,
@@ -116,5 +117,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # no tune_allocator_for_benchmark() here: each measuring process runs under the allocator it is given
+    # no tune_allocator_for_benchmark() here: each measuring process tunes as its GRAPHKIT_ALLOCATOR says
     raise SystemExit(main())
