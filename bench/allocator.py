@@ -1,13 +1,15 @@
 """What the allocator does to one stage's backward: glibc's defaults against graphkit's tuned malloc.
 
-Each round starts two fresh processes, one with ``GRAPHKIT_ALLOCATOR=default`` and one tuned (the order
-alternates from round to round), each timing the same stage (``zoo-pipeline:mlp_wide``'s stage 1 by default,
+Each round starts fresh processes, one with ``GRAPHKIT_ALLOCATOR=default``, one tuned and one per
+``--preload LIBRARY`` (jemalloc, TCMalloc: ``LD_PRELOAD``), in an order that rotates from round to round,
+each timing the same stage (``zoo-pipeline:mlp_wide``'s stage 1 by default,
 8 rows per microbatch, one thread): the full backward, graphkit's B and W
 (:func:`graphkit.measure.benchmark.benchmark_split`, medians of ``--repeat`` microbatches, each on a fresh
 forward, timed with the thread's CPU time), and the minor page faults per microbatch. It prints both sides
-per round, then the median over rounds of each and of the per-round ratio tuned / default, with the load::
+per round, then the median over rounds of each and of the per-round ratio to glibc's defaults, with the
+load::
 
-    .venv/bin/python bench/allocator.py --rounds 7
+    .venv/bin/python bench/allocator.py --rounds 7 --preload /usr/lib/x86_64-linux-gnu/libjemalloc.so.2
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -62,9 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", type=int, default=1, help="the stage measured (default 1)")
     parser.add_argument("--num-stages", type=int, default=4, help="stages the spec is cut into (default 4)")
     parser.add_argument("--rows", type=int, default=8, help="rows per microbatch (default 8)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds of two processes (default 7)")
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="rounds of one process per allocator (default 7)"
+    )
     parser.add_argument("--repeat", type=int, default=30, help="timed microbatches per process (default 30)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed microbatches first (default 5)")
+    parser.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="LIBRARY",
+        help="also measure under this allocator, preloaded (e.g. /usr/lib/x86_64-linux-gnu/libjemalloc.so.2)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.child:
@@ -79,39 +91,48 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(figures))
         return 0
+    sides = {"default": {ALLOCATOR_VARIABLE: "default"}, "tuned": {ALLOCATOR_VARIABLE: "tuned"}}
+    for library in arguments.preload:
+        name = Path(library).name.split(".so")[0].removeprefix("lib")
+        sides[name] = {ALLOCATOR_VARIABLE: "default", "LD_PRELOAD": library}
     print(
         f"{arguments.spec} stage {arguments.stage} of {arguments.num_stages}, {arguments.rows} rows, one thread"
     )
     print(f"at start: {load_average()}")
-    rows: dict[str, list[dict]] = {side: [] for side in SIDES}
-    child = [sys.executable, __file__, "--child", *(argv if argv is not None else sys.argv[1:])]
+    rows: dict[str, list[dict]] = {side: [] for side in sides}
+    forwarded = [argument for argument in (argv if argv is not None else sys.argv[1:])]
+    child = [sys.executable, __file__, "--child", *forwarded]
+    names = list(sides)
     for round_number in range(arguments.rounds):
-        order = SIDES if round_number % 2 == 0 else SIDES[::-1]
-        for side in order:
-            environment = dict(os.environ, **{ALLOCATOR_VARIABLE: side})
+        shift = round_number % len(names)  # the order rotates from round to round
+        for side in names[shift:] + names[:shift]:
+            environment = {key: value for key, value in os.environ.items() if not key.startswith("MALLOC_")}
+            environment.update(sides[side])
             completed = subprocess.run(child, env=environment, capture_output=True, text=True, timeout=600)
             if completed.returncode != 0:
                 print(completed.stderr, file=sys.stderr)
                 return 1
             rows[side].append(json.loads(completed.stdout.splitlines()[-1]))
-        default, tuned = rows["default"][-1], rows["tuned"][-1]
         print(
-            f"round {round_number + 1}: full {default['full_ms']:.2f} -> {tuned['full_ms']:.2f} ms, "
-            f"B {default['b_ms']:.2f} -> {tuned['b_ms']:.2f}, W {default['w_ms']:.2f} -> {tuned['w_ms']:.2f}, "
-            f"(B + W) / full {default['split_over_full']:.2f} -> {tuned['split_over_full']:.2f}, "
-            f"faults per microbatch {default['faults']:.0f} -> {tuned['faults']:.0f}"
+            f"round {round_number + 1}: "
+            + "; ".join(
+                f"{side} full {rows[side][-1]['full_ms']:.2f} ms, W {rows[side][-1]['w_ms']:.2f} ms"
+                for side in names
+            )
         )
-    for side in SIDES:
+    for side in names:
         print(f"{side}: {rows[side][0]['allocator']}")
-    print(f"{'median over rounds':22s} {'default':>9s} {'tuned':>9s} {'tuned / default (per round)':>28s}")
+    header = "".join(f"{side:>12s}" for side in names)
+    ratios_header = "".join(f"{side + ' / default':>22s}" for side in names[1:])
+    print(f"{'median over rounds':18s}{header}{ratios_header}  (ratios: median of the rounds' ratios)")
     for figure in FIGURES:
-        default = [row[figure] for row in rows["default"]]
-        tuned = [row[figure] for row in rows["tuned"]]
-        ratios = [t / d if d else float("nan") for t, d in zip(tuned, default, strict=True)]
-        print(
-            f"{figure:22s} {statistics.median(default):9.2f} {statistics.median(tuned):9.2f} "
-            f"{statistics.median(ratios):28.2f}"
+        values = {side: [row[figure] for row in rows[side]] for side in names}
+        medians = "".join(f"{statistics.median(values[side]):12.2f}" for side in names)
+        ratios = "".join(
+            f"{statistics.median([t / d if d else float('nan') for t, d in zip(values[side], values['default'], strict=True)]):22.2f}"
+            for side in names[1:]
         )
+        print(f"{figure:18s}{medians}{ratios}")
     print(f"at end: {load_average()}")
     return 0
 
