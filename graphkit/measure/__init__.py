@@ -10,6 +10,8 @@
 - :mod:`graphkit.measure.costs`: time, FLOPs and memory of each stage's F, B (I) and W, as schedulers
   take them;
 - :mod:`graphkit.measure.timing`: the timer they share;
+- :mod:`graphkit.measure.allocator`: the CPU allocator graphkit's processes measure under (glibc's malloc
+  without ``mmap`` or trimming, unless ``GRAPHKIT_ALLOCATOR=default``);
 - :mod:`graphkit.measure.stage_inputs`: running a stage on its device and on fresh copies of its inputs,
   as verification, benchmarks and costs do.
 
