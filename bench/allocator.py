@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sides = {"default": {ALLOCATOR_VARIABLE: "default"}, "tuned": {ALLOCATOR_VARIABLE: "tuned"}}
     for library in arguments.preload:
-        name = Path(library).name.split(".so")[0].removeprefix("lib")
+        name = (
+            Path(library).name.split(".so")[0].removeprefix("lib").split("_")[0]
+        )  # tcmalloc_minimal: tcmalloc
         sides[name] = {ALLOCATOR_VARIABLE: "default", "LD_PRELOAD": library}
     print(
         f"{arguments.spec} stage {arguments.stage} of {arguments.num_stages}, {arguments.rows} rows, one thread"
@@ -122,12 +124,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     for side in names:
         print(f"{side}: {rows[side][0]['allocator']}")
-    header = "".join(f"{side:>12s}" for side in names)
+    header = "".join(f"{side:>10s}" for side in names)
     ratios_header = "".join(f"{side + ' / default':>22s}" for side in names[1:])
     print(f"{'median over rounds':18s}{header}{ratios_header}  (ratios: median of the rounds' ratios)")
     for figure in FIGURES:
         values = {side: [row[figure] for row in rows[side]] for side in names}
-        medians = "".join(f"{statistics.median(values[side]):12.2f}" for side in names)
+        medians = "".join(f"{statistics.median(values[side]):10.2f}" for side in names)
         ratios = "".join(
             f"{statistics.median([t / d if d else float('nan') for t, d in zip(values[side], values['default'], strict=True)]):22.2f}"
             for side in names[1:]

@@ -186,6 +186,23 @@ def test_a_preloaded_allocator_is_left_as_it_is(monkeypatch):
     assert called == [] and untuned_allocator_warning() is None
 
 
+JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")  # Debian's libjemalloc2
+
+
+@pytest.mark.skipif(
+    not JEMALLOC.is_file(), reason="needs Debian's libjemalloc2 (apt-get install libjemalloc2)"
+)
+def test_a_really_preloaded_jemalloc_is_found_and_left_as_it_is():
+    measured = fresh_process(
+        "import json, os\n"
+        "from graphkit.measure.allocator import tune_allocator, TUNED_ENVIRONMENT\n"
+        "said = str(tune_allocator('tuned'))\n"
+        "print(json.dumps({'said': said, 'set': [key for key in TUNED_ENVIRONMENT if key in os.environ]}))\n",
+        LD_PRELOAD=str(JEMALLOC),
+    )
+    assert measured == {"said": "jemalloc (preloaded), left as it is", "set": []}
+
+
 @pytest.mark.parametrize(("value", "choice"), [(None, "tuned"), ("", "tuned"), (" Default ", "default")])
 def test_the_choice_comes_from_the_argument_else_the_variable_else_tuned(monkeypatch, value, choice):
     monkeypatch.delenv(ALLOCATOR_VARIABLE, raising=False)

@@ -206,7 +206,7 @@ def _library_serving_malloc() -> str | None:
     try:
         address = ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value
         lines = Path("/proc/self/maps").read_text().splitlines()
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # no /proc (macOS), no C library by the name None (Windows)
         return None
     for line in lines:
         fields = line.split(maxsplit=5)
@@ -221,7 +221,7 @@ def _library_serving_malloc() -> str | None:
 def _is_glibc() -> bool:
     try:
         return hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
-    except OSError:  # no C library to open by name None (Windows)
+    except (OSError, TypeError):  # no C library to open by the name None (Windows)
         return False
 
 
