@@ -95,7 +95,7 @@ def test_tuning_in_place_stops_fresh_tensors_from_page_faulting_and_the_opt_out_
     assert measured["untuned"] >= 16, measured
     assert measured["left"] == (
         "glibc malloc, default: large tensors on fresh mmap'ed pages that page-fault on first touch "
-        "(GRAPHKIT_ALLOCATOR=default)"
+        "(allocator='default')"
     )
     assert measured["untouched"] == dict.fromkeys(TUNED_ENVIRONMENT)
     # tuned: the freed memory is reused

@@ -241,9 +241,9 @@ def current_allocator() -> Allocator:
     if not _is_glibc() or (library and not base.startswith("libc")):
         platform = {"darwin": "macOS", "win32": "Windows"}.get(sys.platform, sys.platform)
         return Allocator(f"{base or 'the platform'}'s malloc (not glibc, {platform})")
-    no_mmap, no_trim, words = _glibc_settings_from(_startup_environment())
     if _RECORD.tuned:
         return Allocator("glibc", ("no mmap", "no trim"), "graphkit", fresh_pages=False)
+    no_mmap, no_trim, words = _glibc_settings_from(_startup_environment())
     tuned = no_mmap and no_trim
     return Allocator(
         "glibc",
@@ -271,11 +271,11 @@ def tune_allocator(choice: str | None = None) -> Allocator:
     Raises:
         AllocatorError: an unknown ``choice`` or ``GRAPHKIT_ALLOCATOR``.
     """
+    source = f"{ALLOCATOR_VARIABLE}=default" if choice is None else "allocator='default'"
     choice = allocator_choice(choice)
     before = current_allocator()
     if choice == "default":
-        if before.glibc_default and not before.note:
-            source = f"{ALLOCATOR_VARIABLE}=default"
+        if before.glibc_default and not before.note:  # say why it stays so
             return Allocator(before.name, before.settings, before.tuned_by, before.fresh_pages, source)
         return before
     if before.name != "glibc":
