@@ -231,4 +231,7 @@ def _median_of_runs(argv: list[str], arguments: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
+    from graphkit.measure.allocator import tune_allocator_for_benchmark
+
+    tune_allocator_for_benchmark()  # first, and said on stderr; GRAPHKIT_ALLOCATOR=default opts out
     raise SystemExit(main())

@@ -116,4 +116,7 @@ def print_breakdown(arguments: argparse.Namespace, clock: Any) -> int:
 
 
 if __name__ == "__main__":
+    from graphkit.measure.allocator import tune_allocator_for_benchmark
+
+    tune_allocator_for_benchmark()  # first, and said on stderr; GRAPHKIT_ALLOCATOR=default opts out
     raise SystemExit(main())

@@ -4,6 +4,9 @@
   instead (read it through the ``update_golden`` fixture), then fail nothing; review the diff with git.
 - Hypothesis runs without deadlines (no timed unit tests): profile ``graphkit``, or the profile named by
   ``HYPOTHESIS_PROFILE``.
+- The test process and what it starts keep glibc's allocator as it is (``GRAPHKIT_ALLOCATOR=default``,
+  unless set): the commands run in-process here would otherwise tune pytest's own malloc, which then keeps
+  every byte it ever held. The tests of :mod:`graphkit.measure.allocator` ask for ``tuned`` themselves.
 - Tests marked ``browser`` are skipped, with the reason, when no Chromium executable is installed, unless
   ``GRAPHKIT_REQUIRE_BROWSER=1`` is set (then they run and fail loudly).
 """
@@ -26,6 +29,7 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "graphkit"))
+os.environ.setdefault("GRAPHKIT_ALLOCATOR", "default")
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 

@@ -44,10 +44,12 @@ and what they trace.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from graphkit.cli import (
     drawing_commands,
@@ -77,6 +79,11 @@ COMMANDS = (
 )
 """The subcommands, in the order ``graphkit --help`` lists them: each adds its parser."""
 
+MEASURING_COMMANDS = ("costs", "timeline", "compare-schedules", "verify-pipeline", "plan")
+"""The subcommands that run stages in their own process or on the ranks they start: they take
+``--allocator``, and all but ``verify-pipeline`` (which times nothing: its verdict stays its last line) end
+by saying which allocator those ran under."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of the ``graphkit`` command (also used to document the CLI)."""
@@ -98,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
                 action="store_true",
                 help="when the model raises, print the whole traceback after the one-line error",
             )
+        if name in MEASURING_COMMANDS:
+            command.add_argument(
+                "--allocator",
+                choices=["tuned", "default"],
+                help="the CPU allocator of this process and of the ranks it starts: tuned (glibc's malloc "
+                "without mmap or trimming: fresh tensors do not page-fault; the default) or default (left "
+                "as it is; also GRAPHKIT_ALLOCATOR=default)",
+            )
     return parser
 
 
@@ -106,7 +121,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
     try:
-        return arguments.run(arguments)
+        allocator = _tune_allocator(arguments) if arguments.command in MEASURING_COMMANDS else None
+        status = arguments.run(arguments)
+        if allocator is not None and arguments.command != "verify-pipeline":  # after the figures
+            print(
+                f"allocator: {allocator}",
+                file=sys.stderr if getattr(arguments, "json", False) else sys.stdout,
+            )
+        return status
     except KeyboardInterrupt:  # Ctrl-C: the ranks it started are ended on the way out (run_on_processes)
         print(f"graphkit {arguments.command}: interrupted", file=sys.stderr)
         return 130
@@ -118,6 +140,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise  # a bug in graphkit: the whole traceback
         print(f"graphkit {arguments.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def _tune_allocator(arguments: argparse.Namespace) -> Any:
+    """Tune this process's allocator as ``--allocator`` (else ``GRAPHKIT_ALLOCATOR``) says, and the ranks
+    it starts with it (they follow ``GRAPHKIT_ALLOCATOR``); returns what they run under."""
+    from graphkit.measure.allocator import ALLOCATOR_VARIABLE, tune_allocator
+
+    if arguments.allocator is not None:
+        os.environ[ALLOCATOR_VARIABLE] = arguments.allocator
+    return tune_allocator()
 
 
 def _refused(error: Exception) -> bool:

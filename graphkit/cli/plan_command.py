@@ -183,6 +183,7 @@ def steps_or_auto(text: str) -> int | str:
 
 
 def run_plan(arguments: argparse.Namespace) -> int:
+    from graphkit.measure.allocator import untuned_allocator_warning
     from graphkit.measure.timing import busy_machine_warning
     from graphkit.pipelining.planner import plan_schedules
     from graphkit.pipelining.planning.calibration import DEFAULT_COMM
@@ -209,6 +210,9 @@ def run_plan(arguments: argparse.Namespace) -> int:
         busy = busy_machine_warning()  # said before minutes of measuring, and again under the table
         if busy:
             print(f"warning: {busy}", file=sys.stderr)
+        untuned = untuned_allocator_warning()  # the ranks follow this process's choice (graphkit.cli.main)
+        if untuned:
+            print(f"warning: {untuned}", file=sys.stderr)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the warning above

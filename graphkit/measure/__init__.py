@@ -12,6 +12,8 @@
 - :mod:`graphkit.measure.timing`: the timer they share, the load, the sign test;
 - :mod:`graphkit.measure.paired_rounds`: steps measured in rounds (rotated order, paired ratios, the A/A
   noise floor);
+- :mod:`graphkit.measure.allocator`: the CPU allocator graphkit's processes measure under (glibc's malloc
+  without ``mmap`` or trimming, unless ``GRAPHKIT_ALLOCATOR=default``);
 - :mod:`graphkit.measure.stage_inputs`: running a stage on its device and on fresh copies of its inputs,
   as verification, benchmarks and costs do.
 
