@@ -16,7 +16,8 @@ the backend). :func:`install` changes two names there, and nothing else:
    function raises ``ValueError`` for any backend but ``inductor`` and ``aot_eager`` on a FlexAttention
    model. Other backend names still go to torchtitan's function.
 
-It then logs one line (torchtitan's logger) that says what it changed. Calling it again changes nothing.
+It then logs one line (torchtitan's logger; printed when that logger does not show INFO yet, as before
+torchtitan's ``init_logger()``) that says what it changed. Calling it again changes nothing.
 
 Tested with torchtitan :data:`SUPPORTED_TORCHTITAN` (``tests/test_torchtitan.py`` pins both names and how
 torchtitan looks them up). Another release is used when it still has what is patched, and refused with
@@ -33,9 +34,13 @@ Usage (a launcher that wraps ``torchtitan.train``: ``examples/torchtitan_train.p
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from graphkit.pipelining.stage import PipelineStage
+from graphkit.split.compile_backend import register_backends
 
 __all__ = [
     "GRAPHKIT_BACKENDS",
@@ -133,7 +138,7 @@ def install() -> Installation:
     later calls change nothing and return the first call's :class:`Installation`.
 
     Returns:
-        What it changed; its ``summary`` is the one line it logged through torchtitan's logger.
+        What it changed; its ``summary`` is the one line it logged through torchtitan's logger (or printed).
 
     Raises:
         TorchtitanIntegrationError: torchtitan is not installed, or the installed release lacks a name it
@@ -151,9 +156,6 @@ def install() -> Installation:
                 f"installed torchtitan {version} lacks {', '.join(missing)}. Install torchtitan=="
                 f"{SUPPORTED_TORCHTITAN}, or build graphkit.pipelining.PipelineStage yourself"
             )
-        from graphkit.pipelining import PipelineStage
-        from graphkit.split.compile_backend import register_backends
-
         register_backends()
         _originals[_STAGE_NAME] = getattr(pipeline_module, _STAGE_NAME)
         _originals[_BACKEND_CHOOSER] = getattr(compile_module, _BACKEND_CHOOSER)
@@ -170,7 +172,10 @@ def install() -> Installation:
         )
         from torchtitan.tools.logging import logger
 
-        logger.info(installation.summary)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(installation.summary)
+        else:  # before torchtitan's init_logger(): the root logger drops INFO
+            print(installation.summary, flush=True)
         _installation = installation
         return installation
 
