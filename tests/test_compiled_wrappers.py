@@ -13,7 +13,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage as TorchPipelineStage
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.pipelining import PipelineStage
+from graphkit.pipelining import PipelineStage, compiled_modules
 from graphkit.pipelining.compiled_modules import (
     admit_split_compiled_modules,
     check_compiled_stages,
@@ -74,6 +74,8 @@ def test_contract_the_zero_bubble_schedules_call_the_module_level_compile_check_
         "graphkit.pipelining.compiled_modules has nothing to replace"
     )
     assert "stages" in inspect.signature(cls.__init__).parameters
+    torch_check = compiled_modules._torch_check or torch_schedules._check_torch_compile_compatibility
+    assert tuple(inspect.signature(torch_check).parameters) == ("stages", "schedule_name")
 
 
 def test_contract_an_optimized_module_shows_its_backend_name_and_function():

@@ -70,7 +70,8 @@ class _SplitBackwardStage:
     backward_calls: BackwardCalls
 
     def _prepare_split_backward(self, submodule: torch.nn.Module) -> None:
-        """Check, before PyTorch's constructor: the installed torch's contract, DDP's settings.
+        """Check, before PyTorch's constructor: the installed torch's contract, DDP's settings; admit graphkit's
+        compiled wrappers in the zero-bubble schedules (:mod:`graphkit.pipelining.compiled_modules`).
 
         Raises:
             PipelineContractError: the installed torch no longer routes I / W as graphkit expects.
@@ -78,9 +79,8 @@ class _SplitBackwardStage:
         """
         check_torch_contract(self._torch_stage)
         check_data_parallel(submodule)
-        admit_split_compiled_modules(
-            _SplitBackwardStage
-        )  # torch.compile(..., backend="graphkit_split") wrappers in ZB schedules
+        # the zero-bubble schedules then admit torch.compile(..., backend="graphkit_split") wrappers
+        admit_split_compiled_modules(_SplitBackwardStage)
         self.backward_calls = BackwardCalls()
 
     def backward_maybe_with_nosync(
