@@ -1,11 +1,11 @@
 """torchtitan's trainer with graphkit's split backward: ``torchtitan.train`` behind one call to ``install()``.
 
-    torchrun --nproc-per-node 2 examples/torchtitan_train.py --module llama3 --config llama3_debugmodel \\
+    .venv-newest/bin/torchrun --nproc-per-node 2 examples/torchtitan_train.py --module llama3 --config llama3_debugmodel \\
         --parallelism.pipeline_parallel_degree 2 \\
         --parallelism.pipeline_parallel_schedule ZBVZeroBubble \\
         --compile.enable --compile.backend graphkit_split
 
-    python examples/torchtitan_train.py --only-install   # install(), print what it changed, and stop
+    .venv-newest/bin/python examples/torchtitan_train.py --only-install   # install(), print what it changed, and stop
 
 Every argument but ``--only-install`` is torchtitan's own (``--module``, ``--config``, then any config key,
 as ``python -m torchtitan.train`` takes them). ``graphkit.integrations.torchtitan.install()`` runs first, before
