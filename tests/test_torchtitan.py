@@ -205,3 +205,18 @@ def test_torchtitans_flex_blocks_compiled_with_graphkits_backend_are_split():
     for rank, (result,) in enumerate(_run([case])):
         assert result["max_relative_error"] == 0.0, (rank, result)
         assert result["unsplit_regions"] == [], (rank, result)
+
+
+@needs_torchtitan
+@pytest.mark.slow
+def test_the_debugmodel_pipeline_spec_is_exact_under_zbv_in_one_process():
+    """tests/torchtitan_pipelines.py:debugmodel_pipeline, the spec graphkit plan and the pipeline commands take."""
+    from pathlib import Path
+
+    from graphkit.pipelining import PipelineCase, verify_cases
+
+    spec = f"{Path(__file__).resolve().parent / 'torchtitan_pipelines.py'}:debugmodel_pipeline"
+    (result,) = verify_cases([PipelineCase(spec, "ZBVZeroBubble", 4)], ranks=1)
+    assert result.ok, result.table()
+    assert result.max_relative_error == 0.0
+    assert result.backward_calls["input"] > 0 and result.backward_calls["weight"] > 0

@@ -345,3 +345,34 @@ def step_times_rank(cases: list[TitanCase], rounds: int, warmup: int = 2) -> lis
                 times[index].append(time.perf_counter() - start)
                 _clear_gradients(pipeline.parts)
     return times
+
+
+def debugmodel_pipeline(num_stages: int = 4, batch_size: int = 8) -> Any:
+    """torchtitan's llama3 debugmodel as a graphkit pipeline spec (``tests/torchtitan_pipelines.py:debugmodel_pipeline``).
+
+    The stage modules are torchtitan's own cut (``_generate_llm_fqn_per_model_part`` and ``_split_module``,
+    as ``pipeline_llm`` makes them), with SDPA attention (no mask to pass between stages) and the last stage
+    ending with the lm_head; the loss is the cross entropy of its logits (``ChunkedLossWrapper`` runs a
+    backward inside the loss, which graphkit's cost measurement cannot split). For ``graphkit plan``,
+    ``costs``, ``verify-pipeline``, ``timeline`` and ``compare-schedules`` on the same stages as the bench.
+    """
+    import torch.nn.functional as functional
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _split_module
+
+    from graphkit.models.pipeline_specs import PipelineModel
+
+    run_on_cpu()
+    _, config = _model_config("sdpa")
+    with torch.device("meta"):
+        model = config.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    names = _generate_llm_fqn_per_model_part(num_stages, len(model.layers), 1, 1)
+    stages = [_split_module(model, part) for part in names]
+    tokens = torch.randint(0, VOCAB, (batch_size, SEQ_LEN + 1))
+
+    def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+    return PipelineModel(stages, cross_entropy, (tokens[:, :-1].contiguous(),), tokens[:, 1:].contiguous())
