@@ -30,12 +30,11 @@ def main() -> int:
     only_install = "--only-install" in sys.argv
     sys.argv = [argument for argument in sys.argv if argument != "--only-install"]
     try:
-        installation = graphkit_torchtitan.install()
+        graphkit_torchtitan.install()  # says what it changed, in one line
     except graphkit_torchtitan.TorchtitanIntegrationError as error:
         print(f"torchtitan_train.py: {error}", file=sys.stderr)
         return 1
     if only_install:
-        print(installation.summary)
         return 0
     from torchtitan.train import main as torchtitan_main
 
