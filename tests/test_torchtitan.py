@@ -163,12 +163,14 @@ def _run(cases, deadline: float = 500):
 @pytest.mark.slow
 def test_torchtitans_debugmodel_under_zbv_with_graphkits_stage_matches_a_full_backward_on_two_gloo_ranks():
     """Eager (SDPA, FlexAttention), blocks compiled in place by torchtitan's apply_compile with graphkit's
-    backends, blocks wrapped by torch.compile (OptimizedModule), and parallelize_llama (FSDP2, float32)."""
+    backends (and with aot_eager, where PyTorch's stage crashes), blocks wrapped by torch.compile
+    (OptimizedModule), and parallelize_llama (FSDP2, float32)."""
     from torchtitan_pipelines import TitanCase
 
     cases = [
         TitanCase(attention="sdpa"),
         TitanCase(attention="flex"),
+        TitanCase(attention="sdpa", compile="aot_eager"),  # not split: each block's backward runs whole in I
         TitanCase(attention="sdpa", compile="graphkit_split_eager"),
         TitanCase(attention="sdpa", compile="graphkit_split"),
         TitanCase(attention="flex", compile="graphkit_split_eager"),
@@ -187,7 +189,7 @@ def test_torchtitans_debugmodel_under_zbv_with_graphkits_stage_matches_a_full_ba
                 assert result["max_relative_error"] == 0.0, (rank, result)  # bit for bit
             else:  # inductor's kernels, FSDP2's reduce: float32 rounding
                 assert result["max_relative_error"] < 1e-5, (rank, result)
-            if case.attention == "sdpa" and case.compile:
+            if case.attention == "sdpa" and case.compile and "graphkit" in case.compile:
                 assert result["unsplit_regions"] == [], (rank, result)  # every compiled block split
 
 
