@@ -4,6 +4,7 @@
 #   bash scripts/setup.sh                 graphkit with the command-line and Hugging Face extras
 #   bash scripts/setup.sh --dev           also the test, lint and notebook extras
 #   bash scripts/setup.sh --venv DIR      set up the environment DIR instead of .venv (or GRAPHKIT_VENV=DIR)
+#   bash scripts/setup.sh --torchtitan    also torchtitan 0.3.0, for graphkit.integrations.torchtitan
 #
 #   GRAPHKIT_TORCH_SPEC=newest bash scripts/setup.sh --dev --venv .venv-newest
 #                                         the newest torch release on the package index (what CI tests too)
@@ -22,12 +23,18 @@
 #      machine's pip configuration may cap torch's version; /etc/xdg/pip and the other environments keep it.
 #   4. `pip install -e ".[EXTRAS]"`, skipped when the stamp (.setup-stamp for .venv, DIR/.setup-stamp for
 #      --venv DIR) records the same pyproject.toml, extras, torch requirement and folder.
+#   5. With --torchtitan: `pip install --no-deps torchtitan==0.3.0` and the packages its model, pipeline and
+#      compile code import (einops, tyro with docstring_parser, typeguard and shtab, safetensors,
+#      spmd_types==0.2.3, torchdata, torch_checkpointing, tokenizers), all with --no-deps so that pip never
+#      resolves torch again (a machine's cap would pull it back); datasets, wandb and tensorboard are left
+#      out. Skipped when torchtitan 0.3.0 and those packages import. scripts/test_newest_torch.sh passes it.
 # Nothing else is downloaded: no browsers, no model weights.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 extras="cli,models"
 venv="${GRAPHKIT_VENV:-.venv}"
+with_torchtitan=""
 while (($#)); do
     argument="$1"
     shift
@@ -42,12 +49,13 @@ while (($#)); do
             shift
             ;;
         --venv=*) venv="${argument#--venv=}" ;;
+        --torchtitan) with_torchtitan=1 ;;
         -h | --help)
             sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
             exit 0
             ;;
         *)
-            echo "setup.sh: unknown argument '$argument' (use --dev, --venv DIR or --help)" >&2
+            echo "setup.sh: unknown argument '$argument' (use --dev, --venv DIR, --torchtitan or --help)" >&2
             exit 2
             ;;
     esac
@@ -176,6 +184,27 @@ else
     say "pip install -e .[$extras]"
     run_pip install -q -e ".[$extras]"
     printf '%s\n' "$fingerprint" >"$stamp"
+fi
+
+# 5. torchtitan ---------------------------------------------------------------------------------------------
+torchtitan_packages=(
+    torchtitan==0.3.0 einops tyro docstring_parser typeguard shtab safetensors spmd_types==0.2.3 torchdata
+    torch_checkpointing tokenizers
+)
+check_torchtitan='
+import importlib, importlib.metadata, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+sys.exit(importlib.metadata.version("torchtitan") != "0.3.0")
+'
+if [[ -n "$with_torchtitan" ]]; then
+    if "$python" -W ignore -c "$check_torchtitan" torchtitan einops tyro docstring_parser typeguard shtab \
+        safetensors spmd_types torchdata torch_checkpointing tokenizers >/dev/null 2>&1; then
+        say "torchtitan: 0.3.0 is installed"
+    else
+        say "pip install --no-deps ${torchtitan_packages[*]}"
+        run_pip install -q --no-deps "${torchtitan_packages[@]}"
+    fi
 fi
 
 say "ready: $venv/bin/graphkit (torch $torch_version)"

@@ -2,7 +2,7 @@
 one home for schedules as data.
 
 Layers, lowest first: ``graph`` and ``models`` (side by side, independent of each other), ``analysis``,
-``split``, ``measure``, ``pipelining``, ``drawing``, ``apps``, the package's public API
+``split``, ``measure``, ``pipelining``, ``drawing``, ``apps`` and ``integrations``, the package's public API
 (``graphkit/__init__.py``), then the command line on top: the ``graphkit/cli/`` package and its entry
 point ``graphkit/__main__.py``, which nothing else imports. A module-level import never points from a lower layer to a higher one; inside a
 function, only the display hooks (``_repr_*`` methods of graphs and groups) may reach for drawing. Below the
@@ -36,6 +36,7 @@ LAYERS = {
     "pipelining": 4,
     "drawing": 5,
     "apps": 6,
+    "integrations": 6,  # adapters for training frameworks (torchtitan), beside the apps
     "graphkit": 7,  # the public API: graphkit/__init__.py
     "cli": 8,  # the command line, on top: nothing but python -m graphkit imports it
 }

@@ -41,6 +41,7 @@ def test_every_example_has_a_test_that_runs_it() -> None:
         "verify_custom_model.py",
         "two_stage_zero_bubble.py",
         "zero_bubble_torchrun.py",
+        "torchtitan_train.py",
     }
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
@@ -138,3 +139,18 @@ def test_zero_bubble_torchrun_trains_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert "and 0 B (full backward)" in result.stdout
     for rank in (0, 1):  # 12 parameters x 4 microbatches x 3 steps: DDP would average every gradient
         assert f"rank {rank}: post-accumulate-grad hooks fired 144 of 144 times" in result.stdout
+
+
+def test_torchtitan_train_installs_graphkit_into_torchtitan_or_says_what_to_install(tmp_path: Path) -> None:
+    result = run("torchtitan_train.py", "--only-install", cwd=tmp_path)
+    try:
+        import torchtitan  # noqa: F401
+    except ImportError:
+        assert result.returncode == 1, result.stdout
+        assert "pip install --no-deps torchtitan==0.3.0" in result.stderr
+        assert "Traceback" not in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("graphkit on torchtitan")]
+    assert line.startswith("graphkit on torchtitan 0.3.0: ")
+    assert "graphkit.pipelining.PipelineStage" in line and "graphkit_split_eager" in line

@@ -224,6 +224,7 @@ FAKE_VENV_PYTHON = """#!/usr/bin/env bash
 [[ "$1" == -W ]] && shift 2
 if [[ "$1" == -c ]]; then
     case "$2" in
+        *torchtitan*) [[ -f "$FAKE_STATE/torchtitan" ]] || exit 1 ;;
         *"import torch"*)
             [[ -f "$FAKE_STATE/torch" ]] || exit 1
             version="$(cat "$FAKE_STATE/torch")"
@@ -248,6 +249,7 @@ fi
 if [[ "$1" == -m && "$2" == pip && "$3" == install ]]; then
     case "$*" in
         *" -e "*) touch "$FAKE_STATE/graphkit" ;;
+        *torchtitan==*) touch "$FAKE_STATE/torchtitan" ;;
         *torch==*) all="$*" && echo "${all##*torch==}" > "$FAKE_STATE/torch" ;;
         *torch*) touch "$FAKE_STATE/torch" ;;
     esac
@@ -439,6 +441,32 @@ def test_setup_newest_installs_the_index_newest_torch_in_its_own_environment_wit
     assert "9.10.0 is installed but torch==9.11.0 is asked for" in third.stdout
 
 
+def test_setup_torchtitan_installs_it_and_its_imports_without_resolving_torch_then_keeps_it(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    sandbox = SetupSandbox(tmp_path, repo_root, with_dot=True)
+    first = sandbox.run(
+        "--dev", "--torchtitan", "--venv", ".venv-newest", torch_spec="newest", FAKE_NEWEST="9.10.0"
+    )
+    assert first.returncode == 0, first.stderr
+    packages = (
+        "torchtitan==0.3.0 einops tyro docstring_parser typeguard shtab safetensors spmd_types==0.2.3 torchdata "
+        "torch_checkpointing tokenizers"
+    )
+    assert sandbox.calls()[-1] == f"venv-python -m pip install -q --no-deps {packages}" + NO_CONFIG
+    assert sandbox.calls()[-2] == "venv-python -m pip install -q -e .[dev,models,notebook]" + NO_CONFIG
+    again = sandbox.run(
+        "--dev", "--torchtitan", "--venv", ".venv-newest", torch_spec="newest", FAKE_NEWEST="9.10.0"
+    )
+    assert again.returncode == 0, again.stderr
+    assert sandbox.calls() == ["venv-python -m pip index versions torch" + NO_CONFIG]
+    assert "torchtitan: 0.3.0 is installed" in again.stdout
+    # without --torchtitan nothing of it is asked for
+    plain = SetupSandbox(tmp_path / "plain", repo_root, with_dot=True)
+    assert plain.run("--venv", "v").returncode == 0
+    assert not [call for call in plain.calls() if "torchtitan" in call]
+
+
 def test_setup_newest_keeps_the_installed_torch_when_the_index_does_not_answer(
     tmp_path: Path, repo_root: Path
 ) -> None:
@@ -525,7 +553,7 @@ def test_newest_torch_script_sets_up_its_environment_then_runs_the_suite(
     )
     assert result.returncode == status, result.stderr
     assert log.read_text().splitlines() == [
-        "setup.sh --dev --venv .venv-newest GRAPHKIT_TORCH_SPEC=newest",
+        "setup.sh --dev --torchtitan --venv .venv-newest GRAPHKIT_TORCH_SPEC=newest",
         "newest-python -m pytest -q",
     ]
     subprocess.run(
@@ -541,7 +569,7 @@ def test_the_newest_torch_script_is_executable_and_described(repo_root: Path) ->
     script = repo_root / "scripts" / "test_newest_torch.sh"
     assert os.access(script, os.X_OK)
     text = script.read_text()
-    assert "GRAPHKIT_TORCH_SPEC=newest bash scripts/setup.sh --dev --venv" in text
+    assert "GRAPHKIT_TORCH_SPEC=newest bash scripts/setup.sh --dev --torchtitan --venv" in text
     assert "bash scripts/test_newest_torch.sh" in (repo_root / "README.md").read_text()
 
 

@@ -38,6 +38,7 @@ from torch.distributed.pipelining import PipelineStage as _TorchPipelineStage
 from torch.distributed.pipelining.stage import _PipelineStage as _TorchTracedStage
 from torch.nn.parallel import DistributedDataParallel
 
+from graphkit.pipelining.compiled_modules import admit_split_compiled_modules
 from graphkit.pipelining.contract import check_torch_contract
 from graphkit.pipelining.data_parallel import check_data_parallel, data_parallel_backward
 from graphkit.pipelining.gradient_scaling import shared_gradient_scaling
@@ -69,7 +70,8 @@ class _SplitBackwardStage:
     backward_calls: BackwardCalls
 
     def _prepare_split_backward(self, submodule: torch.nn.Module) -> None:
-        """Check, before PyTorch's constructor: the installed torch's contract, DDP's settings.
+        """Check, before PyTorch's constructor: the installed torch's contract, DDP's settings; admit graphkit's
+        compiled wrappers in the zero-bubble schedules (:mod:`graphkit.pipelining.compiled_modules`).
 
         Raises:
             PipelineContractError: the installed torch no longer routes I / W as graphkit expects.
@@ -77,6 +79,8 @@ class _SplitBackwardStage:
         """
         check_torch_contract(self._torch_stage)
         check_data_parallel(submodule)
+        # the zero-bubble schedules then admit torch.compile(..., backend="graphkit_split") wrappers
+        admit_split_compiled_modules(_SplitBackwardStage)
         self.backward_calls = BackwardCalls()
 
     def backward_maybe_with_nosync(
@@ -152,7 +156,10 @@ class PipelineStage(_SplitBackwardStage, _TorchPipelineStage):
     - ``scale_grads`` divides a parameter shared with other graphkit stages on this rank (tied weights on
       a V schedule's first and last stage) once per step, not once per stage
       (:mod:`graphkit.pipelining.gradient_scaling`);
-    - ``stage.backward_calls`` counts the B, W and full backwards it ran.
+    - ``stage.backward_calls`` counts the B, W and full backwards it ran;
+    - the zero-bubble schedules admit a submodule that holds ``torch.compile(module,
+      backend="graphkit_split")`` wrappers (``OptimizedModule``; PyTorch's stage refuses every wrapper there)
+      and refuse one compiled with another backend, naming it (:mod:`graphkit.pipelining.compiled_modules`).
 
     With ``dw_builder`` (a custom weight-gradient runner) the stage does what PyTorch's does: each I
     action runs a full backward (exact input and weight gradients) and builds a runner with
