@@ -1,0 +1,430 @@
+"""B without a walk of the autograd graph, for stages whose parameters all lie inside split compiled regions.
+
+A stage whose blocks are compiled with :func:`graphkit.splitting_backend` reaches the autograd graph as glue
+(residual adds, activations between the blocks) around :class:`~graphkit.split.compiled_region.SplitRegionFunction`
+Nodes. Where every parameter of the stage is an argument of such a region, at a position the region counts
+as a weight, and nowhere else, B needs no walk, no hooks and no weight rules:
+
+- **B** is one engine call, ``torch.autograd.grad(outputs, inputs=stage_inputs)``, run while this
+  microbatch's :class:`WeightQueue` is installed on the calling thread (:func:`input_phase`). Each region the
+  engine runs finds it (:func:`current_queue`), runs its compiled I graph only, and puts its pending W (the
+  values the W graph reads and the parameters' gradient edges) on the queue, in the order the engine ran
+  the regions;
+- **W** (:meth:`WeightQueue.run`) runs the queued W graphs and hands their gradients to the parameters'
+  AccumulateGrad Nodes in one engine call, from a host Node (:class:`_QueuedWeightGradients`) that returns
+  them: ``.grad`` accumulates exactly as in a full backward (a fresh gradient is taken over into an empty
+  ``.grad``, else added), tensor hooks on the parameters and post-accumulate-grad hooks run, and a parameter
+  several regions share sums their gradients in the order a full backward does.
+
+This is the WeightGradStore of the zero-bubble paper's Megatron fork and of DeepSeek's DualPipe
+(``dualpipe/utils.py``), made safe: one queue per microbatch (held by its
+:class:`~graphkit.split.backward.SplitState`), installed per thread and only for the duration of B's engine
+call (never process-wide), so microbatches and threads never share one and any order of W across
+microbatches is exact. A queue runs once (:class:`WeightQueueError` otherwise); a queue dropped with its W
+still pending warns (:class:`PendingWeightWarning`: the weight gradients of that microbatch are lost).
+
+**Which path.** :func:`no_walk_plan` decides per call without a cost per Node: it keys a small cache on the
+stage outputs' Nodes (the region object where an output comes straight from a region), the number of stage
+inputs, the ``params=`` given and the devices. On a key it has not seen, it walks the graph once and
+qualifies it (:func:`qualify`): every leaf that requires grad and is not a stage input is consumed only by
+regions, at their weight positions, and each such region lies on a path to a stage input (else B would
+not run it and its W would never be queued); no Node the split runs once (reentrant checkpoint, an unsplit
+compiled region) lies in the graph; every output, cotangent and stage input is on the CPU (the autograd
+engine runs the Nodes of other devices on threads of its own, where B's queue is not installed). After each
+no-walk B, :func:`check_regions` compares the regions that queued their W with those the walk found; where
+they differ (the structure changed: a region skipped, another model with the same key), the graph is
+walked again (B keeps it, ``retain_graph=True``) and qualified anew, or B raises. A change confined to the
+glue that brings in a parameter while the same regions run is the one change this does not see: a stage
+whose glue uses a parameter only on some microbatches should pass ``params=`` (a parameter that no region
+covers makes the stage take the walking path) or compile that parameter's block too.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.autograd.graph import GradientEdge, Node
+
+from graphkit.graph import _autograd
+from graphkit.graph.walk import walk_nodes
+from graphkit.split import _aot_autograd
+from graphkit.split.backward_plan import reach
+from graphkit.split.run_once import run_once_kind
+
+__all__ = [
+    "NO_WALK",
+    "NO_WALK_CACHE_SIZE",
+    "WALK",
+    "NoWalkPlan",
+    "PendingWeight",
+    "PendingWeightWarning",
+    "WeightQueue",
+    "WeightQueueError",
+    "check_regions",
+    "current_queue",
+    "engine_skips",
+    "input_phase",
+    "no_walk_plan",
+    "qualify",
+    "remember",
+]
+
+NO_WALK = "no-walk"
+"""``SplitState.path`` of a microbatch whose B ran without a walk (its W runs its :class:`WeightQueue`)."""
+
+WALK = "walk"
+"""``SplitState.path`` of a microbatch whose B walked the graph (:mod:`graphkit.split.backward`)."""
+
+
+class WeightQueueError(RuntimeError):
+    """A queue's W asked for twice, or a region's I asked for after it queued its W."""
+
+
+class PendingWeightWarning(UserWarning):
+    """A microbatch's queue was dropped with its W never run: its weight gradients are lost."""
+
+
+@dataclass(slots=True, eq=False)
+class PendingWeight:
+    """The W of one compiled region, queued by its I (:func:`graphkit.split.compiled_region` fills it).
+
+    Attributes:
+        region: the :class:`~graphkit.split.compiled_region.SplitRegion` (its ``weight_backward``).
+        arguments: what its W graph takes: the values I handed on, then the saved tensors and gradients
+            it reads.
+        edges: per weight gradient the W graph returns, the parameter's AccumulateGrad Node (None where
+            that parameter needs no gradient).
+        tangents: the gradients of the region's outputs among ``arguments``, as ``(index in arguments,
+            version when I ran)``: checked unchanged in W, copied in B where they are the caller's.
+    """
+
+    region: Any
+    arguments: list[torch.Tensor]
+    edges: tuple[Node | None, ...]
+    tangents: list[tuple[int, int]] = field(default_factory=list)
+
+
+class WeightQueue:
+    """The pending W of the compiled regions of one microbatch, in the order B's engine ran them.
+
+    Single use: :meth:`run` once. Installed on a thread by :func:`input_phase` for B's engine call only.
+    """
+
+    __slots__ = ("_entries", "_ran", "__weakref__")
+
+    def __init__(self) -> None:
+        self._entries: list[PendingWeight] = []
+        self._ran = False
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def pending(self) -> bool:
+        """True while W has not run (and something is queued)."""
+        return not self._ran and bool(self._entries)
+
+    def put(self, entry: PendingWeight) -> None:
+        """Queue a region's W (called by the region's backward inside B's engine call)."""
+        if self._ran:
+            raise WeightQueueError("this microbatch's W already ran: no region can queue its W any more")
+        self._entries.append(entry)
+
+    def region_keys(self) -> tuple[int, ...]:
+        """The regions that queued their W, as a sorted tuple of ``id(region)`` (one entry per call)."""
+        return tuple(sorted(id(entry.region) for entry in self._entries))
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        """What the queue keeps for W: the values I handed on, saved tensors and output gradients."""
+        return [tensor for entry in self._entries for tensor in entry.arguments]
+
+    def captured_tensors(self) -> list[torch.Tensor]:
+        """The output gradients the regions keep for W (among :meth:`held_tensors`)."""
+        return [entry.arguments[index] for entry in self._entries for index, _ in entry.tangents]
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """The parameters W accumulates into (one per region argument; a shared one repeats)."""
+        return [node.variable for entry in self._entries for node in entry.edges if node is not None]
+
+    def copy_caller_gradients(self, cotangents: Sequence[torch.Tensor]) -> None:
+        """Copy every kept output gradient that shares storage with one of the caller's ``cotangents``:
+        the caller may reuse those buffers before W."""
+        addresses = {_storage_address(grad) for grad in cotangents}
+        addresses.discard(None)
+        if not addresses:
+            return
+        for entry in self._entries:
+            for slot, (index, _) in enumerate(entry.tangents):
+                tensor = entry.arguments[index]
+                if _storage_address(tensor) in addresses:
+                    copied = tensor.clone()
+                    entry.arguments[index] = copied
+                    entry.tangents[slot] = (index, _aot_autograd.version(copied))
+
+    def run(self) -> None:
+        """W: run every queued W graph and accumulate the gradients into ``.grad`` (module docstring).
+
+        Raises:
+            WeightQueueError: W already ran for this queue.
+            RuntimeError: an output gradient a region kept was modified in place since B.
+        """
+        if self._ran:
+            raise WeightQueueError("this microbatch's W already ran: each B allows one W")
+        self._ran = True
+        entries, self._entries = self._entries, []
+        variables: list[torch.Tensor] = []
+        for entry in entries:
+            for index, version in entry.tangents:
+                if _aot_autograd.version(entry.arguments[index]) != version:
+                    tensor = entry.arguments[index]
+                    raise RuntimeError(
+                        f"a gradient of shape {tuple(tensor.shape)} a compiled region kept in B for its W "
+                        "was modified in place before W (a reused buffer, or an input gradient scaled in "
+                        "place); pass cotangents that stay unchanged until W, or clone them"
+                    )
+            variables += [node.variable for node in entry.edges if node is not None]
+        if not variables:
+            return
+        with torch.enable_grad():
+            host = _QueuedWeightGradients.apply(entries, *variables)
+        _autograd.run_engine_backward([_autograd.gradient_edge(host)], [torch.zeros_like(host)], ())
+
+    def release(self) -> None:
+        """Drop what the queue holds (W ran, or the state was released)."""
+        self._entries = []
+        self._ran = True
+
+    def __del__(self) -> None:
+        # a microbatch whose state was dropped between B and W: say so once, the gradients are lost
+        if self._ran or not self._entries:
+            return
+        warnings.warn(
+            f"a microbatch's split state was dropped with the W of {len(self._entries)} compiled "
+            "region(s) never run: their parameters did not receive this microbatch's gradients; call "
+            "backward_weight on every state backward_input returned",
+            PendingWeightWarning,
+            stacklevel=2,
+        )
+
+
+class _QueuedWeightGradients(torch.autograd.Function):
+    """A host Node whose ``next_functions`` are the queued parameters' AccumulateGrad Nodes.
+
+    ``apply(entries, *parameters)`` returns a scalar to root W's engine call at; the backward runs each
+    entry's W graph and returns its gradients, one per parameter, holding no reference of its own: the
+    engine hands each to AccumulateGrad as a full backward does (taking it over into an empty ``.grad``).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, entries: list[PendingWeight], *parameters: torch.Tensor) -> torch.Tensor:
+        ctx.entries = entries
+        return torch.zeros((), device=parameters[0].device)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        entries, ctx.entries = ctx.entries, None
+        gradients: list[torch.Tensor | None] = [None]
+        for entry in entries:
+            region = entry.region
+            arguments, entry.arguments = entry.arguments, []
+            with _aot_autograd.no_autocast(region.disable_autocast):
+                results = _aot_autograd.call_boxed(region.weight_backward, arguments)
+            del arguments
+            gradients += [value for value, node in zip(results, entry.edges, strict=True) if node is not None]
+            del results
+        return tuple(gradients)
+
+
+def _storage_address(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except RuntimeError:  # a wrapper subclass without a storage of its own
+        return None
+
+
+_installed = threading.local()
+
+
+def current_queue() -> WeightQueue | None:
+    """The queue of the B running its engine call on this thread, or None (no-walk B only)."""
+    return getattr(_installed, "queue", None)
+
+
+class input_phase:  # noqa: N801 - used as a context manager, named as one
+    """Install ``queue`` on this thread for the duration of B's engine call (the previous one after)."""
+
+    __slots__ = ("_previous", "_queue")
+
+    def __init__(self, queue: WeightQueue) -> None:
+        self._queue = queue
+        self._previous: WeightQueue | None = None
+
+    def __enter__(self) -> WeightQueue:
+        self._previous = getattr(_installed, "queue", None)
+        _installed.queue = self._queue
+        return self._queue
+
+    def __exit__(self, *_exc: object) -> None:
+        _installed.queue = self._previous
+
+
+def engine_skips(node: Node | None) -> bool:
+    """Whether the running engine call will not execute ``node`` (B's ``inputs=`` leave it out).
+
+    A region checks one parameter's AccumulateGrad Node with it before it queues its W: a backward started
+    inside B by a hook, which would run the parameters, then gets the region's whole backward.
+    """
+    return node is None or not torch._C._will_engine_execute_node(node)
+
+
+@dataclass(slots=True, frozen=True)
+class NoWalkPlan:
+    """A stage structure qualified for the no-walk path (:func:`qualify`).
+
+    Attributes:
+        regions: the regions whose W B queues, as :meth:`WeightQueue.region_keys` gives them.
+    """
+
+    regions: tuple[int, ...]
+
+
+NO_WALK_CACHE_SIZE = 32
+"""How many stage keys :func:`no_walk_plan` remembers (a stage has one; tests build many)."""
+
+_DECISIONS: dict[Any, NoWalkPlan | None] = {}
+_DECISIONS_LOCK = threading.Lock()
+
+
+def _key(
+    output_edges: Sequence[GradientEdge],
+    cotangents: Sequence[torch.Tensor],
+    stage_inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor] | None,
+) -> tuple[Any, ...]:
+    """The cache key of a call: per output its Node's region (or class) and output_nr; the number of stage
+    inputs; the parameters given; the devices of the cotangents and stage inputs. No cost per Node."""
+    outputs = tuple(
+        (
+            id(region) if (region := getattr(edge.node, "region", None)) is not None else type(edge.node),
+            edge.output_nr,
+        )
+        for edge in output_edges
+    )
+    devices = tuple(
+        {grad.device.type for grad in cotangents} | {tensor.device.type for tensor in stage_inputs}
+    )
+    return (outputs, len(stage_inputs), None if params is None else tuple(map(id, params)), devices)
+
+
+def no_walk_plan(
+    output_edges: Sequence[GradientEdge],
+    cotangents: Sequence[torch.Tensor],
+    stage_inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor] | None,
+) -> tuple[Any, NoWalkPlan | None]:
+    """``(key, plan)``: the no-walk plan of this stage (None: B walks), from the cache or :func:`qualify`."""
+    key = _key(output_edges, cotangents, stage_inputs, params)
+    try:
+        return key, _DECISIONS[key]
+    except KeyError:
+        pass
+    plan = qualify(output_edges, cotangents, stage_inputs, params)
+    remember(key, plan)
+    return key, plan
+
+
+def remember(key: Any, plan: NoWalkPlan | None) -> None:
+    """Cache the decision for ``key`` (the oldest goes beyond :data:`NO_WALK_CACHE_SIZE`)."""
+    with _DECISIONS_LOCK:  # split backwards may run on several threads at once
+        _DECISIONS.pop(key, None)
+        if len(_DECISIONS) >= NO_WALK_CACHE_SIZE:
+            _DECISIONS.pop(next(iter(_DECISIONS)))
+        _DECISIONS[key] = plan
+
+
+def qualify(
+    output_edges: Sequence[GradientEdge],
+    cotangents: Sequence[torch.Tensor],
+    stage_inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor] | None,
+) -> NoWalkPlan | None:
+    """Walk the graph once and say whether B may skip the walk for it (module docstring), or None.
+
+    Iterative, O(nodes + edges).
+    """
+    from graphkit.split.compiled_region import SplitRegionFunction  # the region imports this module
+
+    if not stage_inputs or not output_edges:
+        return None
+    if any(grad.device.type != "cpu" for grad in cotangents) or any(
+        tensor.device.type != "cpu" for tensor in stage_inputs
+    ):
+        return None
+    leaf_inputs = {id(tensor) for tensor in stage_inputs if tensor.grad_fn is None}
+    stop = {_autograd.gradient_edge(tensor).node for tensor in stage_inputs if tensor.grad_fn is not None}
+    variables: dict[int, torch.Tensor] = {}
+    walk = walk_nodes((edge.node for edge in output_edges), stop, variables)
+    nodes = walk.nodes
+    count = len(nodes)
+    consumers: list[list[int]] = [[] for _ in range(count)]
+    uses: list[list[tuple[int, int]]] = [[] for _ in range(count)]  # per producer: (consumer, input_nr)
+    for producer, consumer, _, input_nr in walk.edges():
+        consumers[producer].append(consumer)
+        uses[producer].append((consumer, input_nr))
+    inputs = [index for index, node in enumerate(nodes) if node in stop]
+    inputs += [index for index, tensor in variables.items() if id(tensor) in leaf_inputs]
+    if not inputs:
+        return None
+    on_input_path = reach(consumers, inputs, count)
+    allowed = None if params is None else {id(tensor) for tensor in params if tensor.requires_grad}
+    input_indices = set(inputs)
+    regions: list[int] = []
+    covered: set[int] = set()
+    for index, node in enumerate(nodes):
+        if run_once_kind(node) is not None:
+            return None  # a reentrant checkpoint or an unsplit compiled region: the walking path runs it
+        if index in input_indices or index not in variables:
+            continue
+        variable = variables[index]
+        if allowed is not None and id(variable) not in allowed:
+            return None  # a leaf params= leaves out: the walking path leaves it out
+        for consumer, input_nr in uses[index]:
+            region_node = nodes[consumer]
+            if _autograd.forward_class(region_node) is not SplitRegionFunction:
+                return None  # a parameter used outside a split region
+            if input_nr not in region_node.region.partition.weight_positions or not on_input_path[consumer]:
+                return None  # computed by the region's I, or a region B would not run
+            regions.append(consumer)
+        covered.add(id(variable))
+    if allowed is not None and not allowed <= covered:
+        return None  # a parameter of the stage that no region covers here: its use may change
+    keys = tuple(sorted(id(nodes[index].region) for index in set(regions)))
+    return NoWalkPlan(keys) if keys else None
+
+
+def check_regions(
+    key: Any,
+    plan: NoWalkPlan,
+    queue: WeightQueue,
+    output_edges: Sequence[GradientEdge],
+    cotangents: Sequence[torch.Tensor],
+    stage_inputs: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor] | None,
+) -> bool:
+    """After a no-walk B: True where the regions that queued their W are those a walk finds in this graph.
+
+    Where they differ from ``plan``'s, the graph (kept by B) is qualified anew and the cache updated;
+    False when it no longer qualifies (a parameter outside a region: B's gradients miss it).
+    """
+    found = queue.region_keys()
+    if found == plan.regions:
+        return True
+    fresh = qualify(output_edges, cotangents, stage_inputs, params)
+    remember(key, fresh)
+    return fresh is not None and fresh.regions == found
