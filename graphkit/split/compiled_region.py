@@ -250,8 +250,9 @@ def _queue_weight(
             value = tangents[position - saved_count]
             kept_tangents.append((len(arguments), _aot_autograd.version(value)))
             arguments.append(value)
-    queue.put(PendingWeight(region, arguments, edges, kept_tangents))
+    queue.put(PendingWeight(region, arguments, edges, kept_tangents, ctx))
     _release(ctx)
+    ctx.held_tensors = list(arguments)  # until W runs the queue (PendingWeight.drop)
     ctx.phase = _Phase.QUEUED
     return (None, *gradients)
 

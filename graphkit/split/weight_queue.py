@@ -101,12 +101,22 @@ class PendingWeight:
             that parameter needs no gradient).
         tangents: the gradients of the region's outputs among ``arguments``, as ``(index in arguments,
             version when I ran)``: checked unchanged in W, copied in B where they are the caller's.
+        node: the region's Node (its ctx), whose ``held_tensors`` list ``arguments`` until W, for graphkit's
+            memory accounting; emptied when W ran or the queue was released.
     """
 
     region: Any
     arguments: list[torch.Tensor]
     edges: tuple[Node | None, ...]
     tangents: list[tuple[int, int]] = field(default_factory=list)
+    node: Any = None
+
+    def drop(self) -> None:
+        """Let go of everything kept for W (also on the region's Node)."""
+        self.arguments = []
+        if self.node is not None:
+            self.node.held_tensors = []
+            self.node = None
 
 
 class WeightQueue:
@@ -164,6 +174,8 @@ class WeightQueue:
                 if _storage_address(tensor) in addresses:
                     copied = tensor.clone()
                     entry.arguments[index] = copied
+                    if entry.node is not None:
+                        entry.node.held_tensors = list(entry.arguments)
                     entry.tangents[slot] = (index, _aot_autograd.version(copied))
 
     def run(self) -> None:
@@ -196,7 +208,9 @@ class WeightQueue:
 
     def release(self) -> None:
         """Drop what the queue holds (W ran, or the state was released)."""
-        self._entries = []
+        entries, self._entries = self._entries, []
+        for entry in entries:
+            entry.drop()
         self._ran = True
 
     def __del__(self) -> None:
@@ -232,7 +246,8 @@ class _QueuedWeightGradients(torch.autograd.Function):
         gradients: list[torch.Tensor | None] = [None]
         for entry in entries:
             region = entry.region
-            arguments, entry.arguments = entry.arguments, []
+            arguments = entry.arguments
+            entry.drop()
             with _aot_autograd.no_autocast(region.disable_autocast):
                 results = _aot_autograd.call_boxed(region.weight_backward, arguments)
             del arguments
