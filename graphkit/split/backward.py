@@ -93,7 +93,9 @@ from graphkit.split.multi_grad_hooks import MULTI_GRAD_HOOK_REASON, refusing_mul
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
 from graphkit.split.weight_queue import (
     NO_WALK,
+    REGIONS_AS_PLANNED,
     WALK,
+    WALK_INSTEAD,
     NoWalkPlan,
     WeightQueue,
     check_regions,
@@ -530,9 +532,11 @@ def _backward_input(
         cotangents = [grad for _, grad in pairs]
         key, no_walk = no_walk_plan(output_edges, cotangents, stage_inputs, params)
         if no_walk is not None:
-            return _backward_input_without_walk(
+            state = _backward_input_without_walk(
                 key, no_walk, pairs, inputs_by_name, stage_inputs, output_edges, params
             )
+            if state is not None:
+                return state
     walk, input_nodes, variables = _walk_to_inputs(output_edges, stage_inputs)
     lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
@@ -695,9 +699,10 @@ def _backward_input_without_walk(
     stage_inputs: list[torch.Tensor],
     output_edges: list[GradientEdge],
     params: list[torch.Tensor] | None,
-) -> SplitState:
+) -> SplitState | None:
     """B where every parameter lies inside split compiled regions: one engine call with this microbatch's
-    queue installed; the regions queue their W (:mod:`graphkit.split.weight_queue`)."""
+    queue installed; the regions queue their W (:mod:`graphkit.split.weight_queue`). None where the graph
+    turned out not to qualify and no region queued anything (the caller walks it instead)."""
     cotangents = [grad for _, grad in pairs]
     queue = WeightQueue()
     try:
@@ -709,7 +714,10 @@ def _backward_input_without_walk(
         if freed is error:
             raise
         raise freed from error
-    if not check_regions(key, plan, queue, output_edges, cotangents, stage_inputs, params):
+    checked = check_regions(key, plan, queue, output_edges, cotangents, stage_inputs, params)
+    if checked == WALK_INSTEAD:
+        return None
+    if checked != REGIONS_AS_PLANNED:
         queue.release()
         raise SplitError(
             "this microbatch's autograd graph differs from the structure its stage was qualified with for B "

@@ -36,7 +36,7 @@ import torch
 from graphkit.graph import _autograd
 from graphkit.split import _aot_autograd
 from graphkit.split.compiled_partition import BackwardPartition
-from graphkit.split.weight_queue import PendingWeight, WeightQueue, current_queue, engine_skips
+from graphkit.split.weight_queue import PendingWeight, WeightQueue, current_queue, engine_skips, regions_made
 
 __all__ = ["SplitRegion", "SplitRegionFunction"]
 
@@ -78,6 +78,9 @@ class SplitRegion:
     tangent_outputs: tuple[int, ...]
     tangent_layouts: tuple[tuple[tuple[int, ...], tuple[int, ...]] | None, ...]
     disable_autocast: bool
+
+    def __post_init__(self) -> None:
+        regions_made.any = True  # from now on, graphkit's B looks for split regions near a stage's outputs
 
     def __call__(self, *arguments: Any) -> tuple[torch.Tensor, ...]:
         """Run the region: what torch.compile calls with the captured graph's inputs."""
@@ -250,7 +253,7 @@ def _queue_weight(
             value = tangents[position - saved_count]
             kept_tangents.append((len(arguments), _aot_autograd.version(value)))
             arguments.append(value)
-    queue.put(PendingWeight(region, arguments, edges, kept_tangents, ctx))
+    queue.put(PendingWeight(region, arguments, edges, kept_tangents, ctx, ctx._sequence_nr()))
     _release(ctx)
     ctx.held_tensors = list(arguments)  # until W runs the queue (PendingWeight.drop)
     ctx.phase = _Phase.QUEUED

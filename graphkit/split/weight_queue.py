@@ -24,19 +24,22 @@ microbatches is exact. A queue runs once (:class:`WeightQueueError` otherwise); 
 still pending warns (:class:`PendingWeightWarning`: the weight gradients of that microbatch are lost).
 
 **Which path.** :func:`no_walk_plan` decides per call without a cost per Node: it keys a small cache on the
-stage outputs' Nodes (the region object where an output comes straight from a region), the number of stage
-inputs, the ``params=`` given and the devices. On a key it has not seen, it walks the graph once and
+stage outputs' Nodes and the split region nearest to each (found within a fixed number of Nodes below it,
+:func:`nearest_region`; none found: B walks), the number of stage inputs, the ``params=`` given and the
+devices. On a key it has not seen, it walks the graph once and
 qualifies it (:func:`qualify`): every leaf that requires grad and is not a stage input is consumed only by
 regions, at their weight positions, and each such region lies on a path to a stage input (else B would
 not run it and its W would never be queued); no Node the split runs once (reentrant checkpoint, an unsplit
 compiled region) lies in the graph; every output, cotangent and stage input is on the CPU (the autograd
 engine runs the Nodes of other devices on threads of its own, where B's queue is not installed). After each
-no-walk B, :func:`check_regions` compares the regions that queued their W with those the walk found; where
-they differ (the structure changed: a region skipped, another model with the same key), the graph is
-walked again (B keeps it, ``retain_graph=True``) and qualified anew, or B raises. A change confined to the
-glue that brings in a parameter while the same regions run is the one change this does not see: a stage
-whose glue uses a parameter only on some microbatches should pass ``params=`` (a parameter that no region
-covers makes the stage take the walking path) or compile that parameter's block too.
+no-walk B, :func:`check_regions` compares the regions that queued their W with those the walk found, and
+how many Nodes the forward created between each of them and the outputs (their sequence numbers); where
+they differ (the structure changed: a region skipped, a Linear in the glue on some microbatches only), the graph is walked again (B keeps it,
+``retain_graph=True``) and qualified anew; where it no longer qualifies, B walks it after all if no region
+queued anything (the glue's own backward then ran twice, hooks included), and raises otherwise. A change the check does not see is one before the
+first region that keeps every count (a parameter used ahead of the first block on some microbatches
+only): a stage that does so should pass ``params=`` (a parameter that no region covers makes the stage take
+the walking path) or compile that parameter's block too.
 """
 
 from __future__ import annotations
@@ -58,7 +61,11 @@ from graphkit.split.run_once import run_once_kind
 
 __all__ = [
     "NO_WALK",
+    "NEAREST_REGION_NODES",
+    "NOT_EXACT",
     "NO_WALK_CACHE_SIZE",
+    "REGIONS_AS_PLANNED",
+    "WALK_INSTEAD",
     "WALK",
     "NoWalkPlan",
     "PendingWeight",
@@ -68,7 +75,10 @@ __all__ = [
     "check_regions",
     "current_queue",
     "engine_skips",
+    "forget_decisions",
     "input_phase",
+    "nearest_region",
+    "regions_made",
     "no_walk_plan",
     "qualify",
     "remember",
@@ -110,6 +120,7 @@ class PendingWeight:
     edges: tuple[Node | None, ...]
     tangents: list[tuple[int, int]] = field(default_factory=list)
     node: Any = None
+    sequence_nr: int = -1  # of the region's Node, for StructureCheck
 
     def drop(self) -> None:
         """Let go of everything kept for W (also on the region's Node)."""
@@ -148,6 +159,14 @@ class WeightQueue:
     def region_keys(self) -> tuple[int, ...]:
         """The regions that queued their W, as a sorted tuple of ``id(region)`` (one entry per call)."""
         return tuple(sorted(id(entry.region) for entry in self._entries))
+
+    def distances(self, output_edges: Sequence[GradientEdge]) -> tuple[int, ...] | None:
+        """Per queued region, sorted: how many Nodes the forward created from the region's Node to the
+        latest output Node (sequence numbers), or None where no output Node has one."""
+        latest = _latest_sequence_nr(output_edges)
+        if latest is None:
+            return None
+        return tuple(sorted(latest - entry.sequence_nr for entry in self._entries))
 
     def held_tensors(self) -> list[torch.Tensor]:
         """What the queue keeps for W: the values I handed on, saved tensors and output gradients."""
@@ -304,9 +323,20 @@ class NoWalkPlan:
 
     Attributes:
         regions: the regions whose W B queues, as :meth:`WeightQueue.region_keys` gives them.
+        distances: as :meth:`WeightQueue.distances` gives them: a Node more or fewer in the glue between
+            the regions and the outputs (a Linear used on some microbatches only) changes them.
     """
 
     regions: tuple[int, ...]
+    distances: tuple[int, ...]
+
+
+def _latest_sequence_nr(output_edges: Sequence[GradientEdge]) -> int | None:
+    """The largest sequence number among the outputs' Nodes that are not leaves (they have none)."""
+    numbers = [
+        edge.node._sequence_nr() for edge in output_edges if not _autograd.is_accumulate_grad(edge.node)
+    ]
+    return max(numbers) if numbers else None
 
 
 NO_WALK_CACHE_SIZE = 32
@@ -316,21 +346,53 @@ _DECISIONS: dict[Any, NoWalkPlan | None] = {}
 _DECISIONS_LOCK = threading.Lock()
 
 
+NEAREST_REGION_NODES = 32
+"""How many Nodes :func:`nearest_region` looks at below a stage output for a split region (a constant,
+whatever the graph's size): glue after a stage's last region is a few Nodes (a residual add, an activation)."""
+
+
+class _RegionsMade:
+    """Whether any split region was built in this process: until one is, B does not look for one."""
+
+    any = False
+
+
+regions_made = _RegionsMade()
+"""Set by :class:`~graphkit.split.compiled_region.SplitRegion` when the first one is built."""
+
+
+def nearest_region(node: Node) -> int | None:
+    """``id`` of the first split region's object found breadth-first below ``node``, within
+    :data:`NEAREST_REGION_NODES` Nodes; None if none is (B then walks)."""
+    seen = {node}
+    queue = [node]
+    for current in queue:  # a list iterator sees what is appended while it runs
+        region = getattr(current, "region", None)
+        if region is not None and hasattr(region, "weight_backward"):
+            return id(region)
+        if len(queue) >= NEAREST_REGION_NODES:
+            continue
+        for producer, _ in current.next_functions:
+            if producer is not None and producer not in seen:
+                seen.add(producer)
+                queue.append(producer)
+    return None
+
+
 def _key(
     output_edges: Sequence[GradientEdge],
     cotangents: Sequence[torch.Tensor],
     stage_inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor] | None,
-) -> tuple[Any, ...]:
-    """The cache key of a call: per output its Node's region (or class) and output_nr; the number of stage
-    inputs; the parameters given; the devices of the cotangents and stage inputs. No cost per Node."""
-    outputs = tuple(
-        (
-            id(region) if (region := getattr(edge.node, "region", None)) is not None else type(edge.node),
-            edge.output_nr,
-        )
-        for edge in output_edges
-    )
+) -> tuple[Any, ...] | None:
+    """The cache key of a call, or None where no split region lies near the outputs: per output its Node's
+    class, output_nr and nearest region (:func:`nearest_region`); the number of stage inputs; the parameters
+    given; the devices of the cotangents and stage inputs. A bounded cost, none per Node of the graph."""
+    if not regions_made.any:
+        return None
+    outputs = tuple((type(edge.node), edge.output_nr, nearest_region(edge.node)) for edge in output_edges)
+    if all(region is None for _, _, region in outputs):
+        return None
     devices = tuple(
         {grad.device.type for grad in cotangents} | {tensor.device.type for tensor in stage_inputs}
     )
@@ -345,6 +407,8 @@ def no_walk_plan(
 ) -> tuple[Any, NoWalkPlan | None]:
     """``(key, plan)``: the no-walk plan of this stage (None: B walks), from the cache or :func:`qualify`."""
     key = _key(output_edges, cotangents, stage_inputs, params)
+    if key is None:
+        return None, None
     try:
         return key, _DECISIONS[key]
     except KeyError:
@@ -352,6 +416,12 @@ def no_walk_plan(
     plan = qualify(output_edges, cotangents, stage_inputs, params)
     remember(key, plan)
     return key, plan
+
+
+def forget_decisions() -> None:
+    """Forget every stage :func:`no_walk_plan` qualified or refused: the next B of each walks once again."""
+    with _DECISIONS_LOCK:
+        _DECISIONS.clear()
 
 
 def remember(key: Any, plan: NoWalkPlan | None) -> None:
@@ -419,8 +489,24 @@ def qualify(
         covered.add(id(variable))
     if allowed is not None and not allowed <= covered:
         return None  # a parameter of the stage that no region covers here: its use may change
-    keys = tuple(sorted(id(nodes[index].region) for index in set(regions)))
-    return NoWalkPlan(keys) if keys else None
+    region_nodes = [nodes[index] for index in set(regions)]
+    latest = _latest_sequence_nr(output_edges)
+    if not region_nodes or latest is None:
+        return None
+    return NoWalkPlan(
+        tuple(sorted(id(node.region) for node in region_nodes)),
+        tuple(sorted(latest - node._sequence_nr() for node in region_nodes)),
+    )
+
+
+REGIONS_AS_PLANNED = "as planned"
+""":func:`check_regions`: the regions that queued their W are those the plan expects."""
+
+WALK_INSTEAD = "walk instead"
+""":func:`check_regions`: the structure does not qualify, and no region queued its W: B may walk."""
+
+NOT_EXACT = "not exact"
+""":func:`check_regions`: the structure does not qualify, and regions consumed their I: B must fail."""
 
 
 def check_regions(
@@ -431,15 +517,20 @@ def check_regions(
     cotangents: Sequence[torch.Tensor],
     stage_inputs: Sequence[torch.Tensor],
     params: Sequence[torch.Tensor] | None,
-) -> bool:
-    """After a no-walk B: True where the regions that queued their W are those a walk finds in this graph.
+) -> str:
+    """After a no-walk B: whether the regions that queued their W are those a walk finds in this graph.
 
-    Where they differ from ``plan``'s, the graph (kept by B) is qualified anew and the cache updated;
-    False when it no longer qualifies (a parameter outside a region: B's gradients miss it).
+    Where they differ from ``plan``'s, the graph (kept by B) is qualified anew and the cache updated.
+    Returns :data:`REGIONS_AS_PLANNED`, :data:`WALK_INSTEAD` (it no longer qualifies and no region queued
+    anything: the graph is whole, B may walk it) or :data:`NOT_EXACT` (it no longer qualifies and regions
+    ran their I: a parameter outside them did not get its gradient).
     """
     found = queue.region_keys()
-    if found == plan.regions:
-        return True
+    distances = queue.distances(output_edges)
+    if found == plan.regions and distances == plan.distances:
+        return REGIONS_AS_PLANNED
     fresh = qualify(output_edges, cotangents, stage_inputs, params)
     remember(key, fresh)
-    return fresh is not None and fresh.regions == found
+    if fresh is not None and fresh.regions == found and fresh.distances == distances:
+        return REGIONS_AS_PLANNED
+    return NOT_EXACT if found else WALK_INSTEAD
