@@ -18,7 +18,13 @@ from torch import nn
 from graphkit.measure.benchmark import memory_kept
 from graphkit.split import GraphFreedError, SplitError, backward_input, backward_weight
 from graphkit.split.compile_backend import splitting_backend
-from graphkit.split.weight_queue import NO_WALK, WALK, PendingWeightWarning, forget_decisions
+from graphkit.split.weight_queue import (
+    NO_WALK,
+    WALK,
+    PendingWeightWarning,
+    forget_decisions,
+    walking_always,
+)
 
 WIDTH = 8
 
@@ -190,7 +196,7 @@ def test_a_glue_parameter_appearing_later_fails_loudly_then_b_walks(stages):
         backward_input(split(x), g, x)
     _reset(split, use_glue=True)
     _reset(reference, use_glue=True)
-    expected, _ = _full_gradients(reference, x, g)
+    expected, _ = _full_gradients(reference, x.detach(), g)
     x = x.detach().clone().requires_grad_()
     state = backward_input(split(x), g, x)
     assert state.path == WALK
@@ -225,6 +231,9 @@ def test_w_twice_raises_and_so_does_another_backward_after_b(stages):
         torch.autograd.backward(out, g)
     with pytest.raises(GraphFreedError, match="another backward ran"):
         backward_weight(state)
+    with pytest.warns(PendingWeightWarning):
+        del state
+        gc.collect()
     x = x.detach().clone().requires_grad_()
     state = backward_input(split(x), g, x)
     backward_weight(state)
@@ -322,6 +331,26 @@ def test_microbatches_on_two_threads_keep_their_own_queues(stages):
         assert torch.equal(parameter.grad, total), index
     for position in range(2):
         assert torch.equal(states[position].input_grads[0], expected[position][1])
+
+
+def test_walking_always_makes_b_walk_and_both_paths_agree(stages):
+    split, _ = stages
+    ((x, g),) = _microbatches(1, seed=13)
+    grads = {}
+    for walk in (True, False):
+        _reset(split)
+        x = x.detach().clone().requires_grad_()
+        out = split(x)
+        if walk:
+            with walking_always():
+                state = backward_input(out, g, x)
+        else:
+            state = backward_input(out, g, x)
+        assert state.path == (WALK if walk else NO_WALK)
+        backward_weight(state)
+        grads[walk] = [p.grad for p in split.parameters()]
+    for walked, queued in zip(grads[True], grads[False], strict=True):
+        assert (walked is None and queued is None) or torch.equal(walked, queued)
 
 
 def test_a_plain_backward_through_split_regions_is_untouched(stages):

@@ -82,6 +82,7 @@ __all__ = [
     "no_walk_plan",
     "qualify",
     "remember",
+    "walking_always",
 ]
 
 NO_WALK = "no-walk"
@@ -290,6 +291,20 @@ def current_queue() -> WeightQueue | None:
     return getattr(_installed, "queue", None)
 
 
+class walking_always:  # noqa: N801 - used as a context manager, named as one
+    """Within, on this thread, B walks the graph even where the no-walk path applies (to compare the two,
+    or to rule the no-walk path out while debugging a stage)."""
+
+    __slots__ = ("_previous",)
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_installed, "walk", False)
+        _installed.walk = True
+
+    def __exit__(self, *_exc: object) -> None:
+        _installed.walk = self._previous
+
+
 class input_phase:  # noqa: N801 - used as a context manager, named as one
     """Install ``queue`` on this thread for the duration of B's engine call (the previous one after)."""
 
@@ -388,7 +403,7 @@ def _key(
     """The cache key of a call, or None where no split region lies near the outputs: per output its Node's
     class, output_nr and nearest region (:func:`nearest_region`); the number of stage inputs; the parameters
     given; the devices of the cotangents and stage inputs. A bounded cost, none per Node of the graph."""
-    if not regions_made.any:
+    if not regions_made.any or getattr(_installed, "walk", False):
         return None
     outputs = tuple((type(edge.node), edge.output_nr, nearest_region(edge.node)) for edge in output_edges)
     if all(region is None for _, _, region in outputs):
