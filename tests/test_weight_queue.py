@@ -353,6 +353,30 @@ def test_walking_always_makes_b_walk_and_both_paths_agree(stages):
         assert (walked is None and queued is None) or torch.equal(walked, queued)
 
 
+def test_a_parameter_returned_as_an_output_or_passed_as_an_input_makes_b_walk(stages):
+    split, reference = stages
+    _reset(split)
+    _reset(reference)
+    ((x, g),) = _microbatches(1, seed=14)
+    weight = split.blocks[2].second.weight
+    reference_weight = reference.blocks[2].second.weight
+    x_reference = x.clone().requires_grad_()
+    torch.autograd.backward([reference(x_reference), reference_weight], [g, torch.ones_like(weight)])
+    x = x.clone().requires_grad_()
+    state = backward_input([split(x), weight], [g, torch.ones_like(weight)], x)
+    assert state.path == WALK  # the weight's own cotangent reaches no stage input
+    backward_weight(state)
+    assert torch.equal(weight.grad, reference_weight.grad)
+    assert torch.equal(state.input_grads[0], x_reference.grad)
+
+    _reset(split)
+    x = x.detach().clone().requires_grad_()
+    state = backward_input(split(x), g, [x, weight])  # the region counts it a weight: B owes its gradient
+    assert state.path == WALK
+    backward_weight(state)
+    assert weight.grad is None and state.input_grads[1] is not None
+
+
 def test_a_plain_backward_through_split_regions_is_untouched(stages):
     split, reference = stages
     _reset(split)
@@ -366,3 +390,24 @@ def test_a_plain_backward_through_split_regions_is_untouched(stages):
         (p.grad is None) if e is None else torch.equal(p.grad, e)
         for p, e in zip(split.parameters(), expected, strict=True)
     )
+
+
+def test_the_blocks_of_a_compiled_pipeline_spec_take_the_no_walk_path():
+    from graphkit.models.pipeline_specs import load_pipeline_spec
+    from graphkit.split.compile_backend import register_backends
+
+    register_backends()
+    torch._dynamo.reset()
+    model = load_pipeline_spec("zoo-pipeline:mlp?compile=split-eager", num_stages=2, batch_size=4, seed=0)
+    (stage, _) = model.stages
+    (x,) = model.inputs
+    paths = []
+    for _ in range(2):
+        x = x.detach().clone().requires_grad_()
+        out = stage(x)
+        # as graphkit's PipelineStage calls it: the stage's parameters named
+        state = backward_input(out, torch.ones_like(out), x, params=list(stage.parameters()))
+        paths.append(state.path)
+        backward_weight(state)
+    assert paths == [NO_WALK, NO_WALK]
+    torch._dynamo.reset()

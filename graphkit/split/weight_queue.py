@@ -482,6 +482,8 @@ def qualify(
     if not inputs:
         return None
     on_input_path = reach(consumers, inputs, count)
+    if not all(on_input_path[walk.index[edge.node]] for edge in output_edges):
+        return None  # an output only parameters feed (a parameter returned as an output)
     allowed = None if params is None else {id(tensor) for tensor in params if tensor.requires_grad}
     input_indices = set(inputs)
     regions: list[int] = []
@@ -489,7 +491,14 @@ def qualify(
     for index, node in enumerate(nodes):
         if run_once_kind(node) is not None:
             return None  # a reentrant checkpoint or an unsplit compiled region: the walking path runs it
-        if index in input_indices or index not in variables:
+        if index not in variables:
+            continue
+        if index in input_indices:
+            if any(
+                _is_weight_use(nodes[consumer], input_nr, SplitRegionFunction)
+                for consumer, input_nr in uses[index]
+            ):
+                return None  # a stage input a region counts as a weight: its gradient belongs to B
             continue
         variable = variables[index]
         if allowed is not None and id(variable) not in allowed:
@@ -522,6 +531,13 @@ WALK_INSTEAD = "walk instead"
 
 NOT_EXACT = "not exact"
 """:func:`check_regions`: the structure does not qualify, and regions consumed their I: B must fail."""
+
+
+def _is_weight_use(node: Node, input_nr: int, region_class: type) -> bool:
+    """Whether ``node`` is a split region's Node taking a weight at ``next_functions[input_nr]``."""
+    return (
+        _autograd.forward_class(node) is region_class and input_nr in node.region.partition.weight_positions
+    )
 
 
 def check_regions(
