@@ -411,3 +411,20 @@ def test_the_blocks_of_a_compiled_pipeline_spec_take_the_no_walk_path():
         backward_weight(state)
     assert paths == [NO_WALK, NO_WALK]
     torch._dynamo.reset()
+
+
+def test_verify_split_on_the_no_walk_path_is_exact_and_counts_each_regions_w(stages):
+    import graphkit
+
+    split, _ = stages
+    _reset(split)
+    x = torch.randn(4, WIDTH, requires_grad=True)
+    graphkit.verify_split(split, (x,))  # the first B of the structure walks to qualify it
+    report = graphkit.verify_split(split, (x,))
+    assert report.ok, report.table()
+    assert all(check.status == "ok" and check.bitwise for check in report.params + report.inputs)
+    regions = [node for node in report.opaque if node.kind == "split-compiled-region"]
+    assert len(regions) == 3
+    for node in regions:  # I in B, W in W, nothing twice
+        assert node.flops["b"] > 0 and node.flops["w"] > 0
+        assert node.flops["b"] + node.flops["w"] == node.flops["full"]

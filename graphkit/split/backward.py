@@ -1112,7 +1112,7 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
     try:
         if state._weight_queue is not None:
             with _outside_inference_mode():
-                state._weight_queue.run()
+                state._weight_queue.run(_direct_call_observers.get())
         elif (
             torch.is_inference_mode_enabled() or state._checkpoints is not None or state._run_once is not None
         ):

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,8 +199,11 @@ class WeightQueue:
                         entry.node.held_tensors = list(entry.arguments)
                     entry.tangents[slot] = (index, _aot_autograd.version(copied))
 
-    def run(self) -> None:
+    def run(self, observers: Sequence[Callable[[Node], AbstractContextManager[Any]]] = ()) -> None:
         """W: run every queued W graph and accumulate the gradients into ``.grad`` (module docstring).
+
+        ``observers``: called with each region's Node, their contexts entered while its W graph runs (as
+        for the Nodes the walking path's W calls directly: FLOPs per Node).
 
         Raises:
             WeightQueueError: W already ran for this queue.
@@ -223,7 +227,7 @@ class WeightQueue:
         if not variables:
             return
         with torch.enable_grad():
-            host = _QueuedWeightGradients.apply(entries, *variables)
+            host = _QueuedWeightGradients.apply((entries, tuple(observers)), *variables)
         _autograd.run_engine_backward([_autograd.gradient_edge(host)], [torch.zeros_like(host)], ())
 
     def release(self) -> None:
@@ -255,20 +259,25 @@ class _QueuedWeightGradients(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, entries: list[PendingWeight], *parameters: torch.Tensor) -> torch.Tensor:
-        ctx.entries = entries
+    def forward(
+        ctx: Any, work: tuple[list[PendingWeight], tuple[Any, ...]], *parameters: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.work = work
         return torch.zeros((), device=parameters[0].device)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        entries, ctx.entries = ctx.entries, None
+        (entries, observers), ctx.work = ctx.work, None
         gradients: list[torch.Tensor | None] = [None]
         for entry in entries:
             region = entry.region
             arguments = entry.arguments
+            node = entry.node
             entry.drop()
-            with _aot_autograd.no_autocast(region.disable_autocast):
+            with ExitStack() as observed, _aot_autograd.no_autocast(region.disable_autocast):
+                for observer in observers:
+                    observed.enter_context(observer(node))
                 results = _aot_autograd.call_boxed(region.weight_backward, arguments)
             del arguments
             gradients += [value for value, node in zip(results, entry.edges, strict=True) if node is not None]
