@@ -531,9 +531,10 @@ def _backward_input(
     if stage_inputs and all(isinstance(output, torch.Tensor) for output, _ in pairs):
         cotangents = [grad for _, grad in pairs]
         key, no_walk = no_walk_plan(output_edges, cotangents, stage_inputs, params)
+        lap("b.no_walk_plan")
         if no_walk is not None:
             state = _backward_input_without_walk(
-                key, no_walk, pairs, inputs_by_name, stage_inputs, output_edges, params
+                key, no_walk, pairs, inputs_by_name, stage_inputs, output_edges, params, lap
             )
             if state is not None:
                 return state
@@ -699,6 +700,7 @@ def _backward_input_without_walk(
     stage_inputs: list[torch.Tensor],
     output_edges: list[GradientEdge],
     params: list[torch.Tensor] | None,
+    lap: Any,
 ) -> SplitState | None:
     """B where every parameter lies inside split compiled regions: one engine call with this microbatch's
     queue installed; the regions queue their W (:mod:`graphkit.split.weight_queue`). None where the graph
@@ -708,6 +710,7 @@ def _backward_input_without_walk(
     try:
         with input_phase(queue):
             grads = _autograd.run_engine_grad([tensor for tensor, _ in pairs], cotangents, stage_inputs)
+        lap("b.engine")
     except RuntimeError as error:
         queue.release()
         freed = _freed_error(error)
@@ -715,6 +718,7 @@ def _backward_input_without_walk(
             raise
         raise freed from error
     checked = check_regions(key, plan, queue, output_edges, cotangents, stage_inputs, params)
+    lap("b.check_regions")
     if checked == WALK_INSTEAD:
         return None
     if checked != REGIONS_AS_PLANNED:
@@ -726,11 +730,12 @@ def _backward_input_without_walk(
             "structure from now on)"
         )
     queue.copy_caller_gradients(cotangents)
-    held = queue.held_tensors()
+    kept = queue.gradient_tensors()
+    lap("b.copies")
     by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
     state = SplitState(
         input_grads=tuple(
-            _unaliased(_in_leaf_layout(by_id.get(id(tensor)), tensor), held) for _, tensor in inputs_by_name
+            _unaliased(_in_leaf_layout(by_id.get(id(tensor)), tensor), kept) for _, tensor in inputs_by_name
         ),
         input_names=tuple(name for name, _ in inputs_by_name),
         num_intermediates=len(queue),
@@ -743,7 +748,9 @@ def _backward_input_without_walk(
         _weight_tensors=queue.weight_tensors(),
         _weight_queue=queue,
     )
+    lap("b.state")
     _watch_for_other_backwards(state, output_edges)
+    lap("b.watch")
     return state
 
 
@@ -1113,6 +1120,7 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
         if state._weight_queue is not None:
             with _outside_inference_mode():
                 state._weight_queue.run(_direct_call_observers.get())
+            lap("w.queue")
         elif (
             torch.is_inference_mode_enabled() or state._checkpoints is not None or state._run_once is not None
         ):

@@ -178,6 +178,16 @@ class WeightQueue:
         """The output gradients the regions keep for W (among :meth:`held_tensors`)."""
         return [entry.arguments[index] for entry in self._entries for index, _ in entry.tangents]
 
+    def gradient_tensors(self) -> list[torch.Tensor]:
+        """The kept tensors that are gradients (what I handed on, and the output gradients): the only ones
+        a stage input's gradient may share storage with (the others are the forward's saved tensors)."""
+        tensors = []
+        for entry in self._entries:
+            arguments = entry.arguments
+            tensors += arguments[: entry.region.partition.boundary_count]
+            tensors += [arguments[index] for index, _ in entry.tangents]
+        return tensors
+
     def weight_tensors(self) -> list[torch.Tensor]:
         """The parameters W accumulates into (one per region argument; a shared one repeats)."""
         return [node.variable for entry in self._entries for node in entry.edges if node is not None]
