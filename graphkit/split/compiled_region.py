@@ -114,6 +114,9 @@ class SplitRegionFunction(torch.autograd.Function):
     computes_only_needed_gradients = True
     """Read by :mod:`graphkit.analysis.opaque`: this Function's I and W do no work twice."""
 
+    queues_weight_in_b = True
+    """Read by :mod:`graphkit.split.weight_queue`: in a no-walk B this Function queues its W there."""
+
     @staticmethod
     def forward(ctx: Any, region: SplitRegion, *arguments: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run the compiled forward; keep the saved tensors (detached) on the Node; return the outputs."""

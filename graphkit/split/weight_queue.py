@@ -477,8 +477,6 @@ def qualify(
 
     Iterative, O(nodes + edges).
     """
-    from graphkit.split.compiled_region import SplitRegionFunction  # the region imports this module
-
     if not stage_inputs or not output_edges:
         return None
     if any(grad.device.type != "cpu" for grad in cotangents) or any(
@@ -513,10 +511,7 @@ def qualify(
         if index not in variables:
             continue
         if index in input_indices:
-            if any(
-                _is_weight_use(nodes[consumer], input_nr, SplitRegionFunction)
-                for consumer, input_nr in uses[index]
-            ):
+            if any(_is_weight_use(nodes[consumer], input_nr) for consumer, input_nr in uses[index]):
                 return None  # a stage input a region counts as a weight: its gradient belongs to B
             continue
         variable = variables[index]
@@ -524,7 +519,7 @@ def qualify(
             return None  # a leaf params= leaves out: the walking path leaves it out
         for consumer, input_nr in uses[index]:
             region_node = nodes[consumer]
-            if _autograd.forward_class(region_node) is not SplitRegionFunction:
+            if not _is_region_node(region_node):
                 return None  # a parameter used outside a split region
             if input_nr not in region_node.region.partition.weight_positions or not on_input_path[consumer]:
                 return None  # computed by the region's I, or a region B would not run
@@ -552,11 +547,14 @@ NOT_EXACT = "not exact"
 """:func:`check_regions`: the structure does not qualify, and regions consumed their I: B must fail."""
 
 
-def _is_weight_use(node: Node, input_nr: int, region_class: type) -> bool:
+def _is_region_node(node: Node) -> bool:
+    """Whether ``node`` is the Node of a split region (its Function says it queues its W here)."""
+    return bool(getattr(_autograd.forward_class(node), "queues_weight_in_b", False))
+
+
+def _is_weight_use(node: Node, input_nr: int) -> bool:
     """Whether ``node`` is a split region's Node taking a weight at ``next_functions[input_nr]``."""
-    return (
-        _autograd.forward_class(node) is region_class and input_nr in node.region.partition.weight_positions
-    )
+    return _is_region_node(node) and input_nr in node.region.partition.weight_positions
 
 
 def check_regions(
