@@ -13,6 +13,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from graphkit.measure.benchmark import memory_kept
@@ -428,3 +430,76 @@ def test_verify_split_on_the_no_walk_path_is_exact_and_counts_each_regions_w(sta
     for node in regions:  # I in B, W in W, nothing twice
         assert node.flops["b"] > 0 and node.flops["w"] > 0
         assert node.flops["b"] + node.flops["w"] == node.flops["full"]
+
+
+class _RandomStage(nn.Module):
+    """Compiled blocks joined by parameter-free glue drawn per gap (tanh, a scale, a residual from the
+    stage input, a split-and-add), every parameter inside a block."""
+
+    def __init__(self, backend, glue: list[str], width: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU()) for _ in glue
+        )
+        self.compiled = [torch.compile(block, backend=backend) for block in self.blocks]
+        self.glue = glue
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for block, glue in zip(self.compiled, self.glue, strict=True):
+            h = block(h)
+            if glue == "tanh":
+                h = torch.tanh(h)
+            elif glue == "scale":
+                h = h * 0.5
+            elif glue == "residual":
+                h = h + x
+            else:  # halves added back
+                first, second = h.chunk(2, dim=-1)
+                h = torch.cat([first + second, second], dim=-1)
+        return h
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.data())
+def test_no_walk_is_bit_for_bit_on_random_compiled_stages_in_any_w_order(data):
+    glue = data.draw(
+        st.lists(st.sampled_from(["tanh", "scale", "residual", "halves"]), min_size=1, max_size=3)
+    )
+    width = data.draw(st.sampled_from([4, 8]))
+    count = data.draw(st.integers(2, 3))
+    order = data.draw(st.permutations(range(count)))
+    with_params = data.draw(st.booleans())
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    split = _RandomStage(splitting_backend("aot_eager"), glue, width)
+    reference = _RandomStage("aot_eager", glue, width)
+    reference.load_state_dict(split.state_dict())
+    generator = torch.Generator().manual_seed(count)
+    batches = [
+        (torch.randn(3, width, generator=generator), torch.randn(3, width, generator=generator))
+        for _ in range(count)
+    ]
+    expected = []
+    for x, g in batches:
+        reference.zero_grad(set_to_none=True)
+        x = x.clone().requires_grad_()
+        reference(x).backward(g)
+        expected.append(([p.grad.clone() for p in reference.parameters()], x.grad))
+    forget_decisions()
+    states = []
+    for x, g in batches:
+        x = x.clone().requires_grad_()
+        params = list(split.parameters()) if with_params else None
+        states.append(backward_input(split(x), g, x, params=params))
+    assert [state.path for state in states] == [NO_WALK] * count  # the first B qualifies the stage by a walk
+    for position in order:
+        backward_weight(states[position])
+    for index, parameter in enumerate(split.parameters()):
+        total = expected[order[0]][0][index].clone()
+        for position in order[1:]:
+            total += expected[position][0][index]
+        assert torch.equal(parameter.grad, total), index
+    for state, (_, input_grad) in zip(states, expected, strict=True):
+        assert torch.equal(state.input_grads[0], input_grad)
+    torch._dynamo.reset()
