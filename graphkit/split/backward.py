@@ -472,7 +472,10 @@ def backward_input(
         No ``.grad`` is touched - except by a reentrant checkpoint (``use_reentrant=True``), whose nested
         backward gives the parameters inside it their ``.grad`` in B (with a warning; see
         :mod:`graphkit.split.run_once`). Until W, a pre-hook on each output's Node notes any other
-        backward from the outputs (W then refuses to count the weight gradients twice).
+        backward from the outputs (W then refuses to count the weight gradients twice). Where every
+        parameter lies inside regions compiled by ``graphkit.splitting_backend()`` (on the CPU), B runs
+        without a walk and the regions queue their W (``state.path == "no-walk"``,
+        :mod:`graphkit.split.weight_queue`).
 
     Raises:
         graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose

@@ -235,6 +235,8 @@ class WeightQueue:
                     )
             variables += [node.variable for node in entry.edges if node is not None]
         if not variables:
+            for entry in entries:
+                entry.drop()
             return
         with torch.enable_grad():
             host = _QueuedWeightGradients.apply((entries, tuple(observers)), *variables)
