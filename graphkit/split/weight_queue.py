@@ -223,7 +223,7 @@ class WeightQueue:
             raise WeightQueueError("this microbatch's W already ran: each B allows one W")
         self._ran = True
         entries, self._entries = self._entries, []
-        variables: list[torch.Tensor] = []
+        nodes: list[Node] = []
         for entry in entries:
             for index, version in entry.tangents:
                 if _aot_autograd.version(entry.arguments[index]) != version:
@@ -233,14 +233,17 @@ class WeightQueue:
                         "was modified in place before W (a reused buffer, or an input gradient scaled in "
                         "place); pass cotangents that stay unchanged until W, or clone them"
                     )
-            variables += [node.variable for node in entry.edges if node is not None]
-        if not variables:
+            nodes += [node for node in entry.edges if node is not None]
+        if not nodes:
             for entry in entries:
                 entry.drop()
             return
-        with torch.enable_grad():
-            host = _QueuedWeightGradients.apply((entries, tuple(observers)), *variables)
-        _autograd.run_engine_backward([_autograd.gradient_edge(host)], [torch.zeros_like(host)], ())
+        host_node, root, root_grad = _host_for(nodes)
+        host_node.work = (entries, tuple(observers))
+        try:
+            _autograd.run_engine_backward([root], [root_grad], (), keep_graph=True)
+        finally:
+            host_node.work = None
 
     def release(self) -> None:
         """Drop what the queue holds (W ran, or the state was released)."""
@@ -265,23 +268,23 @@ class WeightQueue:
 class _QueuedWeightGradients(torch.autograd.Function):
     """A host Node whose ``next_functions`` are the queued parameters' AccumulateGrad Nodes.
 
-    ``apply(entries, *parameters)`` returns a scalar to root W's engine call at; the backward runs each
-    entry's W graph and returns its gradients, one per parameter, holding no reference of its own: the
-    engine hands each to AccumulateGrad as a full backward does (taking it over into an empty ``.grad``).
+    ``apply(*parameters)`` returns a scalar to root W's engine call at (kept: :func:`_host_for` reuses it
+    for every microbatch of the same parameters, under ``retain_graph=True``); set the Node's ``work`` to
+    ``(entries, observers)`` before the call. The backward runs each entry's W graph and returns its
+    gradients, one per parameter, holding no reference of its own: the engine hands each to AccumulateGrad
+    as a full backward does (taking it over into an empty ``.grad``).
     """
 
     @staticmethod
-    def forward(
-        ctx: Any, work: tuple[list[PendingWeight], tuple[Any, ...]], *parameters: torch.Tensor
-    ) -> torch.Tensor:
-        ctx.work = work
+    def forward(ctx: Any, *parameters: torch.Tensor) -> torch.Tensor:
+        ctx.work = None
         return torch.zeros((), device=parameters[0].device)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (entries, observers), ctx.work = ctx.work, None
-        gradients: list[torch.Tensor | None] = [None]
+        gradients: list[torch.Tensor | None] = []
         for entry in entries:
             region = entry.region
             arguments = entry.arguments
@@ -295,6 +298,37 @@ class _QueuedWeightGradients(torch.autograd.Function):
             gradients += [value for value, node in zip(results, entry.edges, strict=True) if node is not None]
             del results
         return tuple(gradients)
+
+
+HOSTS_PER_THREAD = 8
+"""How many host Nodes (one per set of parameters: a stage's) :func:`_host_for` keeps per thread."""
+
+_hosts = threading.local()
+
+
+def _host_for(nodes: list[Node]) -> tuple[Any, GradientEdge, torch.Tensor]:
+    """The host Node over these AccumulateGrad Nodes, the edge to root W's engine call at and its gradient.
+
+    Made once per thread and set of parameters and reused (its ``apply`` with every parameter costs more
+    than the rest of W's bookkeeping): a thread's own, so W on several threads never shares one. It holds
+    the AccumulateGrad Nodes, so their ``id`` stays theirs while it is kept.
+    """
+    cache: dict[tuple[int, ...], tuple[Any, GradientEdge, torch.Tensor]] | None = getattr(
+        _hosts, "cache", None
+    )
+    if cache is None:
+        cache = _hosts.cache = {}
+    key = tuple(map(id, nodes))
+    found = cache.get(key)
+    if found is not None:
+        return found
+    with torch.enable_grad():
+        host = _QueuedWeightGradients.apply(*[node.variable for node in nodes])
+    found = (host.grad_fn, _autograd.gradient_edge(host), torch.zeros_like(host))
+    if len(cache) >= HOSTS_PER_THREAD:
+        cache.pop(next(iter(cache)))
+    cache[key] = found
+    return found
 
 
 def _storage_address(tensor: torch.Tensor) -> int | None:
