@@ -26,20 +26,23 @@ still pending warns (:class:`PendingWeightWarning`: the weight gradients of that
 **Which path.** :func:`no_walk_plan` decides per call without a cost per Node: it keys a small cache on the
 stage outputs' Nodes and the split region nearest to each (found within a fixed number of Nodes below it,
 :func:`nearest_region`; none found: B walks), the number of stage inputs, the ``params=`` given and the
-devices. On a key it has not seen, it walks the graph once and
-qualifies it (:func:`qualify`): every leaf that requires grad and is not a stage input is consumed only by
-regions, at their weight positions, and each such region lies on a path to a stage input (else B would
-not run it and its W would never be queued); no Node the split runs once (reentrant checkpoint, an unsplit
-compiled region) lies in the graph; every output, cotangent and stage input is on the CPU (the autograd
-engine runs the Nodes of other devices on threads of its own, where B's queue is not installed). After each
-no-walk B, :func:`check_regions` compares the regions that queued their W with those the walk found, and
-how many Nodes the forward created between each of them and the outputs (their sequence numbers); where
-they differ (the structure changed: a region skipped, a Linear in the glue on some microbatches only), the graph is walked again (B keeps it,
+devices. On a key it has not seen, it walks the graph once and qualifies it (:func:`qualify`): every leaf
+that requires grad and is not a stage input is consumed only by regions, at their weight positions, and
+each such region lies on a path to a stage input (else B would not run it and its W would never be
+queued); no Node the split runs once (reentrant checkpoint, an unsplit compiled region) lies in the graph;
+every output, cotangent and stage input is on the CPU (the autograd engine runs the Nodes of other devices
+on threads of its own, where B's queue is not installed). After each no-walk B, :func:`check_regions`
+compares the regions that queued their W with those the walk found, and how many Nodes the forward created
+between each of them and the outputs (their sequence numbers); where they differ (the structure changed: a
+region skipped, a Linear in the glue on some microbatches only), the graph is walked again (B keeps it,
 ``retain_graph=True``) and qualified anew; where it no longer qualifies, B walks it after all if no region
-queued anything (the glue's own backward then ran twice, hooks included), and raises otherwise. A change the check does not see is one before the
-first region that keeps every count (a parameter used ahead of the first block on some microbatches
-only): a stage that does so should pass ``params=`` (a parameter that no region covers makes the stage take
-the walking path) or compile that parameter's block too.
+queued anything (the glue's own backward then ran twice, hooks included), and raises otherwise. A change
+the check does not see is one before the first region that keeps every count (a parameter used ahead of
+the first block on some microbatches only): a stage that does so should pass ``params=`` (a parameter that
+no region covers makes the stage take the walking path) or compile that parameter's block too.
+
+W's host Node is made once per thread and set of parameters and reused (:data:`HOSTS_PER_THREAD` per
+thread); it holds the parameters' AccumulateGrad Nodes, and so the parameters, while it is kept.
 """
 
 from __future__ import annotations
