@@ -64,6 +64,7 @@ from graphkit.split.backward_plan import reach
 from graphkit.split.run_once import run_once_kind
 
 __all__ = [
+    "HOSTS_PER_THREAD",
     "NO_WALK",
     "NEAREST_REGION_NODES",
     "NOT_EXACT",
