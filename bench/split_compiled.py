@@ -12,10 +12,14 @@ Microbatches alternate in one process between
 - ``eager full``: an eager full backward (what 1F1B's B costs without compiling);
 - ``eager B+W``: graphkit's split of the eager stage (what ``bench/split.py`` reports);
 - ``comp full``: the usual compiled blocks' full backward;
-- ``comp I+W``: graphkit's B then W over the split compiled blocks (their compiled I, then compiled W);
+- ``comp I+W``: graphkit's B then W over the split compiled blocks (their compiled I, then compiled W), on
+  the path B takes by itself (``path``: ``no-walk`` where every parameter lies inside the split regions,
+  :mod:`graphkit.split.weight_queue`; else ``walk``);
+- ``walk I+W``: the same, with B made to walk the graph (``walking_always()``): the path before the no-walk
+  one, measured in the same rounds;
 
-and the ratios are against the full backwards of the same run: ``I+W / comp full`` (target at most 1.10)
-and ``I+W / eager full`` (target at most 0.90). ``max rel`` is the largest relative difference between the
+and the ratios are against the full backwards of the same run: ``I+W / comp full`` (target at most 1.10),
+``walk / comp full`` and ``I+W / eager full`` (target at most 0.90). ``max rel`` is the largest relative difference between the
 split compiled blocks' parameter gradients and the usual compiled ones' (0 means bit for bit). The floor
 of the eager split (``bench/split_floor.py``, medians of its own alternation) is printed beside them, unless
 ``--no-floor``. Not a test: run it by hand on a quiet machine, one thread (``--threads 1 --clock cpu``).
@@ -24,6 +28,7 @@ of the eager split (``bench/split_floor.py``, medians of its own alternation) is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import statistics
 import sys
@@ -41,12 +46,14 @@ from graphkit.measure.timing import timed  # noqa: E402
 from graphkit.models.compiling import compile_blocks  # noqa: E402
 from graphkit.split import backward_input, backward_weight  # noqa: E402
 from graphkit.split.compile_backend import register_backends  # noqa: E402
+from graphkit.split.weight_queue import walking_always  # noqa: E402
 
 STAGES = ("encoder-12x64", "mlp-48-linear-gelu", "gpt2-stage", "llama-stage", "encoder-4x512")
 
 HEADER = (
-    f"{'model':20s} {'eager full':>10s} {'eager B+W':>9s} {'comp full':>9s} {'comp I+W':>9s} "
-    f"{'eager B+W/full':>14s} {'floor':>6s} {'I+W/comp full':>13s} {'I+W/eager full':>14s} {'max rel':>8s}"
+    f"{'model':20s} {'eager full':>10s} {'eager B+W':>9s} {'comp full':>9s} {'comp I+W':>9s} {'walk I+W':>9s} "
+    f"{'eager B+W/full':>14s} {'floor':>6s} {'I+W/comp full':>13s} {'walk/comp full':>14s} "
+    f"{'I+W/eager full':>14s} {'max rel':>8s} {'path':>8s}"
 )
 
 
@@ -72,9 +79,10 @@ def measure(
         "split": microbatch_forward(split, inputs),
     }
     times: dict[str, list[float]] = {
-        key: [] for key in ("eager_full", "eager_split", "comp_full", "comp_split")
+        key: [] for key in ("eager_full", "eager_split", "comp_full", "comp_split", "comp_walk")
     }
     worst = 0.0
+    paths = set()
     for _ in range(warmup + repeat):
         for key, run in (("eager_full", "eager"), ("comp_full", "plain")):
             _, device, forward = runs[run]
@@ -82,12 +90,15 @@ def measure(
             times[key].append(
                 timed(lambda o=outputs, g=grads: torch.autograd.backward(o, g), device, clock)[0]
             )
-        for key, run in (("eager_split", "eager"), ("comp_split", "split")):
+        for key, run in (("eager_split", "eager"), ("comp_split", "split"), ("comp_walk", "split")):
             _, device, forward = runs[run]
             prepared, outputs, grads = forward()
-            seconds, state = timed(
-                lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device, clock
-            )
+            with walking_always() if key == "comp_walk" else contextlib.nullcontext():
+                seconds, state = timed(
+                    lambda o=outputs, g=grads, p=prepared: backward_input(o, g, p), device, clock
+                )
+            if key == "comp_split":
+                paths.add(state.path)
             del outputs, grads
             times[key].append(seconds + timed(lambda s=state: backward_weight(s), device, clock)[0])
         worst = max(
@@ -96,6 +107,7 @@ def measure(
         )
     medians = {key: statistics.median(values[warmup:]) for key, values in times.items()}
     medians["max_rel"] = worst
+    medians["path"] = "/".join(sorted(paths))
     return medians
 
 
@@ -142,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:20s} {result['eager_full'] * 1e6:10.0f} {result['eager_split'] * 1e6:9.0f} "
             f"{result['comp_full'] * 1e6:9.0f} {result['comp_split'] * 1e6:9.0f} "
+            f"{result['comp_walk'] * 1e6:9.0f} "
             f"{result['eager_split'] / result['eager_full']:13.2f}x {floor:>6s} "
-            f"{result['comp_split'] / result['comp_full']:12.2f}x {result['comp_split'] / result['eager_full']:13.2f}x "
-            f"{result['max_rel']:8.1e}",
+            f"{result['comp_split'] / result['comp_full']:12.2f}x {result['comp_walk'] / result['comp_full']:13.2f}x "
+            f"{result['comp_split'] / result['eager_full']:13.2f}x "
+            f"{result['max_rel']:8.1e} {result['path']:>8s}",
             flush=True,
         )
     return 0

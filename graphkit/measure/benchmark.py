@@ -290,6 +290,7 @@ def benchmark_split(
         extra={
             "device": str(device),
             "intermediates": state.num_intermediates,
+            "path": state.path,  # "no-walk" where B ran without a walk (graphkit.split.weight_queue)
             "b_engine_s": statistics.median(b_engine[warmup:]) if len(b_engine) > warmup else 0.0,
             # B's time outside its engine call, and that engine call (medians, measured inside B)
             "b_python_s": statistics.median(python for python, _ in b_python[warmup:]),

@@ -10,6 +10,8 @@
 - :mod:`graphkit.split.checkpointing`: non-reentrant activation checkpointing, recomputed at most once per
   phase (:class:`Recompute`: in W, or kept from B);
 - :mod:`graphkit.split.run_once`: reentrant checkpoints and compiled regions, run once in B;
+- :mod:`graphkit.split.weight_queue`: B without a walk where every parameter lies inside split compiled
+  regions (each region queues its W on its microbatch's queue);
 - :mod:`graphkit.split.graph_anchor`: keeping a microbatch's graph alive from B to W;
 - :mod:`graphkit.split.stage_compute`: :class:`StageCompute`, per-microbatch forward / B / W for a schedule.
 

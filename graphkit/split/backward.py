@@ -91,6 +91,17 @@ from graphkit.split.graph_anchor import graph_anchor
 from graphkit.split.laps import NO_LAPS, started_laps
 from graphkit.split.multi_grad_hooks import MULTI_GRAD_HOOK_REASON, refusing_multi_grad_hooks
 from graphkit.split.run_once import RunOnceNodes, kept_gradient, run_once_kind
+from graphkit.split.weight_queue import (
+    NO_WALK,
+    REGIONS_AS_PLANNED,
+    WALK,
+    WALK_INSTEAD,
+    NoWalkPlan,
+    WeightQueue,
+    check_regions,
+    input_phase,
+    no_walk_plan,
+)
 from graphkit.split.weight_rules import PreparedWeightGradient, prepare, tensor_version
 
 __all__ = [
@@ -196,6 +207,14 @@ class SplitState:
     # every leaf W's engine call reaches is one of _weight_tensors (no parameter left out by params= or
     # by requires_grad), so that call needs no inputs= (see _run_weight_engine)
     _reaches_only_weights: bool = field(default=False, repr=False)
+    # B without a walk (graphkit.split.weight_queue): the compiled regions' pending W, which W runs
+    _weight_queue: WeightQueue | None = field(default=None, repr=False)
+
+    @property
+    def path(self) -> str:
+        """How B ran: ``"no-walk"`` (every parameter inside regions split by ``graphkit.splitting_backend()``:
+        the regions queued their W, :mod:`graphkit.split.weight_queue`) or ``"walk"`` (the graph walked)."""
+        return NO_WALK if self._weight_queue is not None else WALK
 
     @property
     def used(self) -> bool:
@@ -206,6 +225,8 @@ class SplitState:
         """The gradients captured at intermediates and for parameter-only outputs, and the normalization
         parameters' gradients B computed, kept for W."""
         tensors = [grad for work in self._work if work is not None for grad in work.grads if grad is not None]
+        if self._weight_queue is not None:
+            tensors += self._weight_queue.captured_tensors()
         return tensors + [grad for _, grad in self._output_roots] + [grad for _, grad in self._computed_in_b]
 
     def captured_bytes(self) -> int:
@@ -213,10 +234,14 @@ class SplitState:
         return distinct_bytes(self.captured_tensors())
 
     def held_tensors(self) -> list[torch.Tensor]:
-        """Saved tensors the weight-side formulas keep alive (not counting Nodes kept for direct calls)."""
-        return [
+        """Saved tensors the weight-side formulas keep alive (not counting Nodes kept for direct calls), and
+        what the compiled regions queued for W on the no-walk path."""
+        held = [
             tensor for work in self._work if work is not None and work.rule for tensor in work.rule.tensors
         ]
+        if self._weight_queue is not None:
+            held += self._weight_queue.held_tensors()
+        return held
 
     def held_nodes(self) -> list[Node]:
         """Nodes the state keeps alive: intermediates without a formula, weight-side targets, output roots."""
@@ -269,6 +294,8 @@ class SplitState:
             self._checkpoints.release()
             self._checkpoints = None
         self._run_once = None
+        if self._weight_queue is not None:
+            self._weight_queue.release()
 
 
 def _storage_range(tensor: torch.Tensor) -> tuple[int, int] | None:
@@ -445,7 +472,10 @@ def backward_input(
         No ``.grad`` is touched - except by a reentrant checkpoint (``use_reentrant=True``), whose nested
         backward gives the parameters inside it their ``.grad`` in B (with a warning; see
         :mod:`graphkit.split.run_once`). Until W, a pre-hook on each output's Node notes any other
-        backward from the outputs (W then refuses to count the weight gradients twice).
+        backward from the outputs (W then refuses to count the weight gradients twice). Where every
+        parameter lies inside regions compiled by ``graphkit.splitting_backend()`` (on the CPU), B runs
+        without a walk and the regions queue their W (``state.path == "no-walk"``,
+        :mod:`graphkit.split.weight_queue`).
 
     Raises:
         graphkit.graph.tensors.GraphkitInputError: outputs without a graph, ``grad_outputs`` whose
@@ -501,6 +531,16 @@ def _backward_input(
             )
     output_edges = [_root_edge(output) for output, _ in pairs]
     lap("b.arguments")
+    if stage_inputs and all(isinstance(output, torch.Tensor) for output, _ in pairs):
+        cotangents = [grad for _, grad in pairs]
+        key, no_walk = no_walk_plan(output_edges, cotangents, stage_inputs, params)
+        lap("b.no_walk_plan")
+        if no_walk is not None:
+            state = _backward_input_without_walk(
+                key, no_walk, pairs, inputs_by_name, stage_inputs, output_edges, params, lap
+            )
+            if state is not None:
+                return state
     walk, input_nodes, variables = _walk_to_inputs(output_edges, stage_inputs)
     lap("b.walk")
     input_positions = tuple(sorted(walk.index.get(node, -1) for node in input_nodes))
@@ -649,6 +689,68 @@ def _backward_input(
         _reaches_only_weights=not excluded,
     )
     _mark_materialized(plan, work, materialized)
+    lap("b.state")
+    _watch_for_other_backwards(state, output_edges)
+    lap("b.watch")
+    return state
+
+
+def _backward_input_without_walk(
+    key: Any,
+    plan: NoWalkPlan,
+    pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    inputs_by_name: list[tuple[str, torch.Tensor]],
+    stage_inputs: list[torch.Tensor],
+    output_edges: list[GradientEdge],
+    params: list[torch.Tensor] | None,
+    lap: Any,
+) -> SplitState | None:
+    """B where every parameter lies inside split compiled regions: one engine call with this microbatch's
+    queue installed; the regions queue their W (:mod:`graphkit.split.weight_queue`). None where the graph
+    turned out not to qualify and no region queued anything (the caller walks it instead)."""
+    cotangents = [grad for _, grad in pairs]
+    queue = WeightQueue()
+    try:
+        with input_phase(queue):
+            grads = _autograd.run_engine_grad([tensor for tensor, _ in pairs], cotangents, stage_inputs)
+        lap("b.engine")
+    except RuntimeError as error:
+        queue.release()
+        freed = _freed_error(error)
+        if freed is error:
+            raise
+        raise freed from error
+    checked = check_regions(key, plan, queue, output_edges, cotangents, stage_inputs, params)
+    lap("b.check_regions")
+    if checked == WALK_INSTEAD:
+        return None
+    if checked != REGIONS_AS_PLANNED:
+        queue.release()
+        raise SplitError(
+            "this microbatch's autograd graph differs from the structure its stage was qualified with for B "
+            "without a walk: a parameter is used outside the regions compiled by graphkit.splitting_backend(), "
+            "and B could not compute its gradient; run the forward again for this microbatch (B walks this "
+            "structure from now on)"
+        )
+    queue.copy_caller_gradients(cotangents)
+    kept = queue.gradient_tensors()
+    lap("b.copies")
+    by_id = {id(tensor): grad for tensor, grad in zip(stage_inputs, grads, strict=True)}
+    state = SplitState(
+        input_grads=tuple(
+            _unaliased(_in_leaf_layout(by_id.get(id(tensor)), tensor), kept) for _, tensor in inputs_by_name
+        ),
+        input_names=tuple(name for name, _ in inputs_by_name),
+        num_intermediates=len(queue),
+        num_node_calls=0,
+        _plan=None,  # type: ignore[arg-type]  # W runs the queue, never a plan
+        _work=[],
+        _targets={},
+        _output_roots=[],
+        _computed_in_b=[],
+        _weight_tensors=queue.weight_tensors(),
+        _weight_queue=queue,
+    )
     lap("b.state")
     _watch_for_other_backwards(state, output_edges)
     lap("b.watch")
@@ -1018,7 +1120,13 @@ def backward_weight(state: SplitState, *, retain_graph: bool = False, flush_byte
     _remove_handles(state._watch_handles)  # W's own engine call runs through the watched output roots
     lap("w.checks")
     try:
-        if torch.is_inference_mode_enabled() or state._checkpoints is not None or state._run_once is not None:
+        if state._weight_queue is not None:
+            with _outside_inference_mode():
+                state._weight_queue.run(_direct_call_observers.get())
+            lap("w.queue")
+        elif (
+            torch.is_inference_mode_enabled() or state._checkpoints is not None or state._run_once is not None
+        ):
             with _outside_inference_mode(), _opaque_weight_phase(state):
                 _run_weight_phase(state, retain_graph, lap, flush_bytes)
         else:  # the usual case, without entering contexts

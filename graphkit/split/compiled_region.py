@@ -11,7 +11,11 @@ what ``ctx.needs_input_grad`` asks for - the contract graphkit's split already d
   and no other tensor of the region (its other saved intermediates are released);
 - then only weight gradients (graphkit's W phase): the W graph, over what I kept and the gradients W gets
   (the same ones I got). Everything the region kept is released after it;
-- only weight gradients with no I before it (a region whose inputs need no gradient): the whole backward.
+- only weight gradients with no I before it (a region whose inputs need no gradient): the whole backward;
+- inside graphkit's B without a walk (:mod:`graphkit.split.weight_queue`: a queue is installed on this
+  thread and the engine call will not run the region's parameters): the I graph, with its pending W put
+  on the microbatch's queue instead of kept on the Node (which then holds nothing and refuses another
+  backward).
 
 Other requests (an input gradient after I ran) raise a RuntimeError instead of returning a wrong gradient.
 The Node holds the saved tensors itself (detached aliases, never through ``ctx.save_for_backward``), so that
@@ -29,8 +33,10 @@ from typing import Any
 
 import torch
 
+from graphkit.graph import _autograd
 from graphkit.split import _aot_autograd
 from graphkit.split.compiled_partition import BackwardPartition
+from graphkit.split.weight_queue import PendingWeight, WeightQueue, current_queue, engine_skips, regions_made
 
 __all__ = ["SplitRegion", "SplitRegionFunction"]
 
@@ -73,6 +79,9 @@ class SplitRegion:
     tangent_layouts: tuple[tuple[tuple[int, ...], tuple[int, ...]] | None, ...]
     disable_autocast: bool
 
+    def __post_init__(self) -> None:
+        regions_made.any = True  # from now on, graphkit's B looks for split regions near a stage's outputs
+
     def __call__(self, *arguments: Any) -> tuple[torch.Tensor, ...]:
         """Run the region: what torch.compile calls with the captured graph's inputs."""
         return SplitRegionFunction.apply(self, *self.parameters, *arguments)
@@ -82,6 +91,7 @@ class _Phase(enum.Enum):
     FRESH = "fresh"  # no backward ran yet, or only whole ones
     AFTER_INPUT = "after-input"  # I ran; W's values are kept
     DONE = "done"  # W ran (or the graph was released): nothing is kept
+    QUEUED = "queued"  # I ran in a no-walk B: W waits on the microbatch's queue, the Node keeps nothing
 
 
 def _tangents(region: SplitRegion, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
@@ -103,6 +113,9 @@ class SplitRegionFunction(torch.autograd.Function):
 
     computes_only_needed_gradients = True
     """Read by :mod:`graphkit.analysis.opaque`: this Function's I and W do no work twice."""
+
+    queues_weight_in_b = True
+    """Read by :mod:`graphkit.split.weight_queue`: in a no-walk B this Function queues its W there."""
 
     @staticmethod
     def forward(ctx: Any, region: SplitRegion, *arguments: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -172,6 +185,16 @@ class SplitRegionFunction(torch.autograd.Function):
                     "this compiled region's backward ran already and released what it saved; pass "
                     "retain_graph=True to the first backward to run it again"
                 )
+            elif ctx.phase is _Phase.QUEUED:
+                raise RuntimeError(
+                    "this compiled region ran its input-gradient part (I) in graphkit's backward_input and "
+                    "queued its weight gradients (W) for backward_weight; run a fresh forward for another "
+                    "backward"
+                )
+            elif (queue := current_queue()) is not None and (
+                queued := _queue_weight(ctx, region, grads, queue, weights)
+            ) is not None:
+                return queued
             else:
                 saved = _saved_values(ctx)
                 arguments = saved + _tangents(region, grads)
@@ -200,6 +223,48 @@ class SplitRegionFunction(torch.autograd.Function):
                     if not _aot_autograd.keeps_graph():
                         _release(ctx)
         return (None, *(value if position in wanted else None for position, value in enumerate(gradients)))
+
+
+def _queue_weight(
+    ctx: Any, region: SplitRegion, grads: Sequence[torch.Tensor | None], queue: WeightQueue, weights: set[int]
+) -> tuple[torch.Tensor | None, ...] | None:
+    """No-walk B: run the I graph and put the pending W on ``queue``; None where this call is no such B.
+
+    It is one when some weight needs a gradient and the running engine call will not execute the first
+    such weight's AccumulateGrad Node (B's ``inputs=`` are the stage inputs; a backward a hook starts inside
+    B would run it), and every weight that needs a gradient is a leaf (its W accumulates into ``.grad``).
+    """
+    next_functions = ctx.next_functions
+    edges = tuple(next_functions[position][0] for position in region.partition.weight_positions)
+    present = [node for node in edges if node is not None]
+    if not present or not engine_skips(present[0]) or not all(map(_autograd.is_accumulate_grad, present)):
+        return None
+    partition = region.partition
+    saved = _saved_values(ctx)
+    tangents = _tangents(region, grads)
+    results = _aot_autograd.call_boxed(region.input_backward, [*saved, *tangents])
+    count = len(partition.input_positions)
+    wanted = {position for position, (node, _) in enumerate(next_functions) if node is not None} - weights
+    gradients: list[torch.Tensor | None] = [None] * (len(ctx.needs_input_grad) - 1)
+    for position, value in zip(partition.input_positions, results[:count], strict=True):
+        if position in wanted:
+            gradients[position] = value
+    arguments = list(results[count:])
+    del results
+    saved_count = len(region.saved)
+    kept_tangents = []
+    for position in partition.weight_reads:
+        if position < saved_count:
+            arguments.append(saved[position])
+        else:
+            value = tangents[position - saved_count]
+            kept_tangents.append((len(arguments), _aot_autograd.version(value)))
+            arguments.append(value)
+    queue.put(PendingWeight(region, arguments, edges, kept_tangents, ctx, ctx._sequence_nr()))
+    _release(ctx)
+    ctx.held_tensors = list(arguments)  # until W runs the queue (PendingWeight.drop)
+    ctx.phase = _Phase.QUEUED
+    return (None, *gradients)
 
 
 def _release(ctx: Any) -> None:
