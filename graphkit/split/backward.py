@@ -895,6 +895,13 @@ def _weight_work(
         if not kept and not _autograd.is_custom_function(nodes[index]):
             # a C++ Node passes nothing on then; a full backward still runs a custom Function's
             # backward (on zeros), which may give its parameters a gradient: W calls it too
+            if plan.zero_materializing and any(target in plan.zero_materializing for _, target, _ in edges):
+                # and the engine still runs the weight-only Nodes it feeds, with missing gradients,
+                # which a custom Function further on materializes as zeros: W passes them on missing
+                work.append(_WeightWork(grads_received, edges, _missing_gradients(len(edges)), None))
+                for _, target, _ in edges:
+                    targets[target] = nodes[target]
+                continue
             work.append(None)
             continue
         for grad in kept:
@@ -930,6 +937,11 @@ def _weight_work(
         for _, target, _ in edges:
             targets[target] = nodes[target]
     return work, targets, kept_grads
+
+
+def _missing_gradients(count: int) -> PreparedWeightGradient:
+    """A weight-side formula that gives ``count`` missing gradients (a C++ Node that received none)."""
+    return PreparedWeightGradient(lambda _grads, _tensors: [None] * count, ())
 
 
 def _call_node(node: Node, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
@@ -1069,8 +1081,14 @@ def _run_weight_phase(
     # waiting at a position where no weight-only Node is fed from both sides (the plan's flush points).
     # Parameter-only outputs and mixed parameters join the last call, so their parts are never split:
     # one call then.
+    # weight-only Nodes that only missing gradients reach, which a full backward runs all the same
+    zero_materializing = state._plan.zero_materializing
+    missing: dict[int, int] = {}  # target index: output_nr of one missing gradient
+    fed: set[int] = set()  # targets a real gradient reaches
     flush_points = (
-        state._plan.flush_points if flush_bytes is not None and not (mixed or state._output_roots) else ()
+        state._plan.flush_points
+        if flush_bytes is not None and not (mixed or state._output_roots or zero_materializing)
+        else ()
     )
     pending_bytes = sum(grad.numel() * grad.element_size() for grad in root_grads) if flush_points else 0
     with torch.no_grad():  # as inside the engine: the gradients handed to hooks require no grad
@@ -1085,7 +1103,11 @@ def _run_weight_phase(
                 lap("w.formulas")
             for (_, target, output_nr), grad in zip(item.edges, grads, strict=True):
                 if grad is None:
+                    if zero_materializing and target in zero_materializing:
+                        missing.setdefault(target, output_nr)
                     continue
+                if zero_materializing:
+                    fed.add(target)
                 if mixed and target in mixed:
                     ordered.append((item.sequence_nr, mixed[target], grad))
                     continue
@@ -1107,11 +1129,70 @@ def _run_weight_phase(
         _autograd.set_sequence_number(host.grad_fn, sequence_nr)
         roots.append(get_gradient_edge(host))
         root_grads.append(host.detach())
-    if not roots:
+    unfed = [(target, output_nr) for target, output_nr in missing.items() if target not in fed]
+    if not roots and not unfed:
         return
     lap("w.roots")
-    _run_weight_engine(roots, root_grads, state, retain_graph)
+    if unfed:
+        with _missing_gradient_roots(unfed, targets, roots, root_grads):
+            _run_weight_engine(roots, root_grads, state, retain_graph)
+    else:
+        _run_weight_engine(roots, root_grads, state, retain_graph)
     lap("w.engine")
+
+
+@contextmanager
+def _missing_gradient_roots(
+    unfed: list[tuple[int, int]],
+    targets: dict[int, Node],
+    roots: list[GradientEdge],
+    root_grads: list[torch.Tensor],
+) -> Iterator[None]:
+    """Within: the weight-only Nodes ``unfed`` (target index, output_nr) are roots of W's engine call
+    that receive only missing gradients, as in a full backward.
+
+    A full backward runs a Node whose every incoming gradient is missing (the Function above it returned
+    None): a C++ Node passes missing gradients on, and a custom Function's Node materializes them as
+    zeros (``PyNode::apply``, unless ``ctx.set_materialize_grads(False)``), which gives its parameters
+    zero gradients. The engine takes no missing root gradient, so each such Node is rooted with zeros of
+    its input's shape, which a pre-hook (removed on exit, also on errors) turns back into missing
+    gradients before the Node runs; a Node that another root reaches already needs neither. (Tensor hooks on the Node's outputs run before Node pre-hooks: they
+    see the zeros where a full backward passes them None.)
+    """
+    handles = []
+    reached = _reached_from([edge.node for edge in roots]) if roots else set()
+    try:
+        for target, output_nr in unfed:
+            node = targets[target]
+            if node in reached:  # the engine runs it anyway, and a real gradient reaches it there
+                continue
+            metadata = _autograd.gradient_metadata(node)
+            if metadata is None:  # shapes unknown on this PyTorch: left out, as before
+                continue
+            meta = metadata[output_nr]
+            roots.append(GradientEdge(node, output_nr))
+            root_grads.append(torch.zeros(meta.shape, dtype=meta.dtype, device=meta.device))
+            handles.append(_register_prehook(node, _all_missing))
+        yield
+    finally:
+        _remove_handles(handles)
+
+
+def _reached_from(nodes: list[Node]) -> set[Node]:
+    """Every Node reached from ``nodes`` along ``next_functions`` (``nodes`` included), iteratively."""
+    reached = set(nodes)
+    stack = list(reached)
+    while stack:
+        for next_node, _ in stack.pop().next_functions:
+            if next_node is not None and next_node not in reached:
+                reached.add(next_node)
+                stack.append(next_node)
+    return reached
+
+
+def _all_missing(grads: tuple[torch.Tensor | None, ...]) -> tuple[None, ...]:
+    """Node pre-hook: every gradient the Node receives is missing."""
+    return (None,) * len(grads)
 
 
 def _run_weight_engine(
