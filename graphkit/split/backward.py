@@ -1068,6 +1068,7 @@ def _run_weight_phase(
     root_grads: list[torch.Tensor] = [grad for _, grad in state._output_roots]
     roots += [edge for edge, _ in state._computed_in_b]
     root_grads += [grad for _, grad in state._computed_in_b]
+    state._computed_in_b = []  # the state's references would keep AccumulateGrad from taking them over
     # A parameter also fed through the weight-only subgraph (a bias also used through view or .to())
     # gets each direct contribution through a host Node of its own (_OrderedGradient) that carries the
     # intermediate's sequence number: as roots they would all reach it before anything the weight-only
@@ -1095,7 +1096,7 @@ def _run_weight_phase(
         for position, item in enumerate(work):
             if item is None:
                 continue
-            grads = called.get(position) if called else None
+            grads = called.pop(position, None) if called else None
             if grads is None:
                 item.check_unchanged()
                 lap("w.roots")
@@ -1117,6 +1118,7 @@ def _run_weight_phase(
                     pending_bytes += grad.numel() * grad.element_size()  # also for a sparse gradient
             work[position] = None  # free the captured gradient and saved tensors as soon as they are used
             if flush_points and pending_bytes >= flush_bytes and position in flush_points:  # type: ignore[operator]
+                item = grads = grad = None  # type: ignore[assignment]  # AccumulateGrad may take them over
                 lap("w.roots")
                 _run_weight_engine(roots, root_grads, state, retain_graph)
                 roots.clear()
@@ -1129,6 +1131,7 @@ def _run_weight_phase(
         _autograd.set_sequence_number(host.grad_fn, sequence_nr)
         roots.append(get_gradient_edge(host))
         root_grads.append(host.detach())
+    item = grads = grad = None  # type: ignore[assignment]  # AccumulateGrad may take them over
     unfed = [(target, output_nr) for target, output_nr in missing.items() if target not in fed]
     if not roots and not unfed:
         return
@@ -1208,6 +1211,8 @@ def _run_weight_engine(
     engine runs nothing for it), keeps the GraphRoot.
     """
     inputs = state._weight_tensors
+    if state._plan.leaf_targets and not (state._plan.mixed_leaves or state._output_roots):
+        _hand_over_to_accumulate_grad(roots, root_grads)
     if len(roots) == 1:
         spare = torch.zeros((), requires_grad=True)
         roots = [*roots, _autograd.gradient_edge(spare)]
@@ -1222,6 +1227,97 @@ def _run_weight_engine(
         _autograd.run_engine_backward(roots, root_grads, inputs, retain_graph)
     except RuntimeError as error:
         raise _freed_error(error) from error
+
+
+HAND_OVER_BYTES = 128 << 10
+HAND_OVER_COUNT = 8
+"""Parameters' gradients reach their AccumulateGrad Nodes through a host Node
+(:func:`_hand_over_to_accumulate_grad`), so that AccumulateGrad may take them over as ``.grad`` instead of
+copying them, when together they hold at least :data:`HAND_OVER_BYTES` bytes or number at least this
+many: below both, the copies cost less than the host (a custom Function call, tens of microseconds)."""
+
+
+def _hand_over_to_accumulate_grad(roots: list[GradientEdge], root_grads: list[torch.Tensor]) -> None:
+    """Move the gradients that go straight to a parameter's AccumulateGrad Node (one each) from ``roots`` /
+    ``root_grads`` (in place) to one host Node, itself added as a root (where there are enough of them:
+    :data:`HAND_OVER_COUNT`).
+
+    AccumulateGrad takes a gradient over as an empty ``.grad`` when nothing else refers to it, and copies
+    it otherwise (``accumulateGrad`` in ``torch/csrc/autograd/functions/accumulate_grad.h``: not in grad
+    mode, dense, the layout of the parameter, ``use_count`` no more than its own references). A root
+    gradient is always referred to by the engine's root Node and by the caller's tensor, so it is copied;
+    in a full backward the same gradient comes out of a Node's backward, referred to by nothing else, and
+    is taken over. The host's backward (:class:`_HandOver`) returns the gradients and drops its own
+    references, so AccumulateGrad sees them as in a full backward: taken over unless something else (a
+    gradient the caller still holds) refers to them, copied then. A gradient of a broadcast shape (a
+    Linear's bias: the rows of ``addmm``'s gradient) is first summed to the parameter's shape by
+    ``sum_to_size``, the engine's own reduction (``validate_outputs``), so the values are bit for bit the
+    same. Only gradients of the parameter's dtype and device are moved (the engine would cast the
+    others), and only where the parameter receives no other root (several are summed in the engine's
+    order). The caller must hold no other reference to the moved gradients.
+    """
+    candidates = [
+        position
+        for position, (edge, grad) in enumerate(zip(roots, root_grads, strict=True))
+        if grad.layout == torch.strided and _autograd.is_accumulate_grad(edge.node)
+    ]
+    if len(candidates) < HAND_OVER_COUNT and (
+        sum(root_grads[position].numel() * root_grads[position].element_size() for position in candidates)
+        < HAND_OVER_BYTES
+    ):
+        return
+    uses: dict[Node, int] = {}
+    for edge in roots:
+        uses[edge.node] = uses.get(edge.node, 0) + 1
+    moved: list[int] = []
+    variables: list[torch.Tensor] = []
+    for position in candidates:
+        node = roots[position].node
+        if uses[node] != 1:
+            continue
+        variable = node.variable
+        grad = root_grads[position]
+        if grad.dtype != variable.dtype or grad.device != variable.device:
+            continue
+        if grad.shape != variable.shape:
+            try:  # the engine's own reduction (validate_outputs: at::sum_to), done here
+                with torch.no_grad():
+                    root_grads[position] = grad.sum_to_size(variable.shape)
+            except RuntimeError:  # not reducible: the engine raises its own error
+                continue
+        moved.append(position)
+        variables.append(variable)
+    if not moved:
+        return
+    holder = [root_grads[position] for position in moved]
+    taken = set(moved)
+    roots[:] = [edge for position, edge in enumerate(roots) if position not in taken]
+    root_grads[:] = [grad for position, grad in enumerate(root_grads) if position not in taken]
+    del grad
+    with torch.enable_grad():
+        host = _HandOver.apply(holder, *variables)
+    del holder
+    roots.append(get_gradient_edge(host))
+    root_grads.append(torch.zeros((), device=host.device))
+
+
+class _HandOver(torch.autograd.Function):
+    """A host Node whose ``next_functions`` are parameters' AccumulateGrad Nodes: ``apply(gradients,
+    *parameters)`` returns a scalar to root the engine at; the backward passes ``gradients`` (a list, which
+    it empties) on, one per parameter, keeping no reference to them."""
+
+    @staticmethod
+    def forward(ctx: Any, gradients: list[torch.Tensor], *parameters: torch.Tensor) -> torch.Tensor:
+        ctx.gradients = gradients
+        return torch.zeros((), device=parameters[0].device)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, _grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        gradients, ctx.gradients = ctx.gradients, None
+        passed = (None, *gradients)
+        gradients.clear()
+        return passed
 
 
 SUGGESTED_FLUSH_BYTES = 8 << 20
