@@ -54,12 +54,13 @@ thread (the flags live on the Node of its own graph, not in a process-wide varia
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import partial
-from operator import is_not
+from operator import attrgetter, is_not
 from typing import Any
 
 import torch
@@ -1230,17 +1231,21 @@ def _run_weight_engine(
 
 
 HAND_OVER_BYTES = 128 << 10
-HAND_OVER_COUNT = 8
-"""Parameters' gradients reach their AccumulateGrad Nodes through a host Node
-(:func:`_hand_over_to_accumulate_grad`), so that AccumulateGrad may take them over as ``.grad`` instead of
-copying them, when together they hold at least :data:`HAND_OVER_BYTES` bytes or number at least this
-many: below both, the copies cost less than the host (a custom Function call, tens of microseconds)."""
+"""A parameter of at least this many bytes gets its gradient through a host Node
+(:func:`_hand_over_to_accumulate_grad`), so that AccumulateGrad may take it over as ``.grad`` instead of
+copying it. Below it the copy costs less than the Python around the host (measured on the CPU: handing
+over the 64-wide biases of a 48-layer MLP made W 10-25% slower, GPT-2's 256 x 768 Conv1D weights made
+B + W 10% faster)."""
+
+
+_nbytes = attrgetter("nbytes")
+_node_of = attrgetter("node")
 
 
 def _hand_over_to_accumulate_grad(roots: list[GradientEdge], root_grads: list[torch.Tensor]) -> None:
-    """Move the gradients that go straight to a parameter's AccumulateGrad Node (one each) from ``roots`` /
-    ``root_grads`` (in place) to one host Node, itself added as a root (where there are enough of them:
-    :data:`HAND_OVER_COUNT`).
+    """Move the gradients that go straight to a large parameter's AccumulateGrad Node (one each, parameters
+    of at least :data:`HAND_OVER_BYTES`) from ``roots`` / ``root_grads`` (in place) to one host Node,
+    itself added as a root.
 
     AccumulateGrad takes a gradient over as an empty ``.grad`` when nothing else refers to it, and copies
     it otherwise (``accumulateGrad`` in ``torch/csrc/autograd/functions/accumulate_grad.h``: not in grad
@@ -1256,19 +1261,22 @@ def _hand_over_to_accumulate_grad(roots: list[GradientEdge], root_grads: list[to
     others), and only where the parameter receives no other root (several are summed in the engine's
     order). The caller must hold no other reference to the moved gradients.
     """
+    sizes = list(map(_nbytes, root_grads))  # one pass in C: on small stages no gradient is large
+    if not sizes or max(sizes) < HAND_OVER_BYTES:
+        return
     candidates = [
         position
-        for position, (edge, grad) in enumerate(zip(roots, root_grads, strict=True))
-        if grad.layout == torch.strided and _autograd.is_accumulate_grad(edge.node)
+        for position, size in enumerate(sizes)
+        if size >= HAND_OVER_BYTES
+        and root_grads[position].layout == torch.strided
+        and _autograd.is_accumulate_grad(roots[position].node)
     ]
-    if len(candidates) < HAND_OVER_COUNT and (
-        sum(root_grads[position].numel() * root_grads[position].element_size() for position in candidates)
-        < HAND_OVER_BYTES
-    ):
+    candidates = [  # a broadcast gradient of a small parameter (a bias): the copy is cheaper
+        position for position in candidates if roots[position].node.variable.nbytes >= HAND_OVER_BYTES
+    ]
+    if not candidates:
         return
-    uses: dict[Node, int] = {}
-    for edge in roots:
-        uses[edge.node] = uses.get(edge.node, 0) + 1
+    uses = Counter(map(_node_of, roots))
     moved: list[int] = []
     variables: list[torch.Tensor] = []
     for position in candidates:
