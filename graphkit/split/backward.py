@@ -1261,7 +1261,10 @@ def _hand_over_to_accumulate_grad(roots: list[GradientEdge], root_grads: list[to
     others), and only where the parameter receives no other root (several are summed in the engine's
     order). The caller must hold no other reference to the moved gradients.
     """
-    sizes = list(map(_nbytes, root_grads))  # one pass in C: on small stages no gradient is large
+    try:
+        sizes = list(map(_nbytes, root_grads))  # one pass in C: on small stages no gradient is large
+    except RuntimeError:  # a sparse gradient has no nbytes (and stays with the engine)
+        sizes = [grad.nbytes if grad.layout == torch.strided else 0 for grad in root_grads]
     if not sizes or max(sizes) < HAND_OVER_BYTES:
         return
     candidates = [
