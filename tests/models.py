@@ -483,6 +483,16 @@ OP_KINDS = (
 )
 
 
+# custom Functions (drawn with custom_functions=True): HonestMatmul, HonestMul, StopsSecond and Double
+CUSTOM_UNARY_OPS = ("custom_double", "custom_double_unmaterialized")
+CUSTOM_OPS = (
+    ("matmul", "custom"),
+    ("binary", "custom"),
+    ("binary", "custom_stops_second"),
+    *(("unary", variant) for variant in CUSTOM_UNARY_OPS),
+)
+
+
 @dataclass(slots=True, frozen=True)
 class RandomOp:
     """One op of a random model: ``kind`` (see ``OP_KINDS``), ``variant`` and operand value indices."""
@@ -520,7 +530,11 @@ def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool 
         source: a ``random.Random``, an int seed, or a hypothesis ``data`` object (``st.data()``).
         max_ops: most ops in the DAG.
         custom_functions: also draw custom ``torch.autograd.Function`` ops (:class:`HonestMul`,
-            :class:`HonestMatmul`), whose backward computes only what ``ctx.needs_input_grad`` asks for.
+            :class:`HonestMatmul`), whose backward computes only what ``ctx.needs_input_grad`` asks for,
+            :class:`StopsSecond`, whose backward returns None for its second argument, and
+            :class:`Double`, with and without ``ctx.set_materialize_grads(False)``: ``StopsSecond(x,
+            Double(p))`` gives ``p`` a zero gradient in a full backward (Double's backward runs on
+            materialized zeros), and None where Double does not materialize.
 
     Every value has shape ``(3, 4)``, ``(4, 4)``, ``(4,)``, ``(3, 1)``, ``(1,)`` or ``()``; ops only combine
     values whose shapes fit. At least one output requires grad.
@@ -531,6 +545,7 @@ def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool 
     shapes: list[tuple[int, ...]] = [(BATCH, WIDTH)] * num_inputs
     requires_grad = list(input_requires_grad)
     depends_on_param = [False] * num_inputs
+    depends_on_input = [True] * num_inputs
 
     param_shapes: list[tuple[int, ...]] = []
     param_names: list[list[str]] = []
@@ -544,6 +559,7 @@ def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool 
         shapes.append(shape)
         requires_grad.append(True)
         depends_on_param.append(True)
+        depends_on_input.append(False)
 
     plan = RandomModelPlan(input_requires_grad, param_shapes, param_names)
     matrices = lambda: [index for index, shape in enumerate(shapes) if shape == (WIDTH, WIDTH)]
@@ -563,7 +579,7 @@ def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool 
         kind = choose.pick(kinds)
         variant = ""
         if kind == "custom":
-            kind, variant = choose.pick([("matmul", "custom"), ("binary", "custom")])
+            kind, variant = choose.pick(CUSTOM_OPS)
         if kind in ("matmul", "linear"):
             if not matrices():
                 kind = "unary"
@@ -581,6 +597,10 @@ def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool 
         if kind == "binary":
             first = any_value()
             second = any_value()
+            weight_side = [index for index, only in enumerate(depends_on_input) if not only]
+            if variant == "custom_stops_second" and choose.boolean():
+                # the newest value computed from parameters alone (a Double of one, often): weight side
+                second = weight_side[-1]
             try:
                 shape = tuple(torch.broadcast_shapes(shapes[first], shapes[second]))
                 operands = (first, second)
@@ -611,16 +631,23 @@ def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool 
             shape = shapes[operands[0]]
         if kind == "unary":
             operands = (any_value(),)
-            variant = choose.pick(UNARY_OPS)
+            if variant in CUSTOM_UNARY_OPS and choose.boolean():
+                operands = (choose.integer(num_inputs, num_inputs + len(param_shapes) - 1),)  # a parameter
+            variant = variant if variant in CUSTOM_UNARY_OPS else choose.pick(UNARY_OPS)
             shape = shapes[operands[0]]
         plan.ops.append(RandomOp(kind, variant, operands))
         shapes.append(shape)
         if kind == "detach":
             requires_grad.append(False)
             depends_on_param.append(False)
+            depends_on_input.append(False)
         else:
             requires_grad.append(any(requires_grad[index] for index in operands))
             depends_on_param.append(any(depends_on_param[index] for index in operands))
+            depends_on_input.append(any(depends_on_input[index] for index in operands))
+
+    if custom_functions and choose.boolean():
+        _append_missing_gradient(plan, choose, shapes, requires_grad, depends_on_input)
 
     first_op_value = num_inputs + len(param_shapes)
     consumed = {index for op in plan.ops for index in op.operands}
@@ -637,6 +664,44 @@ def plan_random_model(source: Any, *, max_ops: int = 12, custom_functions: bool 
         order[position], order[swap] = order[swap], order[position]
     plan.registration_order = order
     return plan
+
+
+def _append_missing_gradient(
+    plan: RandomModelPlan,
+    choose: _Choices,
+    shapes: list[tuple[int, ...]],
+    requires_grad: list[bool],
+    depends_on_input: list[bool],
+) -> None:
+    """End ``plan`` with ``StopsSecond(value, Double(parameter))``, sometimes with an op on the input path
+    between the two (``StopsSecond(value, other * Double(parameter))``): the parameter's Nodes receive only
+    missing gradients, and a full backward still runs them (zeros, or None without materializing)."""
+    on_input_path = [
+        index for index, needed in enumerate(requires_grad) if needed and depends_on_input[index]
+    ]
+    if not on_input_path:
+        return
+    first = choose.pick(on_input_path)
+    parameters = [
+        plan.num_inputs + index
+        for index, shape in enumerate(plan.param_shapes)
+        if _broadcasts_into(shape, shapes[first])
+    ]
+    if not parameters:
+        return
+    parameter = choose.pick(parameters)
+    plan.ops.append(RandomOp("unary", choose.pick(CUSTOM_UNARY_OPS), (parameter,)))
+    shapes.append(shapes[parameter])
+    second = len(shapes) - 1
+    if choose.boolean():  # an input-path op that itself receives no gradient at all
+        plan.ops.append(RandomOp("binary", "mul", (first, second)))
+        shapes.append(shapes[first])
+        second = len(shapes) - 1
+    plan.ops.append(RandomOp("binary", "custom_stops_second", (first, second)))
+    shapes.append(shapes[first])
+    for _ in range(len(shapes) - len(requires_grad)):
+        requires_grad.append(True)
+        depends_on_input.append(True)
 
 
 def _broadcasts_into(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
@@ -724,10 +789,44 @@ class HonestMatmul(torch.autograd.Function):
         return grad_rows, grad_matrix
 
 
+class StopsSecond(torch.autograd.Function):
+    """``first * second`` (broadcast) whose backward gives ``second`` no gradient (None), like a
+    straight-through estimator: the Nodes before ``second`` still run in a full backward, on a missing
+    gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, first: Tensor, second: Tensor) -> Tensor:
+        ctx.save_for_backward(first, second)
+        return first * second
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None]:
+        first, second = ctx.saved_tensors
+        return (_summed_to(grad * second, first.shape) if ctx.needs_input_grad[0] else None), None
+
+
+class Double(torch.autograd.Function):
+    """``2 * value``; with ``materialize=False`` its backward receives a missing gradient as None
+    (``ctx.set_materialize_grads(False)``) and passes None on, else as zeros, and passes zeros on."""
+
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, materialize: bool) -> Tensor:
+        ctx.set_materialize_grads(materialize)
+        return value * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor | None) -> tuple[Tensor | None, None]:
+        return (None if grad is None else grad * 2), None
+
+
 def _apply(op: RandomOp, operands: list[Tensor]) -> Tensor:
     kind, variant = op.kind, op.variant
     if variant == "custom":
         return (HonestMatmul if kind == "matmul" else HonestMul).apply(*operands)
+    if variant == "custom_stops_second":
+        return StopsSecond.apply(*operands)
+    if variant in CUSTOM_UNARY_OPS:
+        return Double.apply(operands[0], variant == "custom_double")
     if kind == "matmul":
         return operands[0] @ operands[1]
     if kind == "linear":

@@ -224,3 +224,28 @@ def test_the_transformers_sweep_finds_the_split_exact_on_real_families(model_typ
     assert outcome.status == "exact", outcome
     assert outcome.gradients > 10 and outcome.max_rel_err <= 1e-9
     assert outcome.input_with_grad != "-"
+
+
+def test_split_breakdown_splits_the_excess_into_parts_that_add_up():
+    breakdown = _bench_script("split_breakdown")
+    torch.manual_seed(0)
+    module = nn.Sequential(*[nn.Linear(16, 16) for _ in range(4)])
+    row = breakdown.measure_stage(module, (torch.randn(8, 16, requires_grad=True),), 2, 0, time.perf_counter)
+    assert min(row["full"], row["b"], row["w"], row["i"], row["pw"]) > 0
+    assert sum(row["parts"].values()) == pytest.approx(row["b"] + row["w"] - row["full"])
+    # B + W run a full backward's kernels once each: no product counted twice
+    assert "aten::mm" not in row["differing"] and "aten::addmm" not in row["differing"]
+    assert all(parameter.grad is None for parameter in module.parameters())
+
+
+@pytest.mark.slow  # two child processes
+def test_split_breakdown_quick_runs_one_child_per_allocator(capsys):
+    breakdown = _bench_script("split_breakdown")
+    assert breakdown.allocator_environment("tuned")["MALLOC_TOP_PAD_"] == "1073741824"
+    assert "MALLOC_TOP_PAD_" not in breakdown.allocator_environment("default")
+    assert breakdown.main(["--quick", "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    default, tuned = results["default"]["mlp-48-linear-gelu"], results["tuned"]["mlp-48-linear-gelu"]
+    assert default["malloc"]["MALLOC_MMAP_THRESHOLD_"] is None
+    assert tuned["malloc"]["MALLOC_MMAP_THRESHOLD_"] == "17179869184"
+    assert default["full"] > 0 and tuned["b"] > 0

@@ -2,8 +2,10 @@
 
 The generator (tests/models.py) mixes linear and elementwise ops, reductions, chunks, transposes, detached
 branches and in-place ops, and (in half the draws) custom Functions that compute only what
-``ctx.needs_input_grad`` asks for, with parameters used several times, tied under two names and returned
-as outputs, over inputs of which some require grad. B + W must cost exactly a full backward's FLOPs, custom
+``ctx.needs_input_grad`` asks for (and some that return None for a weight-side argument computed by
+another custom Function from a parameter, which a full backward still runs on a missing gradient: the
+parameter's ``.grad`` becomes zeros, or stays None without materializing), with parameters used several
+times, tied under two names and returned as outputs, over inputs of which some require grad. B + W must cost exactly a full backward's FLOPs, custom
 Functions included: graphkit sets their ``needs_input_grad`` per phase.
 """
 

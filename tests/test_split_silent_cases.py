@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -238,3 +239,112 @@ def test_a_parameter_that_is_an_output_and_feeds_intermediates_sums_its_cotangen
     x_split = x.clone().requires_grad_()
     backward_weight(backward_input([stage(x_split), parameter], cotangents, [x_split]))
     assert torch.equal(parameter.grad, expected)
+
+
+class _NoGradientToSecond(torch.autograd.Function):
+    """``first * second`` whose backward returns None for ``second`` (a straight-through style op)."""
+
+    @staticmethod
+    def forward(ctx, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(second)
+        return first * second
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, None]:
+        (second,) = ctx.saved_tensors
+        return (grad * second if ctx.needs_input_grad[0] else None), None
+
+
+def _doubled_by_custom_function(materialize: bool) -> tuple[type, list[int]]:
+    """A custom Function ``2 * value`` that counts its backward calls (materializing missing gradients as
+    zeros unless ``materialize`` is False), and the list of counts."""
+    calls: list[int] = []
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, value: torch.Tensor) -> torch.Tensor:
+            ctx.set_materialize_grads(materialize)
+            return value * 2
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor | None) -> torch.Tensor | None:
+            calls.append(1)
+            return None if grad is None else grad * 2
+
+    return Double, calls
+
+
+def _missing_gradient_stage(kind: str, materialize: bool) -> tuple[Any, list[nn.Parameter], list[int]]:
+    """A stage whose weight-side input of ``_NoGradientToSecond`` comes from a parameter through ``kind``:
+    a custom Function (``custom``), a custom Function then an input-path ``mul`` that receives no
+    gradient at all (``custom_then_mul``), or C++ ops only (``builtin``); plus a Linear that gets a real
+    gradient."""
+    torch.manual_seed(0)
+    Double, calls = _doubled_by_custom_function(materialize)
+    scale = nn.Parameter(torch.randn(4, dtype=torch.float64))
+    layer = nn.Linear(4, 4).double()
+
+    def stage(x: torch.Tensor) -> torch.Tensor:
+        hidden = layer(x)
+        if kind == "builtin":
+            second = (scale * 2).exp()
+        else:
+            second = Double.apply(scale)
+            if kind == "custom_then_mul":
+                second = hidden * second
+        return torch.tanh(_NoGradientToSecond.apply(hidden, second))
+
+    return stage, [scale, *layer.parameters()], calls
+
+
+@pytest.mark.parametrize("materialize", [True, False])
+@pytest.mark.parametrize("kind", ["custom", "custom_then_mul", "builtin"])
+def test_a_weight_side_input_given_no_gradient_leaves_grad_as_a_full_backward_does(
+    kind: str, materialize: bool
+) -> None:
+    # a full backward runs the parameter's Nodes on a missing gradient: a custom Function materializes
+    # it as zeros (``.grad`` becomes zeros) unless set_materialize_grads(False); C++ Nodes pass None on
+    stage, parameters, calls = _missing_gradient_stage(kind, materialize)
+    x = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    cotangent = torch.randn(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    x_full = x.clone().requires_grad_()
+    stage(x_full).backward(cotangent)
+    expected = [None if parameter.grad is None else parameter.grad.clone() for parameter in parameters]
+    full_calls = len(calls)
+    for parameter in parameters:
+        parameter.grad = None
+    calls.clear()
+    x_split = x.clone().requires_grad_()
+    state = backward_input(stage(x_split), cotangent, x_split)
+    assert parameters[0].grad is None
+    backward_weight(state)
+    assert torch.equal(state.input_grads[0], x_full.grad)
+    assert len(calls) == full_calls  # the custom Function's backward ran as often as in a full backward
+    zero_grad = kind != "builtin" and materialize
+    assert (expected[0] is not None) == zero_grad  # the oracle itself: zeros only through materializing
+    for parameter, grad in zip(parameters, expected, strict=True):
+        if grad is None:
+            assert parameter.grad is None
+        else:
+            assert torch.equal(parameter.grad, grad)
+
+
+def test_a_missing_gradient_meets_a_real_one_on_the_same_weight_side_node() -> None:
+    # the parameter's custom Function gets a real gradient through another use: W must not hand it a
+    # missing one (nor zeros) instead
+    Double, calls = _doubled_by_custom_function(True)
+    torch.manual_seed(0)
+    scale = nn.Parameter(torch.randn(4, dtype=torch.float64))
+
+    def stage(x: torch.Tensor) -> torch.Tensor:
+        doubled = Double.apply(scale)
+        return _NoGradientToSecond.apply(x, doubled) + x * doubled
+
+    x = torch.randn(3, 4, dtype=torch.float64)
+    x_full = x.clone().requires_grad_()
+    stage(x_full).sum().backward()
+    expected, scale.grad = scale.grad.clone(), None
+    x_split = x.clone().requires_grad_()
+    backward_weight(backward_input(stage(x_split), torch.ones(3, 4, dtype=torch.float64), x_split))
+    assert torch.equal(scale.grad, expected) and expected.abs().sum() > 0
+    assert len(calls) == 2

@@ -74,6 +74,10 @@ class BackwardPlan:
     # parameters (so W has nothing left to do for it), the positions in ``computed_in_b`` it feeds
     computed_in_b: tuple[tuple[int, int], ...] = ()
     done_in_b: tuple[tuple[int, ...], ...] = ()
+    # weight-only Nodes that turn a missing gradient into a real one, themselves or further along their
+    # next_functions: a custom Function's Node materializes it as zeros (``ctx.set_materialize_grads``).
+    # A full backward runs such a Node even when every gradient it receives is missing; W must too
+    zero_materializing: frozenset[int] = frozenset()
 
 
 _CACHE: dict[Any, BackwardPlan] = {}
@@ -124,6 +128,7 @@ def plan_of(walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int] = f
     for index in range(count):
         if in_closure[index]:
             weight_only[index] = 0
+    zero_materializing = _zero_materializing(walk, consumers, weight_only)
     edges_of: dict[int, list[tuple[int, int, int]]] = {}
     for producer, consumer, output_nr, input_nr in walk.edges():
         if weight_only[producer] and in_closure[consumer]:
@@ -149,9 +154,27 @@ def plan_of(walk: NodeWalk, input_nodes: set[Node], excluded: frozenset[int] = f
             leaf for leaf in leaf_targets if any(weight_only[consumer] for consumer in consumers[leaf])
         ),
         flush_points,
+        zero_materializing=zero_materializing,
     )
     plan.reductions_in_b = with_reductions_in_b(plan, walk)
     return plan
+
+
+def _zero_materializing(walk: NodeWalk, consumers: list[list[int]], weight_only: bytearray) -> frozenset[int]:
+    """The weight-only Nodes from which a custom Function's weight-only Node is reached along
+    ``next_functions`` (that Node included): those a full backward may turn a missing gradient into a
+    real one through (``PyNode::apply`` materializes missing gradients as zeros unless the Function
+    called ``ctx.set_materialize_grads(False)``, which is only known when it runs)."""
+    nodes = walk.nodes
+    if not _autograd.any_custom_function(
+        [node for node, only in zip(nodes, weight_only, strict=True) if only]
+    ):
+        return frozenset()
+    sources = [
+        index for index, node in enumerate(nodes) if weight_only[index] and _autograd.is_custom_function(node)
+    ]
+    reached = reach(consumers, sources, len(nodes))
+    return frozenset(index for index, flag in enumerate(reached) if flag and weight_only[index])
 
 
 REDUCTIONS_IN_B: dict[str, frozenset[int]] = {
@@ -224,6 +247,7 @@ def with_reductions_in_b(plan: BackwardPlan, walk: NodeWalk) -> BackwardPlan | N
         weight_flush_points(intermediates, plan.weight_only, walk.edges()),
         computed_in_b=tuple(computed_in_b),
         done_in_b=tuple(done_in_b),
+        zero_materializing=plan.zero_materializing,
     )
 
 
