@@ -18,8 +18,8 @@ where it runs. Times are medians. The excess of graphkit's B + W over the full b
 - ``same ops``: what the operators both run cost more in the split (memory traffic, cold caches);
 - ``faults``: minor page faults per microbatch, B + W less the full backward (``getrusage``), and the
   allocator's share: the excess under glibc's default allocator less the excess under a tuned one
-  (``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` / ``MALLOC_TOP_PAD_``, set for the child
-  process only: see :data:`TUNED_MALLOC`).
+  (each child process sets its own with :func:`graphkit.measure.allocator.tune_allocator`, told which by
+  ``GRAPHKIT_ALLOCATOR``).
 
 Not a test: run it by hand on a quiet machine; ``--quick`` is a smoke run (tests/test_bench.py).
 """
@@ -45,17 +45,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from split import MODELS  # noqa: E402  (bench/split.py)
 
+from graphkit.measure.allocator import (  # noqa: E402
+    ALLOCATOR_VARIABLE,
+    TUNED_ENVIRONMENT,
+    current_allocator,
+)
 from graphkit.measure.benchmark import microbatch_forward  # noqa: E402
 from graphkit.measure.timing import load_average  # noqa: E402
 from graphkit.split import backward_input, backward_weight  # noqa: E402
-
-TUNED_MALLOC = {
-    "MALLOC_MMAP_THRESHOLD_": "17179869184",
-    "MALLOC_TRIM_THRESHOLD_": "17179869184",
-    "MALLOC_TOP_PAD_": "1073741824",
-}
-"""glibc tunables for the ``tuned`` child: never ``mmap`` a tensor, never give memory back (so fresh
-tensors reuse pages already faulted in). The ``default`` child runs with these removed."""
 
 GPT2_256 = "hf:gpt2?n_layer=4&n_embd=256&seq=64&vocab_size=512"
 LLAMA_256 = "hf:llama?num_hidden_layers=4&hidden_size=256&intermediate_size=512&seq=64&vocab_size=512"
@@ -287,16 +284,17 @@ def worker(arguments: argparse.Namespace) -> int:
             continue
         clock = time.thread_time if arguments.clock == "cpu" else time.perf_counter
         results[name] = measure_stage(module, inputs, arguments.rounds, arguments.warmup, clock)
-        results[name]["malloc"] = {key: os.environ.get(key) for key in TUNED_MALLOC}
+        results[name]["malloc"] = str(current_allocator())
         print(json.dumps({name: results[name]}), flush=True)
     return 0
 
 
 def allocator_environment(allocator: str) -> dict[str, str]:
-    """The child's environment: :data:`TUNED_MALLOC` set (``tuned``) or removed (``default``)."""
-    environment = {key: value for key, value in os.environ.items() if key not in TUNED_MALLOC}
-    if allocator == "tuned":
-        environment.update(TUNED_MALLOC)
+    """The child's environment: ``GRAPHKIT_ALLOCATOR`` names the allocator, which the child sets itself
+    (:func:`graphkit.measure.allocator.tune_allocator`); glibc's startup variables are left out, so the
+    ``default`` child really runs under glibc's defaults."""
+    environment = {key: value for key, value in os.environ.items() if key not in TUNED_ENVIRONMENT}
+    environment[ALLOCATOR_VARIABLE] = allocator
     return environment
 
 
@@ -425,4 +423,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from graphkit.measure.allocator import tune_allocator_for_benchmark
+
+    tune_allocator_for_benchmark()  # first, and said on stderr; each child sets the allocator it was given
     sys.exit(main())
