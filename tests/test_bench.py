@@ -246,6 +246,8 @@ def test_split_breakdown_quick_runs_one_child_per_allocator(capsys):
     assert breakdown.main(["--quick", "--json"]) == 0
     results = json.loads(capsys.readouterr().out)
     default, tuned = results["default"]["mlp-48-linear-gelu"], results["tuned"]["mlp-48-linear-gelu"]
-    assert default["malloc"].startswith("glibc malloc, default"), default["malloc"]  # what the child ran under
+    assert default["malloc"].startswith("glibc malloc, default"), default[
+        "malloc"
+    ]  # what the child ran under
     assert tuned["malloc"].startswith("glibc malloc, tuned"), tuned["malloc"]
     assert default["full"] > 0 and tuned["b"] > 0
