@@ -246,7 +246,7 @@ def test_tensor_hooks_anywhere_in_random_models_give_the_full_backwards_gradient
         model = _HookedRandomModel(copy.deepcopy(inner), value_hooks)
         for (_, parameter), scale in zip(model.inner.named_parameters(), parameter_hooks, strict=False):
             if scale is not None:
-                parameter.register_hook(lambda grad, scale=scale: grad * scale)
+                parameter.register_hook(lambda grad, scale=scale: None if grad is None else grad * scale)
         fresh = {name: t.detach().clone().requires_grad_(t.requires_grad) for name, t in inputs.items()}
         outputs = model(**fresh)
         generator = torch.Generator().manual_seed(0)
