@@ -334,3 +334,25 @@ def test_the_command_takes_the_new_options_and_says_1f1b_was_kept_when_it_measur
         main(["plan", "zoo-pipeline:mlp", "--costs", str(costs), "--run", "--steps", "0"])
     assert exit_info.value.code == 2
     assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_splitting_faster_than_its_placement_but_not_beyond_chance_is_not_shown_to_pay(monkeypatch):
+    from graphkit.measure.timing import rounds_to_decide
+
+    # ZBV beats Interleaved1F1B (which is no faster than 1F1B) in 11 of 15 rounds, by 4% in the median
+    # round (beyond the noise floor, p = 0.059): undecided
+    rounds = {
+        "1F1B": [100.0] * 15,
+        "Interleaved1F1B": [99.0] * 7 + [101.0] * 8,
+        "ZBVZeroBubble": [95.0] * 11 + [103.0] * 4,
+    }
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+    line = plan.zero_bubble_verdict()
+    assert line.startswith("zero bubble is not shown to pay here (ZBVZeroBubble"), line
+    p = sign_test_p_value(11, 15)
+    needed = rounds_to_decide(11 / 15, plan.significance)
+    assert needed is not None and needed > 15
+    assert (
+        f"could be chance (p = {p:.2g}, not below {plan.significance:.2g}); at its win fraction (11 of 15) "
+        f"a sign test would need about {needed} rounds to decide (--steps {needed})"
+    ) in line

@@ -388,6 +388,9 @@ class SchedulePlan:
             return f"zero bubble: no zero-bubble schedule fits here; {head}"
         floor = self.noise_floor
         reason = ""
+        undecided = (
+            False  # splitting measured faster than its placement, beyond the noise floor, not beyond chance
+        )
         if best.measured_steps:
             ratio = self.round_ratio(best) or math.inf
             won, rounds = self.rounds_won(best)
@@ -442,15 +445,26 @@ class SchedulePlan:
                         f"({floor:.1%}, 1F1B against itself)"
                     )
                 elif not pays and split_ratio < 1:
+                    undecided = True
+                    needed = (
+                        rounds_to_decide(split_won / split_rounds, self.significance)
+                        if split_rounds
+                        else None
+                    )
                     reason = (
                         f"splitting's {_gain(split_ratio)} over its placement could be chance "
                         f"(p = {split_p:.2g}, not below {self.significance:.2g})"
+                    ) + (
+                        f"; at its win fraction ({split_won} of {split_rounds}) a sign test would need about "
+                        f"{needed} rounds to decide (--steps {needed})"
+                        if needed is not None and needed > split_rounds
+                        else ""
                     )
         else:
             ratio = best.predicted_seconds / base.predicted_seconds
             pays = ratio < PREDICTED_MARGIN  # a prediction within 1% of 1F1B is no reason to split
             evidence = f"{best.name} predicted {ratio:.2f}x 1F1B"
-        verdict = "pays" if pays else "does not pay"
+        verdict = "pays" if pays else "is not shown to pay" if undecided else "does not pay"
         reason = reason or (
             "the bubble it fills is worth more than the extra work of splitting"
             if pays
