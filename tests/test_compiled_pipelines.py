@@ -78,3 +78,37 @@ def test_compiled_blocks_with_ddp_average_like_a_full_backward_on_two_gloo_ranks
     )
     assert result.ok, (result.error, result.table())
     assert result.max_relative_error < 1e-12
+
+
+def test_compile_blocks_splits_blocks_of_pytorchs_own_classes_too():
+    """nn.Module.compile leaves an nn.Sequential of torch.nn layers, or an nn.TransformerEncoderLayer, eager
+    (dynamo skips the torch.nn frames): compile_blocks compiles their forward instead, in place."""
+    from graphkit.models.compiling import compile_blocks
+    from graphkit.split import backward_input, backward_weight
+
+    torch.manual_seed(0)
+    sequential = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    encoder = torch.nn.Sequential()
+    encoder.layers = torch.nn.ModuleList(
+        [torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True) for _ in range(2)]
+    )
+    encoder.forward = lambda x: encoder.layers[1](encoder.layers[0](x))
+    for stage, shape in ((sequential, (4, 8)), (encoder, (2, 3, 8))):
+        reference = {name: p.detach().clone() for name, p in stage.named_parameters()}
+        x = torch.randn(shape, dtype=torch.float32)
+        eager_x = x.clone().requires_grad_()
+        stage(eager_x).sum().backward()
+        expected = {name: p.grad.clone() for name, p in stage.named_parameters()}
+        stage.zero_grad(set_to_none=True)
+        compile_blocks([stage], "split-eager")
+        assert {name: p.detach() for name, p in stage.named_parameters()}.keys() == reference.keys()
+        split_x = x.clone().requires_grad_()
+        output = stage(split_x)
+        assert _node_classes(output)["SplitRegionFunctionBackward"] >= 1, _node_classes(output)
+        state = backward_input(output, torch.ones_like(output), inputs=[split_x])
+        backward_weight(state)
+        torch.testing.assert_close(
+            split_x.grad if split_x.grad is not None else state.input_grads[0], eager_x.grad
+        )
+        for name, parameter in stage.named_parameters():
+            torch.testing.assert_close(parameter.grad, expected[name], rtol=1e-5, atol=1e-6)

@@ -4,7 +4,10 @@
 the key, then compiles, in every stage, each block of its repeated blocks (the children of each
 ``nn.ModuleList`` it holds: GPT-2's ``h``, Llama's ``layers``), or the whole stage when it has none (a
 ``zoo-pipeline`` MLP stage), with ``nn.Module.compile`` - in place, so that parameter names stay as they
-were. The values (:data:`COMPILE_VALUES`):
+were. A block whose class is one of PyTorch's own (``nn.Sequential``, ``nn.TransformerEncoderLayer``) gets
+its ``forward`` compiled instead, also in place: ``nn.Module.compile`` wraps ``Module._call_impl``, a frame
+in ``torch/nn`` that dynamo skips together with the ``torch.nn`` forwards it calls, so such a block would
+run eager without a word. The values (:data:`COMPILE_VALUES`):
 
 - ``split``: graphkit's splitting backend with inductor (``graphkit.splitting_backend()``): each block's
   backward runs as a compiled I and a compiled W;
@@ -18,6 +21,7 @@ registers them here (:func:`register_compile_backend`) when ``graphkit`` is impo
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from graphkit.models.specs import SpecError
@@ -85,4 +89,8 @@ def compile_blocks(stages: list[nn.Module], value: str) -> None:
         lists = [module for module in stage.modules() if isinstance(module, nn.ModuleList)]
         blocks = [block for module_list in lists for block in module_list] or [stage]
         for block in blocks:
-            block.compile(backend=backend)
+            if type(block).forward.__module__.startswith("torch.nn."):
+                # dynamo skips Module._call_impl's frame and the torch.nn forward under it (module docstring)
+                block.forward = torch.compile(block.forward, backend=backend)
+            else:
+                block.compile(backend=backend)
