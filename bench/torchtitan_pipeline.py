@@ -9,12 +9,13 @@ Needs torchtitan 0.3.0 (``bash scripts/setup.sh --torchtitan``, in the newest-to
 number of microbatches, one start of 2 gloo ranks builds every case with torchtitan's ``pipeline_llm``
 (``graphkit.integrations.torchtitan.install()``: graphkit's stage; blocks compiled in place by torchtitan's
 ``apply_compile`` with ``--compile``) and steps them interleaved: each round runs one step of every case in
-turn, after untimed warm-up steps (compilation, metadata inference). The CPU set-up is
+turn, in an order rotated by one case each round, after untimed warm-up steps (compilation, metadata inference). The CPU set-up is
 ``tests/torchtitan_pipelines.py``'s (FlexAttention's eager backward, ``device_type`` "cpu").
 
 Printed per case: the median step (milliseconds, the slower rank's), and ``/ 1F1B``, the median over rounds
 of the step divided by 1F1B's eager step in the same round (1F1B eager is the baseline of every row), with
-the rounds in which the case was faster than that baseline. Not a test: run it by hand on a quiet machine;
+the rounds in which the case was faster than that baseline; 1F1B eager runs twice, the second copy (A/A)
+giving the run's noise floor. Not a test: run it by hand on a quiet machine;
 the load average is printed beside the figures.
 """
 
@@ -53,6 +54,8 @@ def measure(
     ]
     if (cases[0].schedule, cases[0].compile) != BASELINE:
         cases.insert(0, TitanCase(attention=attention, schedule="1F1B", microbatches=microbatches))
+    # the baseline again, last: the A/A control, whose spread from the first copy is the run's noise floor
+    cases.append(TitanCase(attention=attention, schedule="1F1B", microbatches=microbatches))
     per_rank = run_on_processes(
         step_times_rank,
         (cases, rounds, warmup),
@@ -70,13 +73,16 @@ def measure(
 def table(measured: list[tuple[TitanCase, list[float]]]) -> list[str]:
     baseline = measured[0][1]
     lines = [f"{'schedule':<17}{'blocks':<22}{'median step':>12}{'/ 1F1B':>9}{'won':>8}"]
-    for case, times in measured:
+    for index, (case, times) in enumerate(measured):
         ratios = [time / base for time, base in zip(times, baseline, strict=True)]
         won = sum(ratio < 1 for ratio in ratios)
+        blocks = (case.compile or "eager") + (" (A/A)" if index == len(measured) - 1 else "")
         lines.append(
-            f"{case.schedule:<17}{case.compile or 'eager':<22}{statistics.median(times) * 1e3:>10.1f}ms"
+            f"{case.schedule:<17}{blocks:<22}{statistics.median(times) * 1e3:>10.1f}ms"
             f"{statistics.median(ratios):>9.3f}{won:>5}/{len(ratios)}"
         )
+    floor = abs(statistics.median(r / b for r, b in zip(measured[-1][1], baseline, strict=True)) - 1)
+    lines.append(f"noise floor: 1F1B against itself (A/A) {floor:.1%} apart in the median round")
     return lines
 
 
