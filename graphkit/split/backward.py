@@ -538,7 +538,7 @@ def _backward_input(
         lap("b.no_walk_plan")
         if no_walk is not None:
             state = _backward_input_without_walk(
-                key, no_walk, pairs, inputs_by_name, stage_inputs, output_edges, params, lap
+                key, no_walk, pairs, cotangents, inputs_by_name, stage_inputs, output_edges, params, lap
             )
             if state is not None:
                 return state
@@ -700,6 +700,7 @@ def _backward_input_without_walk(
     key: Any,
     plan: NoWalkPlan,
     pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    cotangents: list[torch.Tensor],
     inputs_by_name: list[tuple[str, torch.Tensor]],
     stage_inputs: list[torch.Tensor],
     output_edges: list[GradientEdge],
@@ -709,7 +710,6 @@ def _backward_input_without_walk(
     """B where every parameter lies inside split compiled regions: one engine call with this microbatch's
     queue installed; the regions queue their W (:mod:`graphkit.split.weight_queue`). None where the graph
     turned out not to qualify and no region queued anything (the caller walks it instead)."""
-    cotangents = [grad for _, grad in pairs]
     queue = WeightQueue()
     try:
         with input_phase(queue):
@@ -1272,7 +1272,7 @@ def _missing_gradient_roots(
     see the zeros where a full backward passes them None.)
     """
     handles = []
-    reached = _reached_from([edge.node for edge in roots]) if roots else set()
+    reached = walk_nodes([edge.node for edge in roots], set()).index if roots else {}
     try:
         for target, output_nr in unfed:
             node = targets[target]
@@ -1288,18 +1288,6 @@ def _missing_gradient_roots(
         yield
     finally:
         _remove_handles(handles)
-
-
-def _reached_from(nodes: list[Node]) -> set[Node]:
-    """Every Node reached from ``nodes`` along ``next_functions`` (``nodes`` included), iteratively."""
-    reached = set(nodes)
-    stack = list(reached)
-    while stack:
-        for next_node, _ in stack.pop().next_functions:
-            if next_node is not None and next_node not in reached:
-                reached.add(next_node)
-                stack.append(next_node)
-    return reached
 
 
 def _all_missing(grads: tuple[torch.Tensor | None, ...]) -> tuple[None, ...]:
