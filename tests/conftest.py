@@ -7,12 +7,15 @@
 - The test process and what it starts keep glibc's allocator as it is (``GRAPHKIT_ALLOCATOR=default``,
   unless set): the commands run in-process here would otherwise tune pytest's own malloc, which then keeps
   every byte it ever held. The tests of :mod:`graphkit.measure.allocator` ask for ``tuned`` themselves.
+- Every test gets its own ``GRAPHKIT_CACHE_DIR`` (not created until written): what one ``plan --run`` remembers
+  (:mod:`graphkit.pipelining.remembered_error`) never reaches another test, nor the user's ``~/.cache``.
 - Tests marked ``browser`` are skipped, with the reason, when no Chromium executable is installed, unless
   ``GRAPHKIT_REQUIRE_BROWSER=1`` is set (then they run and fail loudly).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 from pathlib import Path
@@ -32,6 +35,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "graphkit"))
 os.environ.setdefault("GRAPHKIT_ALLOCATOR", "default")
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    monkeypatch.setenv(
+        "GRAPHKIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / f"cache-{next(_CACHE_NUMBERS)}")
+    )
+
+
+_CACHE_NUMBERS = itertools.count()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

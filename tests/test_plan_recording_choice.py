@@ -6,6 +6,7 @@ hand-made predictions and recorded rounds."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,15 @@ from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
 from graphkit.pipelining import planner
 from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import CommModel, StageCost, simulate
-from graphkit.pipelining.record_selection import best_non_splitting, choose_recorded
+from graphkit.pipelining.record_selection import DEFAULT_PREDICTION_ERROR, best_non_splitting, choose_recorded
+from graphkit.pipelining.remembered_error import (
+    LEAST_REMEMBERED_ERROR,
+    band_from_measured,
+    errors_file,
+    remember_error,
+    remembered_error,
+    setup_key,
+)
 from graphkit.pipelining.schedule_plan import PlannedSchedule
 from graphkit.pipelining.schedules import schedule_name, schedule_order, stage_count
 
@@ -228,7 +237,55 @@ def test_the_run_says_how_far_the_prediction_that_chose_was_off(monkeypatch):
     error = abs(predicted / 0.9 - 1)
     assert plan.selection_error == pytest.approx({"median": error, "worst": error, "schedule": "GPipe"})
     assert error > 0.05  # GPipe was predicted about 1F1B's step: 0.90x measured is further than 5%
-    assert f"plan again with --prediction-error {int(error * 100 + 1) / 100:.2f}" in plan.table()
+    band = int(error * 100 + 1) / 100
+    assert (
+        f"the next plan of this set-up records within {band:.0%} (remembered; or give --prediction-error "
+        f"{band:.2f})"
+    ) in plan.table()
+
+
+def test_the_next_plan_records_within_the_error_the_last_run_measured(monkeypatch):
+    rounds = {"1F1B": [100.0] * 9, "GPipe": [90.0] * 9}
+    first = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"], prediction_error=None)
+    assert first.prediction_error == DEFAULT_PREDICTION_ERROR
+    assert first.prediction_error_source.startswith("the default: no earlier run of this plan measured")
+    worst = first.selection_error["worst"]
+    remembered = json.loads(errors_file().read_text())
+    assert list(remembered.values()) == [{"worst": pytest.approx(worst), "schedule": "GPipe"}]
+    again = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"], prediction_error=None)
+    assert again.prediction_error == pytest.approx(band_from_measured(worst)) == int(worst * 100 + 1) / 100
+    assert again.prediction_error_source.startswith(
+        f"the worst error the last run of this plan measured ({worst:.1%}, GPipe; remembered in {errors_file()})"
+    )
+    assert (
+        f"recorded every schedule predicted within {again.prediction_error:.0%} of the best predicted (the worst"
+        in again.table()
+    )
+    assert again.to_dict()["prediction_error_source"] == again.prediction_error_source
+    # a given band wins over the remembered one; another set-up (microbatches) remembers its own
+    given = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"], prediction_error=0.3)
+    assert (given.prediction_error, given.prediction_error_source) == (0.3, "--prediction-error")
+    assert remembered_error(setup_key("zoo-pipeline:mlp", 2, 8, 64, 1, False)) is None
+
+
+def test_a_remembered_band_is_whole_percents_and_never_below_five():
+    assert band_from_measured(0.0) == LEAST_REMEMBERED_ERROR == 0.05
+    assert band_from_measured(0.061) == 0.07 and band_from_measured(0.07) == 0.07
+    assert band_from_measured(0.4) == 0.4
+
+
+def test_an_unreadable_or_unwritable_file_remembers_nothing(tmp_path):
+    path = tmp_path / "prediction_errors.json"
+    path.write_text("{not json")
+    assert remembered_error("key", path) is None
+    assert remember_error("key", 0.08, "ZBH1", path) == path  # written again whole
+    band, source = remembered_error("key", path)
+    assert band == 0.08 and "8.0%, ZBH1" in source
+    path.write_text(json.dumps({"key": {"worst": "much"}}))
+    assert remembered_error("key", path) is None
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert remember_error("key", 0.08, "ZBH1", blocked / "sub" / "errors.json") is None
 
 
 def run_auto(monkeypatch, rounds: dict[str, list[float]], **options):

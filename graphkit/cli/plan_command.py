@@ -113,10 +113,12 @@ def add_plan_command(commands: Any) -> None:
     plan.add_argument(
         "--prediction-error",
         type=float,
-        default=0.10,
+        default=None,
         metavar="F",
         help="with --run, record every schedule predicted within this fraction of the best predicted step "
-        "(default 0.10; the run prints the error it measured, to give here next time)",
+        "(default: the worst error the last --run of the same model, ranks and microbatches measured, at "
+        "least 0.05, remembered in ~/.cache/graphkit/prediction_errors.json or $GRAPHKIT_CACHE_DIR; 0.10 "
+        "before any run)",
     )
     plan.add_argument(
         "--record-budget",

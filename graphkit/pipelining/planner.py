@@ -75,6 +75,7 @@ from graphkit.pipelining.record_selection import (
     choose_recorded,
 )
 from graphkit.pipelining.recording import record_schedules
+from graphkit.pipelining.remembered_error import remember_error, remembered_error, setup_key
 from graphkit.pipelining.schedule_plan import (
     BUILT_IN_SCHEDULES,
     PlannedSchedule,
@@ -124,7 +125,7 @@ def plan_schedules(
     timeout_s: float = 600.0,
     repeat: int = 10,
     pin_cores: bool = False,
-    prediction_error: float = DEFAULT_PREDICTION_ERROR,
+    prediction_error: float | None = None,
     record_budget_s: float | None = DEFAULT_RECORD_BUDGET_S,
     control: bool = True,
     weight_slowdown: float = 1.0,
@@ -167,8 +168,10 @@ def plan_schedules(
             :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU
             machine with a core per rank. The output's load line and ``plan.json`` (``recording``) say so.
         prediction_error: with ``run``, the fraction of the best predicted step within which schedules are
-            recorded (default :data:`~graphkit.pipelining.record_selection.DEFAULT_PREDICTION_ERROR`);
-            the run measures the error and says when it was larger.
+            recorded. None: the worst error the last ``run`` of the same set-up measured, at least 5%
+            (:mod:`~graphkit.pipelining.remembered_error`), else
+            :data:`~graphkit.pipelining.record_selection.DEFAULT_PREDICTION_ERROR`. Every run measures
+            the error, says when it was larger than the band, and remembers it for the next plan.
         record_budget_s: with ``run``, seconds of recording (estimated from the predicted steps) that the
             schedules within ``prediction_error`` may take; None: no budget.
         control: with ``run``, record 1F1B a second time in the same rounds (an A/A control): the spread
@@ -195,7 +198,7 @@ def plan_schedules(
     if ranks < 1 or microbatches < 1:
         raise ValueError(f"ranks and microbatches must be at least 1, got {ranks} and {microbatches}")
     if (
-        prediction_error < 0
+        (prediction_error is not None and prediction_error < 0)
         or (record_budget_s is not None and record_budget_s < 0)
         or (top is not None and top < 0)
     ):
@@ -268,6 +271,8 @@ def plan_schedules(
     )
     _write_best(plan, folder)
     if run:
+        key = setup_key(pipeline, ranks, microbatches, batch_size, threads, pin_cores)  # type: ignore[arg-type]
+        band, plan.prediction_error_source = _recording_band(prediction_error, key)
         _run(
             plan,
             pipeline,  # type: ignore[arg-type]
@@ -281,12 +286,14 @@ def plan_schedules(
                 plan.schedules,
                 plan.baseline,
                 steps=AUTO_FIRST_ROUNDS if steps == "auto" else int(steps),
-                prediction_error=prediction_error,
+                prediction_error=band,
                 budget_s=record_budget_s,
                 top=top,
                 control=control,
             ),
         )
+        if plan.selection_error is not None:
+            remember_error(key, plan.selection_error["worst"], plan.selection_error["schedule"])
         if calibrate:
             _calibrate(plan, two)
         _write_best(plan, folder)  # what measured fastest, now
@@ -294,6 +301,19 @@ def plan_schedules(
     if folder is not None:
         (folder / "plan.json").write_text(plan.to_json())
     return plan
+
+
+def _recording_band(prediction_error: float | None, key: str) -> tuple[float, str]:
+    """The band ``plan --run`` records within (a fraction of the best predicted step) and where it came
+    from, in words for the plan's output: given, remembered for ``key``, or the default."""
+    if prediction_error is not None:
+        return prediction_error, "--prediction-error"
+    remembered = remembered_error(key)
+    if remembered is not None:
+        return remembered
+    return DEFAULT_PREDICTION_ERROR, (
+        "the default: no earlier run of this plan measured its error; --prediction-error to set"
+    )
 
 
 def _measure_costs(

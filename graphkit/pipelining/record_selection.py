@@ -36,7 +36,8 @@ DEFAULT_PREDICTION_ERROR = 0.10
 the prediction's own error: ``plan --run``'s predictions from ``graphkit costs`` were within 12 to 14% of
 the measured step for every schedule, the worst of five pinned runs off by 0.09 to 0.18 (docs:
 choosing_a_schedule.md, "Does the prediction hold?"); ratios to 1F1B, which share the runtime's errors, err
-less. ``plan --run`` prints the error it measured, to give ``--prediction-error`` next time."""
+less. Used only before any run of a set-up: each ``plan --run`` remembers the error it measured, and the
+next one of the same set-up records within that (:mod:`graphkit.pipelining.remembered_error`)."""
 
 DEFAULT_RECORD_BUDGET_S = 600.0
 """Seconds of recorded steps ``plan --run`` spends at most on the schedules within the prediction's error

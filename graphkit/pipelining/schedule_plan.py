@@ -23,6 +23,7 @@ from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_s
 from graphkit.pipelining.planning.registry import generated_order, is_generated
 from graphkit.pipelining.planning.simulator import Simulation, simulate
 from graphkit.pipelining.planning.timelines import ScheduleTimeline
+from graphkit.pipelining.remembered_error import band_from_measured
 from graphkit.pipelining.schedules import is_single_stage, schedule_order
 
 __all__ = [
@@ -162,6 +163,8 @@ class SchedulePlan:
     left_out: list[tuple[str, str]] = field(default_factory=list)
     # with run: the band recorded (a fraction of the best predicted step) and the time budget (seconds)
     prediction_error: float | None = None
+    # with run: where that band came from (given, remembered from an earlier run of the set-up, the default)
+    prediction_error_source: str = ""
     record_budget_s: float | None = None
     # with run: how far the prediction that chose the recorded schedules was from what they measured
     # (ratios to 1F1B): {"median": ..., "worst": ..., "schedule": the worst one}; see selection_error
@@ -508,6 +511,7 @@ class SchedulePlan:
             "noise_floor": self.noise_floor,
             "control_steps": list(self.control_steps),
             "prediction_error": self.prediction_error,
+            "prediction_error_source": self.prediction_error_source,
             "record_budget_s": self.record_budget_s,
             "left_out": [{"schedule": name, "why": why} for name, why in self.left_out],
             "selection_error": self.selection_error,
@@ -883,7 +887,7 @@ def _recording_notes(plan: SchedulePlan) -> str:
         )
         text += (
             f"\nrecorded every schedule predicted within {plan.prediction_error:.0%} of the best predicted "
-            f"(--prediction-error){budget}"
+            f"({plan.prediction_error_source or '--prediction-error'}){budget}"
         )
         if plan.left_out:
             text += "; left out: " + "; ".join(f"{name} ({why})" for name, why in plan.left_out)
@@ -908,7 +912,8 @@ def _recording_notes(plan: SchedulePlan) -> str:
                 f"within the {plan.prediction_error:.0%} band recorded"
                 if worst <= plan.prediction_error
                 else f"beyond the {plan.prediction_error:.0%} band recorded, so a schedule left out may be faster: "
-                f"plan again with --prediction-error {math.ceil(worst * 100) / 100:.2f}"
+                f"the next plan of this set-up records within {band_from_measured(worst):.0%} (remembered; or "
+                f"give --prediction-error {band_from_measured(worst):.2f})"
             )
         )
     fitted = plan.fitted_slowdown

@@ -1,0 +1,105 @@
+"""The prediction error an earlier ``graphkit plan --run`` measured, remembered for the next plan of the same set-up.
+
+``plan --run`` chooses what to record from predictions made before anything is recorded: every schedule
+predicted within the prediction's error of the best (:func:`~graphkit.pipelining.record_selection.choose_recorded`).
+That error is known only after a run: the run compares each recorded schedule's predicted ratio to 1F1B
+with its measured one (``SchedulePlan.selection_error``). The calibration's leave-one-out errors belong to
+the calibrated predictions, which need recorded steps; the choice uses the uncalibrated ones, so the band
+it needs is their error. This module keeps the worst such error per set-up (pipeline spec, ranks,
+microbatches, batch size, threads, pinning) in one small JSON file, so that the next ``plan --run`` of the
+same set-up records every schedule within the error measured there, not a guess.
+
+The file is ``$GRAPHKIT_CACHE_DIR/prediction_errors.json``, else under ``$XDG_CACHE_HOME/graphkit/``, else
+``~/.cache/graphkit/``. Delete it to forget; ``--prediction-error`` overrides it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+__all__ = [
+    "LEAST_REMEMBERED_ERROR",
+    "band_from_measured",
+    "errors_file",
+    "remember_error",
+    "remembered_error",
+    "setup_key",
+]
+
+LEAST_REMEMBERED_ERROR = 0.05
+"""The narrowest band a remembered error gives: a run measures the error among the schedules it recorded
+only, so a band cut to that error would leave out more next time, and measure less of it."""
+
+_FILE_NAME = "prediction_errors.json"
+
+
+def errors_file() -> Path:
+    """Where remembered errors are kept (see the module's text); the file may not exist yet."""
+    folder = os.environ.get("GRAPHKIT_CACHE_DIR")
+    if folder:
+        return Path(folder) / _FILE_NAME
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "graphkit" / _FILE_NAME
+
+
+def setup_key(
+    pipeline: str, ranks: int, microbatches: int, batch_size: int, threads: int, pin_cores: bool
+) -> str:
+    """The set-up a prediction error belongs to, as one string: a change of any of these changes the costs
+    or the runtime the prediction misses."""
+    pinned = "pinned" if pin_cores else "unpinned"
+    return f"{pipeline} | ranks={ranks} microbatches={microbatches} batch={batch_size} threads={threads} {pinned}"
+
+
+def band_from_measured(worst: float) -> float:
+    """The band a measured worst error gives: rounded up to the next whole percent, at least
+    :data:`LEAST_REMEMBERED_ERROR` (a fraction: 0.07 for 7%)."""
+    return max(LEAST_REMEMBERED_ERROR, math.ceil(worst * 100 - 1e-9) / 100)
+
+
+def _read(path: Path) -> dict[str, dict[str, object]]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}  # missing or unreadable: nothing remembered (the next run writes it again)
+    return data if isinstance(data, dict) else {}
+
+
+def remembered_error(key: str, path: Path | None = None) -> tuple[float, str] | None:
+    """``(band, where from)`` for ``key`` (:func:`setup_key`): the band the worst error measured by the last
+    ``plan --run`` of this set-up gives (:func:`band_from_measured`), and a phrase saying so; None when none
+    was remembered (or the file cannot be read)."""
+    path = path or errors_file()
+    entry = _read(path).get(key)
+    if not isinstance(entry, dict):
+        return None
+    worst = entry.get("worst")
+    if not isinstance(worst, int | float) or not math.isfinite(worst) or worst < 0:
+        return None
+    schedule = entry.get("schedule", "a schedule")
+    return (
+        band_from_measured(float(worst)),
+        f"the worst error the last run of this plan measured ({float(worst):.1%}, {schedule}; "
+        f"remembered in {path}), at least {LEAST_REMEMBERED_ERROR:.0%}",
+    )
+
+
+def remember_error(key: str, worst: float, schedule: str, path: Path | None = None) -> Path | None:
+    """Keep ``worst`` (the fraction a run's prediction was off at worst, by ``schedule``) for ``key``.
+
+    Returns the file written, or None when it cannot be written (a read-only home: the plan goes on
+    without remembering; its output still prints the error)."""
+    path = path or errors_file()
+    data = _read(path)
+    data[key] = {"worst": float(worst), "schedule": schedule}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(data, indent=1, sort_keys=True))
+        temporary.replace(path)  # whole or not at all, with plans running side by side
+    except OSError:
+        return None
+    return path
