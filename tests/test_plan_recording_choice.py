@@ -7,10 +7,12 @@ hand-made predictions and recorded rounds."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 
+from graphkit.measure.competing_load import OtherProcesses
 from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
 from graphkit.pipelining import planner
 from graphkit.pipelining.planner import plan_schedules
@@ -131,8 +133,15 @@ def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[st
             timelines.append(timeline)
         return timelines
 
+    other_cores = options.pop("other_cores", 0.0)  # what other processes used while recording
+
+    @contextmanager
+    def watching():
+        yield OtherProcesses(other_cores, 1.0)
+
     monkeypatch.setattr(planner, "record_schedules", record)
     monkeypatch.setattr(planner, "busy_machine_warning", lambda: "")
+    monkeypatch.setattr(planner, "watching_other_processes", watching)
     return plan_schedules(
         "zoo-pipeline:mlp",
         ranks=2,
@@ -413,3 +422,20 @@ def test_splitting_faster_than_its_placement_but_not_beyond_chance_is_not_shown_
         f"could be chance (p = {p:.2g}, not below {plan.significance:.2g}); at its win fraction (11 of 15) "
         f"a sign test would need about {needed} rounds to decide (--steps {needed})"
     ) in line
+
+
+def test_a_recording_that_shared_its_cores_says_so_beside_the_pick(monkeypatch):
+    rounds = {"1F1B": [100.0] * 11, "GPipe": [72.0] * 11}
+    quiet = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"])
+    assert quiet.recommended.name == "GPipe" and quiet.shared_cores_warning == ""
+    assert "other processes used 0.00 cores while recording" in quiet.load
+    assert "took CPU from the ranks" not in quiet.table()
+    shared = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"], other_cores=0.9)
+    assert shared.other_processes_cores == 0.9
+    table = shared.table()
+    recommended = next(line for line in table.splitlines() if line.startswith("recommended: GPipe"))
+    assert recommended.endswith(
+        " - measured while other processes took CPU from the ranks: see the warning below"
+    )
+    assert "\nwarning: other processes used 0.90 cores while recording (of " in table
+    assert shared.to_dict()["shared_cores_warning"] == shared.shared_cores_warning

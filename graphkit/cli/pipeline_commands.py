@@ -152,28 +152,38 @@ def add_recording_options(parser: argparse.ArgumentParser) -> None:
 
 
 def record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
-    """One recorded timeline per schedule name, with the options of :func:`add_recording_options`."""
+    """One recorded timeline per schedule name, with the options of :func:`add_recording_options`. Says on
+    standard error what other processes used of the CPU meanwhile, with a warning where they took enough
+    to move the figures (:mod:`graphkit.measure.competing_load`)."""
+    from graphkit.measure.competing_load import other_processes_warning, watching_other_processes
     from graphkit.pipelining.planning.timelines import TimelineError
     from graphkit.pipelining.recording import record_schedules
 
     try:
-        return record_schedules(
-            arguments.spec,
-            schedules,
-            microbatches=arguments.microbatches,
-            ranks=arguments.ranks,
-            device=arguments.device,
-            threads=arguments.threads,
-            timeout_s=arguments.timeout,
-            stage=arguments.stage,
-            stage_class=arguments.stage_class,
-            steps=arguments.steps,
-            stages_per_rank=arguments.stages_per_rank,
-            batch_size=arguments.batch_size,
-            pin_cores=arguments.pin_cores,
-        )
+        with watching_other_processes() as others:
+            timelines = record_schedules(
+                arguments.spec,
+                schedules,
+                microbatches=arguments.microbatches,
+                ranks=arguments.ranks,
+                device=arguments.device,
+                threads=arguments.threads,
+                timeout_s=arguments.timeout,
+                stage=arguments.stage,
+                stage_class=arguments.stage_class,
+                steps=arguments.steps,
+                stages_per_rank=arguments.stages_per_rank,
+                batch_size=arguments.batch_size,
+                pin_cores=arguments.pin_cores,
+            )
     except TimelineError as error:  # bad schedule, stages that do not divide, a failed rank: exit 2
         raise ValueError(str(error)) from error
+    warning = other_processes_warning(others)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    elif others.cores is not None:
+        print(others.describe(), file=sys.stderr)
+    return timelines
 
 
 def add_timeline_command(commands: Any) -> None:

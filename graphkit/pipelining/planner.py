@@ -43,6 +43,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from graphkit.measure.competing_load import (
+    OtherProcesses,
+    other_processes_warning,
+    watching_other_processes,
+)
 from graphkit.measure.costs import spec_costs
 from graphkit.measure.timing import busy_machine_warning, load_average
 from graphkit.models.specs import SpecError
@@ -303,6 +308,17 @@ def plan_schedules(
     return plan
 
 
+def _add_watched(total: OtherProcesses, more: OtherProcesses) -> OtherProcesses:
+    """Other processes' use over two recordings (``--steps auto`` records several), weighted by their
+    wall times."""
+    if more.cores is None:
+        return total
+    if total.cores is None or not total.seconds:
+        return more
+    seconds = total.seconds + more.seconds
+    return OtherProcesses((total.cores * total.seconds + more.cores * more.seconds) / seconds, seconds)
+
+
 def _recording_band(prediction_error: float | None, key: str) -> tuple[float, str]:
     """The band ``plan --run`` records within (a fraction of the best predicted step) and where it came
     from, in words for the plan's output: given, remembered for ``key``, or the default."""
@@ -549,18 +565,21 @@ def _run(
     started = time.monotonic()
     rounds = AUTO_FIRST_ROUNDS if auto else int(steps)
     timelines: list[ScheduleTimeline] = []
+    others = OtherProcesses()
     while True:
-        recorded = record_schedules(
-            pipeline,
-            runnables,
-            microbatches=plan.microbatches,
-            ranks=plan.ranks,
-            threads=threads,
-            timeout_s=timeout_s,
-            steps=rounds,
-            batch_size=batch_size,
-            pin_cores=pin_cores,
-        )
+        with watching_other_processes() as watched:
+            recorded = record_schedules(
+                pipeline,
+                runnables,
+                microbatches=plan.microbatches,
+                ranks=plan.ranks,
+                threads=threads,
+                timeout_s=timeout_s,
+                steps=rounds,
+                batch_size=batch_size,
+                pin_cores=pin_cores,
+            )
+        others = _add_watched(others, watched)
         timelines = _more_rounds(timelines, recorded)
         _fill_measured(plan, chosen, timelines, control)
         if not auto:
@@ -574,6 +593,10 @@ def _run(
     plan.load = (
         f"{plan.load}; " if plan.load else ""
     ) + f"{load_before} before recording, {load_average()} after"
+    if others.cores is not None:
+        plan.other_processes_cores = others.cores
+        plan.load += f"; {others.describe()}"
+        plan.shared_cores_warning = other_processes_warning(others)
     plan.recording = {
         "steps": len(plan.baseline.measured_steps) if auto else steps,
         "threads": threads,

@@ -157,6 +157,10 @@ class SchedulePlan:
     free_split_vs_1f1b: float | None = None
     # the machine was busier than its cores before measuring: what to expect of the figures
     load_warning: str = ""
+    # with run: other processes' average CPU use while recording, in cores (None: unknown), and the warning
+    # given where it was enough to move the figures (graphkit.measure.competing_load)
+    other_processes_cores: float | None = None
+    shared_cores_warning: str = ""
     # with run: the A/A control, 1F1B recorded a second time in the same rounds (its steps, round by round)
     control_steps: list[float] = field(default_factory=list, repr=False)
     # with run: (name, why) for every schedule within the memory limit that was not recorded
@@ -519,6 +523,8 @@ class SchedulePlan:
             "fitted_slowdown": self.fitted_slowdown,
             "rebuilt_cost_aware": self.rebuilt_cost_aware,
             "load_warning": self.load_warning,
+            "other_processes_cores": self.other_processes_cores,
+            "shared_cores_warning": self.shared_cores_warning,
             "load": self.load,
             "measured_overhead": self.measured_overhead,
             "recording": self.recording,
@@ -828,6 +834,8 @@ def _verdict(plan: SchedulePlan) -> str:
                 f"in {won} of {rounds} rounds: p = {sign_test_p_value(won, rounds):.2g} that chance did it, below "
                 f"{plan.significance:.2g}; {how})" + _memory_note(plan, recommended)
             )
+            if plan.shared_cores_warning:
+                text += " - measured while other processes took CPU from the ranks: see the warning below"
         chosen = [item for item in plan.schedules if item.recorded_because]
         text += "\nrecorded (chosen by the prediction from the costs, before calibration): " + ", ".join(
             f"{item.name} ({item.recorded_because})" for item in chosen
@@ -854,6 +862,8 @@ def _verdict(plan: SchedulePlan) -> str:
             text += " - busier than the cores: rankings within the error warned of before measuring are not to be trusted"
     elif plan.load_warning:
         text += f"\nwarning: {plan.load_warning}"
+    if plan.shared_cores_warning:
+        text += f"\nwarning: {plan.shared_cores_warning}"
     return text
 
 
