@@ -32,7 +32,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from graphkit.measure.paired_rounds import rotated_order  # noqa: E402
+from graphkit.measure.paired_rounds import balanced_order  # noqa: E402
 from graphkit.models.pipeline_specs import load_pipeline_spec  # noqa: E402
 from graphkit.pipelining.launcher import local_process_group, run_on_processes  # noqa: E402
 from graphkit.pipelining.schedules import build_schedule, stage_indices  # noqa: E402
@@ -102,7 +102,9 @@ def time_steps(arguments: argparse.Namespace) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"torch": [], "graphkit": []}
     names = list(schedules)
     for repeat in range(arguments.warmup + arguments.repeat):
-        for position in rotated_order(repeat, len(names)):  # each stage class takes each place in turn
+        for position in balanced_order(
+            repeat, len(names)
+        ):  # each stage class takes each place, and follows each other, alike
             name = names[position]
             schedule, modules = schedules[name]
             for index in mine:

@@ -8,8 +8,8 @@ For each spec: ``graphkit costs`` (measured here, one thread) feeds the simulato
 and graphkit's ZBH1, ZBH2 and adaptive ones (:func:`graphkit.pipelining.planner.plan_schedules`);
 then the ``--top`` best predicted (default: all) and 1F1B, twice (an A/A control: the run's noise floor), are
 recorded for real on ``--ranks`` gloo processes (one thread each; with ``--pin-cores auto``, the default, each
-on a core of its own where there is a core per rank), ``--steps`` steps each in rounds whose order rotates by
-one schedule each round (the median kept). The table gives, per schedule, the
+on a core of its own where there is a core per rank), ``--steps`` steps each in rounds whose orders balance
+position and predecessor (the median kept). The table gives, per schedule, the
 predicted step from the costs, the measured step and their ratio, and the step predicted from the recorded
 per-action durations (what the runtime adds between actions, isolated) and its ratio to the measured one;
 ratios to 1F1B are taken within the same run. The machine's load average is printed before and after:

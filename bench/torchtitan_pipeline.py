@@ -9,7 +9,7 @@ Needs torchtitan 0.3.0 (``bash scripts/setup.sh --torchtitan``, in the newest-to
 number of microbatches, one start of 2 gloo ranks builds every case with torchtitan's ``pipeline_llm``
 (``graphkit.integrations.torchtitan.install()``: graphkit's stage; blocks compiled in place by torchtitan's
 ``apply_compile`` with ``--compile``) and steps them interleaved: each round runs one step of every case in
-turn, in an order rotated by one case each round, after untimed warm-up steps (compilation, metadata inference). The CPU set-up is
+turn, in orders balanced for position and predecessor, after untimed warm-up steps (compilation, metadata inference). The CPU set-up is
 ``tests/torchtitan_pipelines.py``'s (FlexAttention's eager backward, ``device_type`` "cpu").
 
 Printed per case: the median step (milliseconds, the slower rank's), and ``/ 1F1B``, the median over rounds

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from graphkit.measure.paired_rounds import (
+    balanced_order,
     compare_rounds,
     median_round_ratio,
     noise_floor,
@@ -35,7 +36,43 @@ def test_each_candidate_takes_every_position_of_a_round_equally_often():
         rotated_order(-1, 3)
 
 
-def test_the_recorder_visits_the_schedules_of_each_round_in_the_rotated_order(monkeypatch):
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7, 12])
+def test_balanced_orders_put_each_candidate_in_every_position_and_after_every_other_alike(count):
+    rows = count if count % 2 == 0 else 2 * count
+    orders = [balanced_order(index, count) for index in range(3 * rows)]
+    assert all(sorted(order) == list(range(count)) for order in orders)
+    assert orders[rows : 2 * rows] == orders[:rows]  # the design repeats
+    positions = Counter((candidate, place) for order in orders for place, candidate in enumerate(order))
+    assert set(positions.values()) == {3 * rows // count} and len(positions) == count * count
+    followers = Counter(
+        (before, after) for order in orders for before, after in zip(order, order[1:], strict=False)
+    )
+    assert len(followers) == count * (count - 1)  # every ordered pair of different candidates
+    assert len(set(followers.values())) <= 1  # ... equally often
+
+
+def test_balanced_order_by_hand():
+    # Williams (1949): row 0 of 4 is 0, 1, 3, 2, the others add the row; odd counts add the rows reversed
+    assert [balanced_order(index, 4) for index in range(4)] == [
+        [0, 1, 3, 2],
+        [1, 2, 0, 3],
+        [2, 3, 1, 0],
+        [3, 0, 2, 1],
+    ]
+    assert [balanced_order(index, 3) for index in range(6)] == [
+        [0, 1, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [2, 1, 0],
+        [0, 2, 1],
+        [1, 0, 2],
+    ]
+    assert balanced_order(7, 0) == []
+    with pytest.raises(ValueError, match="at least 0"):
+        balanced_order(-1, 3)
+
+
+def test_the_recorder_visits_the_schedules_of_each_round_in_the_balanced_order(monkeypatch):
     # _record_rank's loop, with the schedule steps replaced by a log of what ran in which round
     from graphkit.pipelining import recording
 
@@ -60,8 +97,10 @@ def test_the_recorder_visits_the_schedules_of_each_round_in_the_rotated_order(mo
     )
     import torch
 
-    recording._record_rank(pipeline, ["A", "B", "C"], 4, 0, 1, torch.device("cpu"), None, steps=3)
-    assert visited == ["A", "B", "C", "B", "C", "A", "C", "A", "B"]
+    recording._record_rank(pipeline, ["A", "B", "C"], 4, 0, 1, torch.device("cpu"), None, steps=6)
+    # (the unrecorded warm-up steps are _prepare_schedule's); rounds 4 to 6 run rounds 1 to 3 backwards
+    rounds = ["ABC", "BCA", "CAB", "CBA", "ACB", "BAC"]
+    assert visited == [name for round_ in rounds for name in round_]
 
 
 def test_the_noise_floor_is_the_median_round_spread_between_two_copies():

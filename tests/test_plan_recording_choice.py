@@ -117,16 +117,21 @@ def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[st
     """plan --run with made-up recorded rounds (milliseconds); the second 1F1B is the A/A control, whose
     rounds are ``rounds["control"]`` (default: 1F1B's)."""
 
+    calls = options.pop("calls", [])  # the schedules of each recording, in order
+
     def record(pipeline, names, microbatches, ranks, steps, **_):
+        calls.append([schedule_name(schedule) for schedule in names])
+        # a run-off (the second recording) reads rounds["runoff"] where given
+        source = rounds.get("runoff", rounds) if len(calls) > 1 else rounds
         timelines, seen = [], set()
         for schedule in names:
             name = schedule_name(schedule)
-            key = "control" if name in seen and "control" in rounds else name
+            key = "control" if name in seen and "control" in source else name
             seen.add(name)
             order = schedule_order(schedule, ranks, microbatches)
             timeline = simulate(order, StageCost(1 * MS, 1 * MS, 1 * MS), CommModel(), name=name)
             timeline = timeline.to_schedule_timeline()
-            times = [value * MS for value in rounds[key][:steps]]
+            times = [value * MS for value in source[key][:steps]]
             for rank in timeline.ranks:
                 rank.step_times = list(times)
                 rank.step_seconds = sorted(times)[(len(times) - 1) // 2]
@@ -152,7 +157,7 @@ def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[st
         steps=len(rounds["1F1B"]),
         overhead=0.0,
         comm=CommModel(),
-        **{"prediction_error": 10.0, **options},  # default: record every one
+        **{"prediction_error": 10.0, "runoff": False, **options},  # default: record every one, no run-off
     )
 
 
@@ -439,3 +444,69 @@ def test_a_recording_that_shared_its_cores_says_so_beside_the_pick(monkeypatch):
     )
     assert "\nwarning: other processes used 0.90 cores while recording (of " in table
     assert shared.to_dict()["shared_cores_warning"] == shared.shared_cores_warning
+
+
+def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_decides(monkeypatch):
+    rounds = {
+        "1F1B": [100.0] * 15,
+        "ZBVZeroBubble": [88.0] * 15,
+        "DualPipeV": [89.0] * 15,  # within 2% of ZBV's 0.88x: a run-off
+        "Interleaved1F1B": [97.0] * 15,  # 0.97x: not close enough
+        "runoff": {"1F1B": [100.0] * 15, "ZBVZeroBubble": [95.0] * 15, "DualPipeV": [90.0] * 15},
+    }
+    calls: list[list[str]] = []
+    schedules = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"]
+    plan = run_recorded(monkeypatch, rounds, schedules, runoff=True, calls=calls)
+    assert calls[1] == ["ZBVZeroBubble", "DualPipeV", "1F1B", "1F1B"]  # the finalists, 1F1B and its copy
+    assert plan.runoff == {
+        "finalists": ["ZBVZeroBubble", "DualPipeV"],
+        "rounds": 15,
+        "first_pick": "ZBVZeroBubble",
+        "margin": pytest.approx(0.02),
+    }
+    assert len(plan.by_name("DualPipeV").measured_steps) == 30 == len(plan.baseline.measured_steps)
+    assert len(plan.control_steps) == 30 and len(plan.by_name("Interleaved1F1B").measured_steps) == 15
+    assert plan.runoff_ratio(plan.by_name("ZBVZeroBubble")) == pytest.approx(0.95)
+    # over all 30 rounds ZBV still has the lower median (0.88 and 0.95: the lower middle), but the run-off
+    # alone orders the finalists
+    assert plan.recommended.name == "DualPipeV"
+    assert (
+        "\nrun-off: ZBVZeroBubble and DualPipeV measured within 2.0% of ZBVZeroBubble, the first run's pick, "
+        "against 1F1B in the median round (the noise floor, at least 2%): too close for one run to order; "
+        "recorded again with 1F1B in new processes, 15 more rounds (1F1B's and theirs now count 30), in those "
+        "alone against 1F1B: DualPipeV 0.90x, ZBVZeroBubble 0.95x; the best of them there that beats 1F1B "
+        "beyond chance over all the rounds is recommended: DualPipeV is recommended (the first run picked "
+        "ZBVZeroBubble)"
+    ) in plan.table()
+    assert plan.to_dict()["runoff"]["first_pick"] == "ZBVZeroBubble"
+
+
+def test_no_run_off_where_the_pick_stands_apart_or_1f1b_is_kept(monkeypatch):
+    calls: list[list[str]] = []
+    rounds = {"1F1B": [100.0] * 15, "ZBVZeroBubble": [88.0] * 15, "DualPipeV": [93.0] * 15}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "ZBVZeroBubble", "DualPipeV"], runoff=True, calls=calls)
+    assert len(calls) == 1 and plan.runoff is None and plan.recommended.name == "ZBVZeroBubble"
+    assert "run-off" not in plan.table()
+    calls.clear()
+    rounds = {"1F1B": [100.0] * 15, "GPipe": [99.0] * 8 + [101.0] * 7, "ZBH1": [99.5] * 8 + [101.0] * 7}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe", "ZBH1"], runoff=True, calls=calls)
+    assert len(calls) == 1 and plan.recommended is plan.baseline and plan.runoff_finalists() == []
+
+
+def test_a_run_off_past_the_budget_is_named_not_recorded(monkeypatch):
+    calls: list[list[str]] = []
+    rounds = {"1F1B": [100.0] * 15, "ZBVZeroBubble": [88.0] * 15, "DualPipeV": [89.0] * 15}
+    plan = run_recorded(
+        monkeypatch,
+        rounds,
+        ["1F1B", "ZBVZeroBubble", "DualPipeV"],
+        runoff=True,
+        calls=calls,
+        record_budget_s=2.0,  # the first recording fits (about 1.1 s predicted); 16 x 0.377 s more does not
+    )
+    assert len(calls) == 1 and plan.runoff["skipped"].startswith("recording them again (about 6 s)")
+    assert plan.recommended.name == "ZBVZeroBubble"
+    assert (
+        "too close for one run to order; not recorded again, recording them again (about 6 s) would pass the "
+        "--record-budget: the pick may be any of them"
+    ) in plan.table()

@@ -324,11 +324,11 @@ def gradient_check_rank(cases: list[TitanCase]) -> list[dict[str, Any]]:
 
 def step_times_rank(cases: list[TitanCase], rounds: int, warmup: int = 2) -> list[list[float]]:
     """Step times (seconds) of each case on this rank, interleaved: ``rounds`` rounds, each one step of
-    every case in turn, in an order rotated by one case each round (``rotated_order``), after ``warmup``
+    every case in turn, in the orders of a design balanced for position and predecessor (``balanced_order``), after ``warmup``
     untimed steps of each (compilation, metadata inference)."""
     import torch.distributed as dist
 
-    from graphkit.measure.paired_rounds import rotated_order
+    from graphkit.measure.paired_rounds import balanced_order
 
     pipelines = [build_pipeline(case) for case in cases]
     batches = [batch(pipeline) for pipeline in pipelines]
@@ -340,7 +340,7 @@ def step_times_rank(cases: list[TitanCase], rounds: int, warmup: int = 2) -> lis
                 _clear_gradients(pipeline.parts)
         times: list[list[float]] = [[] for _ in cases]
         for round_index in range(rounds):
-            for index in rotated_order(round_index, len(cases)):  # each case in every position alike
+            for index in balanced_order(round_index, len(cases)):  # each case in every position alike
                 pipeline, arguments = pipelines[index], batches[index]
                 dist.barrier()
                 start = time.perf_counter()

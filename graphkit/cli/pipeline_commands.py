@@ -275,7 +275,7 @@ def run_compare_schedules(arguments: argparse.Namespace) -> int:
 
 def rounds_lines(timelines: list[Any]) -> str:
     """Each schedule's recorded rounds against the first's (paired: the same round, the order of each
-    round rotated), and the noise floor where a schedule was recorded twice."""
+    round in the next order of a design balanced for position and predecessor), and the noise floor where a schedule was recorded twice."""
     from graphkit.measure.paired_rounds import compare_rounds
 
     named = [
@@ -285,7 +285,7 @@ def rounds_lines(timelines: list[Any]) -> str:
     summary = compare_rounds(named)
     rounds = len(named[0][1]) if named else 0
     lines = [
-        f"rounds ({rounds}, each visiting the schedules in an order rotated by one), step over "
+        f"rounds ({rounds}, each visiting the schedules in an order balanced for position and predecessor), step over "
         f"{summary['baseline']}'s in the same round:"
     ]
     for row in summary["rows"]:

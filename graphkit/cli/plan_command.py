@@ -32,7 +32,7 @@ def add_plan_command(commands: Any) -> None:
         "them ranked: predicted step, ratio to 1F1B, bubble, peak activation memory per rank, messages per "
         "step. The best is written as a CSV that csv:PATH runs (-o DIR). With --run, 1F1B (twice: an A/A "
         "control) and every schedule predicted within --prediction-error of the best are recorded for real, "
-        "in rounds that rotate their order, and the table adds the measured step.",
+        "in rounds whose orders balance position and predecessor, and the table adds the measured step.",
     )
     plan.add_argument(
         "spec",
@@ -127,6 +127,14 @@ def add_plan_command(commands: Any) -> None:
         metavar="S",
         help="with --run, seconds of recording (estimated from the predicted steps) the schedules within "
         "--prediction-error may take; those it leaves out are named (default 600)",
+    )
+    plan.add_argument(
+        "--no-runoff",
+        dest="runoff",
+        action="store_false",
+        help="with --run, recommend from one recording even where other schedules measured within 2%% (or "
+        "the noise floor) of the pick; by default those are recorded again with 1F1B in new processes "
+        "(a run-off) and the best of them there is recommended",
     )
     plan.add_argument(
         "--no-control",
@@ -234,6 +242,7 @@ def run_plan(arguments: argparse.Namespace) -> int:
                 prediction_error=arguments.prediction_error,
                 record_budget_s=arguments.record_budget,
                 control=arguments.control,
+                runoff=arguments.runoff,
                 weight_slowdown=arguments.weight_slowdown,
                 output=arguments.output,
                 threads=arguments.threads or 1,

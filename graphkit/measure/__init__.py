@@ -10,7 +10,7 @@
 - :mod:`graphkit.measure.costs`: time, FLOPs and memory of each stage's F, B (I) and W, as schedulers
   take them;
 - :mod:`graphkit.measure.timing`: the timer they share, the load, the sign test;
-- :mod:`graphkit.measure.paired_rounds`: steps measured in rounds (rotated order, paired ratios, the A/A
+- :mod:`graphkit.measure.paired_rounds`: steps measured in rounds (balanced orders, paired ratios, the A/A
   noise floor);
 - :mod:`graphkit.measure.allocator`: the CPU allocator graphkit's processes measure under (glibc's malloc
   without ``mmap`` or trimming, unless ``GRAPHKIT_ALLOCATOR=default``);

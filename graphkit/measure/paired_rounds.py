@@ -3,10 +3,12 @@
 A *round* runs one step of every candidate (schedule, variant) under the same load; the same round of two
 candidates is a *pair*. Pairs cancel what the machine does between rounds (another process waking up, the
 frequency changing), but not what a candidate's *position* in the round does to it (the first step after a
-barrier, the step after a given candidate's allocations): :func:`rotated_order` gives each candidate every
-position equally often.
+barrier) nor what the candidate run just before does to it (its allocations left in the heap, its caches,
+its ranks' skew): :func:`balanced_order` gives each candidate every position equally often *and* puts it
+right after every other candidate equally often.
 
-- :func:`rotated_order`: the visiting order of a round;
+- :func:`balanced_order`: the visiting order of a round (a Williams design); :func:`rotated_order`, the
+  plain rotation it replaced, balances positions only;
 - :func:`round_ratios`, :func:`median_round_ratio`, :func:`rounds_won`: one candidate against another,
   round by round (the median ratio is the paired effect, the wins feed a sign test,
   :func:`~graphkit.measure.timing.sign_test_p_value`);
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 from graphkit.measure.timing import sign_test_p_value
 
 __all__ = [
+    "balanced_order",
     "compare_rounds",
     "median_round_ratio",
     "noise_floor",
@@ -33,6 +36,44 @@ __all__ = [
     "round_ratios",
     "rounds_won",
 ]
+
+
+def balanced_order(round_index: int, count: int) -> list[int]:
+    """The order in which round ``round_index`` (from 0) visits ``count`` candidates: row
+    ``round_index mod rows`` of a Williams design, a Latin square balanced for the candidate run just before.
+
+    Over every cycle of rows (``count`` rounds for an even ``count``, ``2 x count`` for an odd one) each
+    candidate takes every position equally often, and each ordered pair ``(a, b)`` of different candidates
+    is adjacent (``b`` right after ``a``) equally often within the rounds, so what one candidate leaves
+    behind touches every other alike. A plain rotation (:func:`rotated_order`) keeps candidate ``k`` right
+    after ``k - 1`` in every round: three copies of 1F1B listed with two of ZBVZeroBubble (GPT-2, 4
+    microbatches, 2 pinned ranks, 31 rounds) measured the second copy 4 to 6% slower than the first in
+    two runs, faster in only 8 and 12 of 31 rounds.
+
+    Row 0 is ``0, 1, count - 1, 2, count - 2, ...``; row ``r`` adds ``r`` to every entry (mod ``count``); for
+    an odd ``count`` rows ``count`` to ``2 x count - 1`` are those rows reversed. Williams, E. J. (1949),
+    "Experimental designs balanced for the estimation of residual effects of treatments", Australian
+    Journal of Scientific Research A 2(2): 149-168.
+
+    Raises:
+        ValueError: ``round_index`` or ``count`` below 0.
+    """
+    if round_index < 0 or count < 0:
+        raise ValueError(f"round_index and count must be at least 0, got {round_index} and {count}")
+    if count == 0:
+        return []
+    first = [0]
+    low, high = 1, count - 1
+    while len(first) < count:
+        first.append(low)
+        low += 1
+        if len(first) < count:
+            first.append(high)
+            high -= 1
+    rows = count if count % 2 == 0 else 2 * count
+    row = round_index % rows
+    order = [(entry + row) % count for entry in first]
+    return order if row < count else order[::-1]
 
 
 def rotated_order(round_index: int, count: int) -> list[int]:

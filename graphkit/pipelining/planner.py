@@ -14,7 +14,7 @@ microbatches:
 The result (:class:`SchedulePlan`) ranks them by predicted step (schedules over ``memory_limit`` last), with
 the ratio to 1F1B, the bubble, the peak activation memory per rank and the messages per step; it prints as
 a table, shows itself as HTML in a notebook and gives JSON. With ``run=True`` it records for real
-(:func:`graphkit.pipelining.recording.record_schedules`, in rounds whose order rotates) what the prediction
+(:func:`graphkit.pipelining.recording.record_schedules`, in rounds whose orders balance position and predecessor) what the prediction
 cannot tell apart (:func:`graphkit.pipelining.record_selection.choose_recorded`: every schedule within
 the prediction's error of the best, each splitting schedule's own placement, 1F1B twice as an A/A
 control), and adds the measured step, the run's noise floor and a second prediction fed the recorded
@@ -83,6 +83,7 @@ from graphkit.pipelining.recording import record_schedules
 from graphkit.pipelining.remembered_error import remember_error, remembered_error, setup_key
 from graphkit.pipelining.schedule_plan import (
     BUILT_IN_SCHEDULES,
+    RUNOFF_MARGIN,
     PlannedSchedule,
     SchedulePlan,
     check_memory_limit,
@@ -134,6 +135,7 @@ def plan_schedules(
     record_budget_s: float | None = DEFAULT_RECORD_BUDGET_S,
     control: bool = True,
     weight_slowdown: float = 1.0,
+    runoff: bool = True,
 ) -> SchedulePlan:
     """Simulate every schedule that fits ``ranks`` from measured costs and rank them; optionally run the best.
 
@@ -181,6 +183,9 @@ def plan_schedules(
             schedules within ``prediction_error`` may take; None: no budget.
         control: with ``run``, record 1F1B a second time in the same rounds (an A/A control): the spread
             between the copies is the run's noise floor, and no smaller difference is called.
+        runoff: with ``run``, where other recorded schedules measured within 2% (or the noise floor) of the
+            one that would be recommended, record them again with 1F1B in new processes and recommend the
+            best of them in those rounds (:meth:`SchedulePlan.runoff_finalists`, ``plan.runoff``).
         weight_slowdown: every W's seconds are multiplied by this before anything is simulated or built
             (CostAware, Adaptive): the factor a previous ``--run`` fitted for W in the pipeline, which it
             prints (default 1: W as ``graphkit costs`` measured it standalone).
@@ -296,6 +301,7 @@ def plan_schedules(
                 top=top,
                 control=control,
             ),
+            runoff=runoff,
         )
         if plan.selection_error is not None:
             remember_error(key, plan.selection_error["worst"], plan.selection_error["schedule"])
@@ -551,10 +557,12 @@ def _run(
     timeout_s: float,
     pin_cores: bool,
     choice: RecordingChoice,
+    runoff: bool = True,
 ) -> None:
     """Record what ``choice`` chose (and 1F1B a second time, the A/A control, where it says so); fill in
     measured steps (every round's), recorded-fed predictions, the control's steps, what was left out and
-    how far the prediction that chose them was off."""
+    how far the prediction that chose them was off. With ``runoff``, record the schedules too close to the
+    pick to tell apart again (:func:`_record_runoff`)."""
     chosen = choice.chosen
     control = choice.control
     plan.left_out = list(choice.left_out)
@@ -590,6 +598,23 @@ def _run(
         if not rounds:
             plan.auto_steps = f"{done} rounds: {why}"
             break
+    if runoff:
+        finalists = plan.runoff_finalists()
+        if finalists:
+            watched = _record_runoff(
+                plan,
+                finalists,
+                pipeline,
+                batch_size=batch_size,
+                control=control,
+                threads=threads,
+                timeout_s=timeout_s,
+                pin_cores=pin_cores,
+                budget_left_s=None
+                if choice.budget_s is None
+                else choice.budget_s - (time.monotonic() - started),
+            )
+            others = _add_watched(others, watched)
     plan.load = (
         f"{plan.load}; " if plan.load else ""
     ) + f"{load_before} before recording, {load_average()} after"
@@ -627,6 +652,64 @@ def _run(
         (output / "recorded.json").write_text(
             json.dumps([timeline.to_dict() for timeline in timelines], indent=1)
         )
+
+
+def _record_runoff(
+    plan: SchedulePlan,
+    finalists: Sequence[PlannedSchedule],
+    pipeline: str,
+    *,
+    batch_size: int,
+    control: bool,
+    threads: int,
+    timeout_s: float,
+    pin_cores: bool,
+    budget_left_s: float | None,
+) -> OtherProcesses:
+    """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), 1F1B and, with ``control``, 1F1B again,
+    as many rounds as the first recording, in new processes (new copies of the stages, a new process
+    group), and add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow,
+    the other schedules' keep the first recording's rounds (paired with 1F1B's first ones). The
+    recommendation then orders the finalists by these rounds alone (:attr:`SchedulePlan.recommended`).
+    Skipped, and said in ``plan.runoff``, where its estimate (the measured steps) passes ``budget_left_s``.
+    Returns what other processes used of the CPU meanwhile."""
+    base = plan.baseline
+    rounds = len(base.measured_steps)
+    names = [item.name for item in finalists]
+    first_pick = plan.recommended.name
+    margin = max(plan.noise_floor or 0.0, RUNOFF_MARGIN)
+    recorded_seconds = sum(item.measured_seconds or 0.0 for item in finalists)
+    recorded_seconds += (2 if control else 1) * (base.measured_seconds or 0.0)
+    estimate = (rounds + 1) * recorded_seconds
+    if budget_left_s is not None and estimate > budget_left_s:
+        plan.runoff = {
+            "finalists": names,
+            "first_pick": first_pick,
+            "margin": margin,
+            "skipped": f"recording them again (about {estimate:.0f} s) would pass the --record-budget",
+        }
+        return OtherProcesses()
+    runnables = [item.runnable for item in finalists] + ["1F1B"] + (["1F1B"] if control else [])
+    with watching_other_processes() as watched:
+        timelines = record_schedules(
+            pipeline,
+            runnables,
+            microbatches=plan.microbatches,
+            ranks=plan.ranks,
+            threads=threads,
+            timeout_s=timeout_s,
+            steps=rounds,
+            batch_size=batch_size,
+            pin_cores=pin_cores,
+        )
+    for item, timeline in zip([*finalists, base], timelines, strict=False):
+        item.measured_steps = list(item.measured_steps) + list(timeline.ranks[0].step_times)
+        ordered = sorted(item.measured_steps)
+        item.measured_seconds = ordered[(len(ordered) - 1) // 2]
+    if control:
+        plan.control_steps = list(plan.control_steps) + list(timelines[-1].ranks[0].step_times)
+    plan.runoff = {"finalists": names, "rounds": rounds, "first_pick": first_pick, "margin": margin}
+    return watched
 
 
 def _more_rounds(earlier: list[ScheduleTimeline], later: list[ScheduleTimeline]) -> list[ScheduleTimeline]:

@@ -15,8 +15,8 @@ step raises. The private names it relies on are pinned by ``tests/test_recording
 process, with a world-size-1 gloo group and every stage on rank 0 (``ranks=1``), or in ``ranks`` spawned
 processes on 127.0.0.1 (gloo on the CPU, NCCL on CUDA), each with its share of the stages. Every
 schedule first runs one unrecorded step (shape inference, first-touch allocations), then ``steps``
-recorded steps (in rounds over the schedules, each round starting one schedule further on:
-:func:`~graphkit.measure.paired_rounds.rotated_order`;
+recorded steps (in rounds over the schedules, each round in the next order of a design balanced for
+position and for the schedule run just before: :func:`~graphkit.measure.paired_rounds.balanced_order`;
 the median one is kept), each after a barrier; times are
 seconds since that barrier on each rank.
 
@@ -48,7 +48,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import schedules as torch_schedules
 
-from graphkit.measure.paired_rounds import rotated_order
+from graphkit.measure.paired_rounds import balanced_order
 from graphkit.models.pipeline_specs import DEFAULT_MICROBATCH_SIZE, PipelineModel, load_pipeline_spec
 from graphkit.models.stage_chain import StageChain
 from graphkit.pipelining.launcher import (
@@ -558,9 +558,9 @@ def _record_rank(
     """Record every schedule on this rank: a warm-up step each, then ``steps`` rounds of one step each.
 
     The rounds go through the schedules in turn, so a change in the machine's load touches them all
-    alike, each round starting one schedule further on
-    (:func:`~graphkit.measure.paired_rounds.rotated_order`), so that no schedule is
-    always the one that runs first after the barrier or right after a given other. Of each schedule's steps the one whose time (its slowest rank's) is the median is kept,
+    alike, each round in the next order of a Williams design
+    (:func:`~graphkit.measure.paired_rounds.balanced_order`), so that no schedule is
+    always the one that runs first after the barrier, nor always right after a given other. Of each schedule's steps the one whose time (its slowest rank's) is the median is kept,
     the same step on every rank; ``step_times`` lists them all.
     """
     probe, method = memory_probe(device)
@@ -575,7 +575,7 @@ def _record_rank(
     ]
     rounds: list[list[RankTimeline]] = [[] for _ in prepared]
     for round_index in range(steps):
-        for index in rotated_order(round_index, len(prepared)):
+        for index in balanced_order(round_index, len(prepared)):
             rounds[index].append(_record_step(prepared[index], batch, rank, device, probe))
     results = []
     for name, (built, stages, _), recorded in zip(schedules, prepared, rounds, strict=True):

@@ -59,6 +59,11 @@ it this often (a one-sided sign test, :func:`~graphkit.measure.timing.sign_test_
 schedules recorded against 1F1B (Bonferroni: with 4 of them, each is tested at 0.0125, so that all 4 together
 are wrongly picked at most 5% of the time): with one, at 31 rounds 21 wins, at 15 12; with four, 23 and 13."""
 
+RUNOFF_MARGIN = 0.02
+"""With recorded steps, schedules that measured within this fraction of the pick's median round ratio to
+1F1B (or within the run's noise floor, where that is wider) are recorded again, in new processes, before one
+is recommended (:meth:`SchedulePlan.runoff_finalists`): 2% is what a pick may miss the best by."""
+
 NOISE_MARGIN = 0.97
 """A predicted gain under 3% is not told from the round-to-round noise of a small machine (the docs' runs)."""
 
@@ -157,6 +162,10 @@ class SchedulePlan:
     free_split_vs_1f1b: float | None = None
     # the machine was busier than its cores before measuring: what to expect of the figures
     load_warning: str = ""
+    # with run: the run-off among the schedules that measured too close to the pick to tell apart, recorded
+    # again in new processes ({"finalists": names, "rounds": run-off rounds, "first_pick": name, "margin":
+    # fraction}; "skipped": why, where it was not recorded); see runoff_finalists()
+    runoff: dict[str, Any] | None = None
     # with run: other processes' average CPU use while recording, in cores (None: unknown), and the warning
     # given where it was enough to move the figures (graphkit.measure.competing_load)
     other_processes_cores: float | None = None
@@ -298,7 +307,53 @@ class SchedulePlan:
             and item.measured_seconds < (base.measured_seconds or 0)
             and self.won_beyond_chance(item)
         ]
+        rounds = (self.runoff or {}).get("rounds")
+        finalists = [item for item in winners if rounds and item.name in self.runoff["finalists"]]  # type: ignore[index]
+        if finalists:  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
+            return min(finalists, key=lambda item: self.runoff_ratio(item) or math.inf)
         return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
+
+    def runoff_ratio(self, item: PlannedSchedule) -> float | None:
+        """``item``'s median round ratio to 1F1B over the run-off's rounds alone (the last ones recorded);
+        None without a run-off."""
+        rounds = (self.runoff or {}).get("rounds")
+        if not rounds:
+            return None
+        return paired_rounds.median_round_ratio(
+            item.measured_steps[-rounds:], self.baseline.measured_steps[-rounds:]
+        )
+
+    def runoff_finalists(self) -> list[PlannedSchedule]:
+        """The schedules to record again before recommending one (:data:`RUNOFF_MARGIN`): the recommended
+        schedule and every other recorded one that beat 1F1B in most rounds and measured within the margin
+        (the noise floor, at least :data:`RUNOFF_MARGIN`) of it in the median round; [] when 1F1B is kept
+        or no other one is that close. One run's rounds order schedules this close by chance about as often
+        as not on a 2-core machine (GPT-2, 4 microbatches: the pick measured 0.88x 1F1B in the plan and
+        0.91x in a separate run, 4% behind a schedule it had tied)."""
+        first = self.recommended
+        base = self.baseline
+        if first is base:
+            return []
+        best = self.round_ratio(first)
+        if best is None:
+            return []
+        margin = max(self.noise_floor or 0.0, RUNOFF_MARGIN)
+        close = []
+        for item in self.schedules:
+            ratio = self.round_ratio(item)
+            won, rounds = self.rounds_won(item)
+            if (
+                item is first
+                or item is base
+                or not item.measured_steps
+                or not item.fits_memory
+                or ratio is None
+                or 2 * won <= rounds
+            ):
+                continue
+            if ratio <= best + margin:
+                close.append(item)
+        return [first, *close] if close else []
 
     @property
     def measured_best(self) -> PlannedSchedule | None:
@@ -523,6 +578,7 @@ class SchedulePlan:
             "fitted_slowdown": self.fitted_slowdown,
             "rebuilt_cost_aware": self.rebuilt_cost_aware,
             "load_warning": self.load_warning,
+            "runoff": self.runoff,
             "other_processes_cores": self.other_processes_cores,
             "shared_cores_warning": self.shared_cores_warning,
             "load": self.load,
@@ -867,6 +923,46 @@ def _verdict(plan: SchedulePlan) -> str:
     return text
 
 
+def _runoff_note(plan: SchedulePlan) -> str:
+    """With a run-off (:meth:`SchedulePlan.runoff_finalists`): which schedules were recorded again, why, what
+    they measured in those rounds alone and what it changed; one line starting a line, else ""."""
+    runoff = plan.runoff
+    if not runoff:
+        return ""
+    names = runoff["finalists"]
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+    why = (
+        f"\nrun-off: {listed} measured within {runoff['margin']:.1%} of {runoff['first_pick']}, the first run's "
+        "pick, against 1F1B in the median round (the noise floor, at least "
+        f"{RUNOFF_MARGIN:.0%}): too close for one run to order"
+    )
+    if "skipped" in runoff:
+        return why + f"; not recorded again, {runoff['skipped']}: the pick may be any of them"
+    finalists = [plan.by_name(name) for name in names]
+    measured = ", ".join(
+        f"{item.name} {_ratio(plan.runoff_ratio(item))}"
+        for item in sorted(finalists, key=lambda item: plan.runoff_ratio(item) or math.inf)
+    )
+    recommended = plan.recommended
+    total = len(plan.baseline.measured_steps)
+    outcome = (
+        f"{recommended.name} is recommended ("
+        + (
+            f"the first run picked {runoff['first_pick']})"
+            if recommended.name != runoff["first_pick"]
+            else "as in the first run)"
+        )
+        if recommended.name in names
+        else f"none of them beat 1F1B beyond chance over all {total} rounds: {recommended.name if recommended is not plan.baseline else 'keep 1F1B'}"
+    )
+    return (
+        why
+        + f"; recorded again with 1F1B in new processes, {runoff['rounds']} more rounds (1F1B's and theirs now "
+        f"count {total}), in those alone against 1F1B: {measured}; the best of them there that beats 1F1B "
+        f"beyond chance over all the rounds is recommended: {outcome}"
+    )
+
+
 def _power_note(plan: SchedulePlan, contender: PlannedSchedule) -> str:
     """Where 1F1B is kept but ``contender`` measured faster in most rounds: how many rounds a sign test
     would need, at the win fraction measured, to decide; empty otherwise."""
@@ -903,6 +999,7 @@ def _recording_notes(plan: SchedulePlan) -> str:
             text += "; left out: " + "; ".join(f"{name} ({why})" for name, why in plan.left_out)
     if plan.auto_steps is not None:
         text += f"\n--steps auto recorded {plan.auto_steps}"
+    text += _runoff_note(plan)
     floor = plan.noise_floor
     if floor is not None:
         copy = PlannedSchedule("1F1B", 1, None, measured_steps=plan.control_steps)
