@@ -17,7 +17,7 @@ from graphkit.measure.competing_load import (
     watching_other_processes,
 )
 
-BUSY = [sys.executable, "-c", "import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"]
+BUSY = [sys.executable, "-c", "import time\nwhile time.process_time() < {seconds}: pass"]  # CPU seconds
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat (Linux)")
 
@@ -36,14 +36,14 @@ def test_a_busy_process_beside_the_block_is_counted_and_the_blocks_own_children_
         beside.kill()
         beside.wait()
     assert watched.seconds == pytest.approx(1.5, abs=0.5)
-    assert watched.cores > 0.6  # most of one core: the loop never sleeps
+    assert watched.cores > 0.5  # most of one core: the loop never sleeps
     # a child waited for inside the block (as the ranks are) is this process's own: its second of CPU is
     # taken off the machine's busy time (on a quiet machine, own.cores is about 0; the difference is
     # checked, so that a machine busy with something else does not fail it)
     before = competing_load._own_seconds()
     with watching_other_processes() as own:
         subprocess.run(busy(1.0), check=True)
-    assert competing_load._own_seconds() - before > 0.8
+    assert competing_load._own_seconds() - before > 0.95
     assert own.describe().startswith("other processes used ") and own.describe().endswith(
         " cores while recording"
     )

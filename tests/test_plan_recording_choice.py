@@ -510,3 +510,41 @@ def test_a_run_off_past_the_budget_is_named_not_recorded(monkeypatch):
         "too close for one run to order; not recorded again, recording them again (about 6 s) would pass the "
         "--record-budget: the pick may be any of them"
     ) in plan.table()
+
+
+def test_a_splitting_schedule_of_1f1bs_placement_is_measured_against_gpipe_in_plain_words(monkeypatch):
+    # a newcomer's plan: GPipe beat 1F1B, CostAware (splitting, one stage per rank) lost to both
+    rounds = {"1F1B": [100.0] * 11, "GPipe": [72.0] * 11, "CostAware": [107.0] * 11}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe", "CostAware"])
+    line = plan.zero_bubble_verdict()
+    assert line.startswith(
+        "zero bubble does not pay here (CostAware measured 1.07x 1F1B in the median round;"
+    )
+    assert (
+        "it has 1F1B's placement (one stage per rank), where GPipe, which splits nothing, measured 0.72x 1F1B "
+        "in the median round (faster in 11 of 11"
+    ) in line
+    assert "splitting gains -48.6% (slower) over GPipe (CostAware against GPipe in the same rounds" in line
+    assert "it does not beat 1F1B, and GPipe does without splitting: run GPipe" in line
+    assert "its placement's, not splitting's" not in line
+
+
+def test_the_plan_gives_the_batch_and_the_command_that_checks_its_pick(monkeypatch):
+    rounds = {"1F1B": [100.0] * 15, "GPipe": [90.0] * 15, "ZBH1": [95.0] * 15, "CostAware": [97.0] * 15}
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe", "ZBH1", "CostAware"])
+    table = plan.table()
+    assert table.startswith(
+        "zoo-pipeline:mlp: 2 ranks, 4 microbatches of 8 rows (batch 32, --batch-size); model"
+    )
+    command = plan.remeasure_command()
+    # generated schedules without a written order run by name (plan -o DIR writes their CSVs)
+    assert command == (
+        "graphkit compare-schedules zoo-pipeline:mlp --ranks 2 --microbatches 4 --batch-size 32 --steps 15 "
+        "--control --schedules 1F1B,GPipe,ZBH1,CostAware (plan with -o DIR first: by name, CostAware is built "
+        "anew from default costs, not the order recorded here)"
+    )
+    assert (
+        f"\nto check the pick in a separate run (new processes, the pick within the noise floor of the best): {command}"
+        in table
+    )
+    assert plan.to_dict()["remeasure_command"] == command and plan.to_dict()["batch_size"] == 32

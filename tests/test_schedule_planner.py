@@ -379,7 +379,11 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     assert comm["rendezvous"] is True and comm["send_seconds"] == pytest.approx(0.1 * MS)
     assert "calibrated on the recorded schedules (each predicted from the others)" in plan.overhead_source
     assert (
-        plan.table().splitlines()[0].startswith("zoo-pipeline:mlp: 2 ranks, 6 microbatches; model calibrated")
+        plan.table()
+        .splitlines()[0]
+        .startswith(
+            "zoo-pipeline:mlp: 2 ranks, 6 microbatches of 8 rows (batch 48, --batch-size); model calibrated"
+        )
     )
     for item in plan.schedules:
         assert item.predicted_seconds == pytest.approx(item.measured_seconds), item.name

@@ -278,6 +278,7 @@ def plan_schedules(
         load_warning=load_warning,
         load=load,
         weight_slowdown=weight_slowdown,
+        batch_size=batch_size if isinstance(pipeline, str) else None,
     )
     _write_best(plan, folder)
     if run:

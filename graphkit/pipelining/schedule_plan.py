@@ -20,7 +20,7 @@ from graphkit.measure import paired_rounds
 from graphkit.measure.timing import fewest_wins_beyond_chance, rounds_to_decide, sign_test_p_value
 from graphkit.pipelining.planning.actions import ScheduleError, ScheduleOrder
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_split, mean_cost, scaled
-from graphkit.pipelining.planning.registry import generated_order, is_generated
+from graphkit.pipelining.planning.registry import built_from_costs, generated_order, is_generated
 from graphkit.pipelining.planning.simulator import Simulation, simulate
 from graphkit.pipelining.planning.timelines import ScheduleTimeline
 from graphkit.pipelining.remembered_error import band_from_measured
@@ -158,6 +158,8 @@ class SchedulePlan:
     overhead_source: str = "given"
     # with run: how the steps were recorded (steps per schedule, threads per rank, ranks pinned to cores)
     recording: dict[str, Any] | None = None
+    # the whole batch (rows), split into the microbatches; None where the plan came from costs alone
+    batch_size: int | None = None
     # CostAware's predicted step over 1F1B's were splitting free (I + W = B): see free_split_ratio()
     free_split_vs_1f1b: float | None = None
     # the machine was busier than its cores before measuring: what to expect of the figures
@@ -312,6 +314,52 @@ class SchedulePlan:
         if finalists:  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
             return min(finalists, key=lambda item: self.runoff_ratio(item) or math.inf)
         return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
+
+    def remeasure_command(self) -> str | None:
+        """The ``graphkit compare-schedules`` command that re-measures the recommendation in a separate run:
+        1F1B first (the baseline) and again (``--control``), the recommended schedule, and the next three
+        recorded schedules that measured fastest against 1F1B, with this plan's ranks, microbatches, batch,
+        rounds and pinning; None without recorded steps or a pipeline spec. A pick holds when it measures
+        there within the noise floor of the best."""
+        if self.spec is None or not self.baseline.measured_steps or self.recording is None:
+            return None
+        base = self.baseline
+        recommended = self.recommended
+        others = sorted(
+            (
+                item
+                for item in self.schedules
+                if item.measured_steps and item is not base and item is not recommended
+            ),
+            key=lambda item: self.round_ratio(item) or math.inf,
+        )
+        picked = ([recommended] if recommended is not base else []) + others[:3]
+        names = ",".join(["1F1B", *(item.run_name for item in picked)])
+        rounds = (
+            len(base.measured_steps)
+            if self.runoff is None or "rounds" not in self.runoff
+            else self.runoff["rounds"]
+        )
+        spec = (
+            self.spec
+            if all(character.isalnum() or character in "-_.:/" for character in self.spec)
+            else f"'{self.spec}'"
+        )
+        unwritten = [item.name for item in picked if built_from_costs(item.name) and not item.csv]
+        return (
+            f"graphkit compare-schedules {spec} --ranks {self.ranks}"
+            + (" --pin-cores" if self.recording.get("pin_cores") else "")
+            + f" --microbatches {self.microbatches}"
+            + (f" --batch-size {self.batch_size}" if self.batch_size else "")
+            + f" --steps {rounds} --control --schedules {names}"
+            + (
+                f" (plan with -o DIR first: by name, {' and '.join(unwritten)} "
+                f"{'is' if len(unwritten) == 1 else 'are'} built anew from default costs, not the "
+                "order recorded here)"
+                if unwritten
+                else ""
+            )
+        )
 
     def runoff_ratio(self, item: PlannedSchedule) -> float | None:
         """``item``'s median round ratio to 1F1B over the run-off's rounds alone (the last ones recorded);
@@ -480,6 +528,15 @@ class SchedulePlan:
                         f"{rounds} rounds (p = {sign_test_p_value(won, rounds):.2g}); it has 1F1B's placement "
                         f"({_placement(best)}), so that is what splitting gains"
                     )
+                elif placement.stages_per_rank == base.stages_per_rank:  # GPipe: 1F1B's placement
+                    placement_won, _ = self.rounds_won(placement)
+                    evidence = (
+                        f"{best.name} measured {ratio:.2f}x 1F1B in the median round; it has 1F1B's placement "
+                        f"({_placement(best)}), where {placement.name}, which splits nothing, measured "
+                        f"{placement_ratio:.2f}x 1F1B in the median round (faster in {placement_won} of {rounds}, "
+                        f"p = {sign_test_p_value(placement_won, rounds):.2g}); splitting gains {_gain(split_ratio)} "
+                        f"over {placement.name} ({head_to_head})"
+                    )
                 else:
                     placement_won, _ = self.rounds_won(placement)
                     evidence = (
@@ -494,7 +551,12 @@ class SchedulePlan:
                     and self.beyond_noise(placement_ratio)
                     and self.won_beyond_chance(placement)
                 )
-                if not pays and placement_wins:
+                if not pays and placement_wins and not self.beyond_noise(ratio):
+                    reason = (
+                        f"it does not beat 1F1B, and {placement.name} does without splitting: run "
+                        f"{placement.name}"
+                    )
+                elif not pays and placement_wins:
                     reason = (
                         f"what it gains over 1F1B is its placement's, not splitting's: {placement.name} "
                         "gains it without splitting"
@@ -579,6 +641,8 @@ class SchedulePlan:
             "rebuilt_cost_aware": self.rebuilt_cost_aware,
             "load_warning": self.load_warning,
             "runoff": self.runoff,
+            "batch_size": self.batch_size,
+            "remeasure_command": self.remeasure_command(),
             "other_processes_cores": self.other_processes_cores,
             "shared_cores_warning": self.shared_cores_warning,
             "load": self.load,
@@ -810,7 +874,12 @@ def plan_table(plan: SchedulePlan) -> str:
 
 def _title(plan: SchedulePlan) -> str:
     limit = f", memory limit {plan.memory_limit:,.0f} B" if plan.memory_limit is not None else ""
-    head = f"{plan.spec or 'costs'}: {plan.ranks} ranks, {plan.microbatches} microbatches{limit}; model"
+    rows = (
+        f" of {plan.batch_size // plan.microbatches} rows (batch {plan.batch_size}, --batch-size)"
+        if plan.batch_size
+        else ""
+    )
+    head = f"{plan.spec or 'costs'}: {plan.ranks} ranks, {plan.microbatches} microbatches{rows}{limit}; model"
     if plan.overhead_source.startswith("calibrated"):
         return f"{head} {plan.overhead_source}"
     return (
@@ -1000,6 +1069,9 @@ def _recording_notes(plan: SchedulePlan) -> str:
     if plan.auto_steps is not None:
         text += f"\n--steps auto recorded {plan.auto_steps}"
     text += _runoff_note(plan)
+    command = plan.remeasure_command()
+    if command is not None:
+        text += f"\nto check the pick in a separate run (new processes, the pick within the noise floor of the best): {command}"
     floor = plan.noise_floor
     if floor is not None:
         copy = PlannedSchedule("1F1B", 1, None, measured_steps=plan.control_steps)

@@ -26,7 +26,7 @@ from graphkit.pipelining.planning.cost_aware import cost_aware_schedule
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost
 from graphkit.pipelining.planning.generation import zb_h1, zb_h2
 
-__all__ = ["GENERATED_SCHEDULES", "GeneratedSchedule", "generated_order", "is_generated"]
+__all__ = ["GENERATED_SCHEDULES", "GeneratedSchedule", "built_from_costs", "generated_order", "is_generated"]
 
 Generator = Callable[
     [int, int, StageCost | Sequence[StageCost], float | None, CommModel | None, float],
@@ -37,18 +37,21 @@ Generator = Callable[
 @dataclass(slots=True, frozen=True)
 class GeneratedSchedule:
     """One generated schedule: ``build(ranks, microbatches, costs, memory_limit, comm, overhead)`` ->
-    ``{rank: [Action, ...]}``, and the costs it is built with when none are given (run by name)."""
+    ``{rank: [Action, ...]}``, the costs it is built with when none are given (run by name), and whether
+    its order depends on them (``uses_costs``: run by name, such a schedule is not the order a plan built
+    from measured costs)."""
 
     build: Generator
     default_costs: StageCost
+    uses_costs: bool = True
 
 
 GENERATED_SCHEDULES: dict[str, GeneratedSchedule] = {
     "ZBH1": GeneratedSchedule(
-        lambda ranks, microbatches, *_: zb_h1(ranks, microbatches), StageCost(1.0, 1.0, 1.0)
+        lambda ranks, microbatches, *_: zb_h1(ranks, microbatches), StageCost(1.0, 1.0, 1.0), uses_costs=False
     ),
     "ZBH2": GeneratedSchedule(
-        lambda ranks, microbatches, *_: zb_h2(ranks, microbatches), StageCost(1.0, 1.0, 1.0)
+        lambda ranks, microbatches, *_: zb_h2(ranks, microbatches), StageCost(1.0, 1.0, 1.0), uses_costs=False
     ),
     "Adaptive": GeneratedSchedule(
         lambda ranks, microbatches, costs, limit, comm, _: adaptive_schedule(
@@ -70,6 +73,15 @@ GENERATED_SCHEDULES: dict[str, GeneratedSchedule] = {
 def is_generated(name: Any) -> bool:
     """Whether ``name`` (case ignored) is one of :data:`GENERATED_SCHEDULES`."""
     return isinstance(name, str) and any(name.lower() == known.lower() for known in GENERATED_SCHEDULES)
+
+
+def built_from_costs(name: Any) -> bool:
+    """Whether ``name`` is a generated schedule whose order depends on the costs it is built from
+    (``Adaptive``, ``CostAware``; not the handcrafted ``ZBH1``, ``ZBH2``)."""
+    return isinstance(name, str) and any(
+        name.lower() == known.lower() and generated.uses_costs
+        for known, generated in GENERATED_SCHEDULES.items()
+    )
 
 
 def generated_order(
