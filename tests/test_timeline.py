@@ -14,6 +14,7 @@ import pytest
 
 from graphkit.drawing.timeline import (
     KIND_COLOURS,
+    comparison_rows,
     comparison_table,
     timeline_html,
     timeline_svg,
@@ -206,3 +207,22 @@ def test_a_first_step_set_up_is_drawn_labelled_and_left_out_of_the_bubble(tmp_pa
     page = timeline_html(timeline)
     assert "Every schedule first runs one unrecorded step" not in page
     assert "Every schedule first runs one unrecorded step" in timeline_html(hand_made_timeline())
+
+
+def test_with_rounds_the_table_gives_the_ratio_in_the_median_round():
+    # the second schedule is 0.9x the first in every round, while the machine slowed down over the rounds:
+    # the ratio of the kept steps (12.5 ms against 10 ms: 1.25x) is not the paired one
+    first, second = hand_made_timeline(), hand_made_timeline()
+    second.schedule = "ScheduleOther"
+    for rank in first.ranks:
+        rank.step_times = [0.010, 0.020, 0.040]
+    for rank in second.ranks:
+        rank.step_times = [0.009, 0.018, 0.036]
+        rank.step_seconds = 0.0125  # its kept step came from another part of the run
+    rows = comparison_rows([first, second])
+    assert rows[1]["step_ratio"] == pytest.approx(0.9)
+    assert comparison_table([first, second]).splitlines()[3].split()[:3] == [
+        "ScheduleOther",
+        "12.500",
+        "0.90x",
+    ]

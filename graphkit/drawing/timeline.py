@@ -29,6 +29,7 @@ from graphkit.drawing.labels import format_bytes
 from graphkit.drawing.palette import FONT, SECONDARY_TEXT
 from graphkit.drawing.rendering import GraphvizNotFoundError, RenderTimeoutError
 from graphkit.drawing.templating import environment
+from graphkit.measure.paired_rounds import median_round_ratio
 from graphkit.pipelining.planning.actions import TimedAction
 from graphkit.pipelining.planning.timelines import ScheduleTimeline
 
@@ -429,16 +430,23 @@ def timeline_graph(timelines: ScheduleTimeline | Sequence[ScheduleTimeline]) -> 
 
 
 def comparison_rows(timelines: Sequence[ScheduleTimeline]) -> list[dict[str, Any]]:
-    """One row per schedule: step time, bubble fraction, peak memory per rank, and the ratio to the first."""
+    """One row per schedule: step time, bubble fraction, peak memory per rank, and the ratio to the first.
+
+    The ratio is the paired one where several rounds were recorded (every timeline's ``step_times``: the
+    median over the rounds of the step over the first schedule's in the same round, as the rounds lines of
+    ``compare-schedules`` give it); else the ratio of the two steps. The median step itself can differ from
+    the median round's ratio: a round's ratio cancels what the machine did during that round."""
     listed = _as_list(timelines)
     baseline = listed[0].step_seconds or 1e-12
+    first_rounds = _round_steps(listed[0])
     rows = []
     for timeline in listed:
+        paired = median_round_ratio(_round_steps(timeline), first_rounds) if len(first_rounds) > 1 else None
         rows.append(
             {
                 "schedule": timeline.schedule,
                 "step_ms": timeline.step_seconds * 1e3,
-                "step_ratio": timeline.step_seconds / baseline,
+                "step_ratio": paired if paired is not None else timeline.step_seconds / baseline,
                 "bubble_percent": 100 * timeline.bubble_fraction,
                 "rank_bubble_percent": [100 * timeline.rank_bubble_fraction(r.rank) for r in timeline.ranks],
                 "peak_memory": [
@@ -451,8 +459,14 @@ def comparison_rows(timelines: Sequence[ScheduleTimeline]) -> list[dict[str, Any
     return rows
 
 
+def _round_steps(timeline: ScheduleTimeline) -> list[float]:
+    """The step of every recorded round (its slowest rank's, as every rank's ``step_times`` holds it)."""
+    return list(timeline.ranks[0].step_times) if timeline.ranks and timeline.ranks[0].step_times else []
+
+
 def comparison_table(timelines: Sequence[ScheduleTimeline]) -> str:
-    """Schedules side by side as plain text: step time (and ratio to the first), bubble, peak memory per rank."""
+    """Schedules side by side as plain text: step time (and ratio to the first, in the median round where
+    rounds were recorded: :func:`comparison_rows`), bubble, peak memory per rank."""
     rows = [("schedule", "step (ms)", "vs first", "bubble", "bubble per rank", "peak memory per rank")]
     for row in comparison_rows(timelines):
         rows.append(
