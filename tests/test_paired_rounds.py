@@ -15,25 +15,9 @@ from graphkit.measure.paired_rounds import (
     compare_rounds,
     median_round_ratio,
     noise_floor,
-    rotated_order,
     rounds_won,
 )
 from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
-
-
-def test_each_candidate_takes_every_position_of_a_round_equally_often():
-    assert rotated_order(0, 3) == [0, 1, 2]
-    assert rotated_order(1, 3) == [1, 2, 0]
-    assert rotated_order(2, 3) == [2, 0, 1]
-    assert rotated_order(3, 3) == [0, 1, 2]
-    assert rotated_order(5, 0) == [] and rotated_order(4, 1) == [0]
-    # over 4 x 5 rounds each of 5 candidates sits in each position 4 times
-    positions = Counter(
-        (candidate, place) for index in range(20) for place, candidate in enumerate(rotated_order(index, 5))
-    )
-    assert set(positions.values()) == {4} and len(positions) == 25
-    with pytest.raises(ValueError, match="at least 0"):
-        rotated_order(-1, 3)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7, 12])

@@ -576,18 +576,9 @@ def _run(
     timelines: list[ScheduleTimeline] = []
     others = OtherProcesses()
     while True:
-        with watching_other_processes() as watched:
-            recorded = record_schedules(
-                pipeline,
-                runnables,
-                microbatches=plan.microbatches,
-                ranks=plan.ranks,
-                threads=threads,
-                timeout_s=timeout_s,
-                steps=rounds,
-                batch_size=batch_size,
-                pin_cores=pin_cores,
-            )
+        recorded, watched = _record_watched(
+            plan, pipeline, runnables, rounds, batch_size, threads, timeout_s, pin_cores
+        )
         others = _add_watched(others, watched)
         timelines = _more_rounds(timelines, recorded)
         _fill_measured(plan, chosen, timelines, control)
@@ -655,6 +646,33 @@ def _run(
         )
 
 
+def _record_watched(
+    plan: SchedulePlan,
+    pipeline: str,
+    runnables: Sequence[Any],
+    rounds: int,
+    batch_size: int,
+    threads: int,
+    timeout_s: float,
+    pin_cores: bool,
+) -> tuple[list[ScheduleTimeline], OtherProcesses]:
+    """``rounds`` rounds of ``runnables`` on the plan's ranks and microbatches (:func:`record_schedules`),
+    and what other processes used of the CPU meanwhile."""
+    with watching_other_processes() as watched:
+        timelines = record_schedules(
+            pipeline,
+            runnables,
+            microbatches=plan.microbatches,
+            ranks=plan.ranks,
+            threads=threads,
+            timeout_s=timeout_s,
+            steps=rounds,
+            batch_size=batch_size,
+            pin_cores=pin_cores,
+        )
+    return timelines, watched
+
+
 def _record_runoff(
     plan: SchedulePlan,
     finalists: Sequence[PlannedSchedule],
@@ -691,18 +709,9 @@ def _record_runoff(
         }
         return OtherProcesses()
     runnables = [item.runnable for item in finalists] + ["1F1B"] + (["1F1B"] if control else [])
-    with watching_other_processes() as watched:
-        timelines = record_schedules(
-            pipeline,
-            runnables,
-            microbatches=plan.microbatches,
-            ranks=plan.ranks,
-            threads=threads,
-            timeout_s=timeout_s,
-            steps=rounds,
-            batch_size=batch_size,
-            pin_cores=pin_cores,
-        )
+    timelines, watched = _record_watched(
+        plan, pipeline, runnables, rounds, batch_size, threads, timeout_s, pin_cores
+    )
     for item, timeline in zip([*finalists, base], timelines, strict=False):
         item.measured_steps = list(item.measured_steps) + list(timeline.ranks[0].step_times)
         ordered = sorted(item.measured_steps)
