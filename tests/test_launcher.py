@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +82,57 @@ def test_pin_cores_flag_reaches_the_recording(monkeypatch, tmp_path) -> None:
     assert cli_main(["compare-schedules", *arguments]) == 2
     assert cli_main(["plan", *arguments, "--run", "-o", str(tmp_path)]) == 2
     assert seen == {"record": True, "plan": True}
+
+
+def sleep_writing_pid(path: str) -> None:
+    """A rank that says who it is, then waits far longer than any test."""
+    import time
+
+    with open(path, "w") as file:
+        file.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return not any(line.startswith("State:") and "Z" in line.split()[1] for line in status)
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads a rank's state from /proc (Linux)")
+def test_a_rank_ends_when_the_process_that_started_it_is_killed(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "rank.pid"
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from test_launcher import sleep_writing_pid\n"
+            "from graphkit.pipelining.launcher import run_on_processes\n"
+            f"run_on_processes(sleep_writing_pid, ({str(pid_file)!r},), world_size=1, deadline=120)",
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        rank = int(pid_file.read_text())
+        assert _running(rank)
+        starter.send_signal(signal.SIGKILL)  # the launcher gets no chance to end its rank
+        starter.wait()
+        deadline = time.monotonic() + 3 * launcher.PARENT_CHECK_SECONDS + 10
+        while _running(rank) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _running(rank)
+    finally:
+        starter.kill()
+        starter.wait()
+        if pid_file.exists() and pid_file.read_text() and _running(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # only the rank this test started

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import queue
 import socket
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -145,6 +146,7 @@ def _child(
     core: int | None = None,
     allocator: str = "tuned",
 ) -> None:
+    _end_with_parent()
     try:
         tune_allocator(allocator)  # first: the tensors this rank makes reuse the memory freed before them
         if core is not None:
@@ -170,6 +172,26 @@ def _child(
     except BaseException as error:  # joining or leaving the group failed: reported to the parent
         outcome = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}")
     results.put((rank, *outcome))
+
+
+PARENT_CHECK_SECONDS = 1.0
+"""How often a spawned rank checks that the process that started it still runs."""
+
+
+def _end_with_parent() -> None:
+    """End this rank (exit status 1) once the process that started it is gone: a parent killed (Ctrl-C twice,
+    ``kill``, a CI job cancelled) cannot end its ranks, and a rank left waiting for a dead peer would spin
+    in the process group until its timeout, taking a core from whatever runs next. A daemon thread polls
+    the parent's pid every :data:`PARENT_CHECK_SECONDS` (portable where ``prctl(PR_SET_PDEATHSIG)`` is not)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_SECONDS)
+            if os.getppid() != parent:  # re-parented: the parent is gone
+                os._exit(1)
+
+    threading.Thread(target=watch, name="graphkit-parent-watch", daemon=True).start()
 
 
 def _pin_threads(core: int) -> None:
