@@ -421,10 +421,12 @@ def test_splitting_faster_than_its_placement_but_not_beyond_chance_is_not_shown_
     line = plan.zero_bubble_verdict()
     assert line.startswith("zero bubble is not shown to pay here (ZBVZeroBubble"), line
     p = sign_test_p_value(11, 15)
-    needed = rounds_to_decide(11 / 15, plan.significance)
+    # one splitting schedule recorded: the line tests it at 0.05 (the pick at 0.025: two schedules vs 1F1B)
+    assert plan.splitting_significance == 0.05 and plan.significance == 0.025
+    needed = rounds_to_decide(11 / 15, plan.splitting_significance)
     assert needed is not None and needed > 15
     assert (
-        f"could be chance (p = {p:.2g}, not below {plan.significance:.2g}); at its win fraction (11 of 15) "
+        f"could be chance (p = {p:.2g}, not below 0.05); at its win fraction (11 of 15) "
         f"a sign test would need about {needed} rounds to decide (--steps {needed})"
     ) in line
 
@@ -452,20 +454,28 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
         "ZBVZeroBubble": [88.0] * 15,
         "DualPipeV": [89.0] * 15,  # within 2% of ZBV's 0.88x: a run-off
         "Interleaved1F1B": [97.0] * 15,  # 0.97x: not close enough
-        "runoff": {"1F1B": [100.0] * 15, "ZBVZeroBubble": [95.0] * 15, "DualPipeV": [90.0] * 15},
+        "runoff": {
+            "1F1B": [100.0] * 15,
+            "ZBVZeroBubble": [95.0] * 15,
+            "DualPipeV": [90.0] * 15,
+            "Interleaved1F1B": [97.0] * 15,
+        },
     }
     calls: list[list[str]] = []
     schedules = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"]
     plan = run_recorded(monkeypatch, rounds, schedules, runoff=True, calls=calls)
-    assert calls[1] == ["ZBVZeroBubble", "DualPipeV", "1F1B", "1F1B"]  # the finalists, 1F1B and its copy
+    # the finalists, their placement's non-splitting schedule (for the zero-bubble line), 1F1B and its copy
+    assert calls[1] == ["ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "1F1B", "1F1B"]
     assert plan.runoff == {
         "finalists": ["ZBVZeroBubble", "DualPipeV"],
         "rounds": 15,
         "first_pick": "ZBVZeroBubble",
         "margin": pytest.approx(0.02),
+        "placements": ["Interleaved1F1B"],
     }
     assert len(plan.by_name("DualPipeV").measured_steps) == 30 == len(plan.baseline.measured_steps)
-    assert len(plan.control_steps) == 30 and len(plan.by_name("Interleaved1F1B").measured_steps) == 15
+    assert len(plan.control_steps) == 30 == len(plan.by_name("Interleaved1F1B").measured_steps)
+    assert plan.rounds_won(plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")) == (30, 30)
     assert plan.runoff_ratio(plan.by_name("ZBVZeroBubble")) == pytest.approx(0.95)
     # over all 30 rounds ZBV still has the lower median (0.88 and 0.95: the lower middle), but the run-off
     # alone orders the finalists
@@ -473,7 +483,8 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
     assert (
         "\nrun-off: ZBVZeroBubble and DualPipeV measured within 2.0% of ZBVZeroBubble, the first run's pick, "
         "against 1F1B in the median round (the noise floor, at least 2%): too close for one run to order; "
-        "recorded again with 1F1B in new processes, 15 more rounds (1F1B's and theirs now count 30), in those "
+        "recorded again with 1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in new "
+        "processes, 15 more rounds (1F1B's and theirs now count 30), in those "
         "alone against 1F1B: DualPipeV 0.90x, ZBVZeroBubble 0.95x; the best of them there that beats 1F1B "
         "beyond chance over all the rounds is recommended: DualPipeV is recommended (the first run picked "
         "ZBVZeroBubble)"

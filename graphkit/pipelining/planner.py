@@ -685,7 +685,9 @@ def _record_runoff(
     pin_cores: bool,
     budget_left_s: float | None,
 ) -> OtherProcesses:
-    """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), 1F1B and, with ``control``, 1F1B again,
+    """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), the non-splitting schedule of each
+    splitting finalist's placement (:meth:`SchedulePlan.placement_baseline`, where it is not 1F1B), 1F1B and,
+    with ``control``, 1F1B again,
     as many rounds as the first recording, in new processes (new copies of the stages, a new process
     group), and add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow,
     the other schedules' keep the first recording's rounds (paired with 1F1B's first ones). The
@@ -697,7 +699,20 @@ def _record_runoff(
     names = [item.name for item in finalists]
     first_pick = plan.recommended.name
     margin = max(plan.noise_floor or 0.0, RUNOFF_MARGIN)
-    recorded_seconds = sum(item.measured_seconds or 0.0 for item in finalists)
+    # each splitting finalist's own placement (its best non-splitting schedule recorded) runs beside it
+    # again, so that the zero-bubble line compares them over the run-off's rounds too
+    partners: list[PlannedSchedule] = []
+    for item in finalists:
+        partner = plan.placement_baseline(item) if item.splits_backward else None
+        if (
+            partner is not None
+            and partner is not base
+            and partner not in finalists
+            and partner not in partners
+        ):
+            partners.append(partner)
+    recorded = [*finalists, *partners]
+    recorded_seconds = sum(item.measured_seconds or 0.0 for item in recorded)
     recorded_seconds += (2 if control else 1) * (base.measured_seconds or 0.0)
     estimate = (rounds + 1) * recorded_seconds
     if budget_left_s is not None and estimate > budget_left_s:
@@ -708,17 +723,23 @@ def _record_runoff(
             "skipped": f"recording them again (about {estimate:.0f} s) would pass the --record-budget",
         }
         return OtherProcesses()
-    runnables = [item.runnable for item in finalists] + ["1F1B"] + (["1F1B"] if control else [])
+    runnables = [item.runnable for item in recorded] + ["1F1B"] + (["1F1B"] if control else [])
     timelines, watched = _record_watched(
         plan, pipeline, runnables, rounds, batch_size, threads, timeout_s, pin_cores
     )
-    for item, timeline in zip([*finalists, base], timelines, strict=False):
+    for item, timeline in zip([*recorded, base], timelines, strict=False):
         item.measured_steps = list(item.measured_steps) + list(timeline.ranks[0].step_times)
         ordered = sorted(item.measured_steps)
         item.measured_seconds = ordered[(len(ordered) - 1) // 2]
     if control:
         plan.control_steps = list(plan.control_steps) + list(timelines[-1].ranks[0].step_times)
-    plan.runoff = {"finalists": names, "rounds": rounds, "first_pick": first_pick, "margin": margin}
+    plan.runoff = {
+        "finalists": names,
+        "rounds": rounds,
+        "first_pick": first_pick,
+        "margin": margin,
+        "placements": [item.name for item in partners],
+    }
     return watched
 
 

@@ -281,6 +281,14 @@ class SchedulePlan:
         contenders = sum(1 for item in self.schedules if item.measured_steps and item is not self.baseline)
         return SIGNIFICANCE / max(contenders, 1)
 
+    @property
+    def splitting_significance(self) -> float:
+        """The level the zero-bubble line tests splitting against its placement at: :data:`SIGNIFICANCE` split
+        among the splitting schedules recorded (Bonferroni: the line asks one question, of the best of
+        them, chosen among that many), not among every schedule as :attr:`significance` is."""
+        splitting = sum(1 for item in self.schedules if item.measured_steps and item.splits_backward)
+        return SIGNIFICANCE / max(splitting, 1)
+
     def rounds_needed(self) -> int | None:
         """The fewest rounds won that beat 1F1B beyond chance, over the rounds recorded (None: too few)."""
         return fewest_wins_beyond_chance(len(self.baseline.measured_steps), self.significance)
@@ -517,7 +525,7 @@ class SchedulePlan:
                 split_won, split_rounds = self.rounds_won(best, placement)
                 split_p = sign_test_p_value(split_won, split_rounds)
                 placement_ratio = self.round_ratio(placement) or math.inf
-                pays = self.beyond_noise(split_ratio) and split_p < self.significance
+                pays = self.beyond_noise(split_ratio) and split_p < self.splitting_significance
                 head_to_head = (
                     f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
                     f"round, faster in {split_won} of {split_rounds}, p = {split_p:.2g}"
@@ -571,13 +579,13 @@ class SchedulePlan:
                 elif not pays and split_ratio < 1:
                     undecided = True
                     needed = (
-                        rounds_to_decide(split_won / split_rounds, self.significance)
+                        rounds_to_decide(split_won / split_rounds, self.splitting_significance)
                         if split_rounds
                         else None
                     )
                     reason = (
                         f"splitting's {_gain(split_ratio)} over its placement could be chance "
-                        f"(p = {split_p:.2g}, not below {self.significance:.2g})"
+                        f"(p = {split_p:.2g}, not below {self.splitting_significance:.2g})"
                     ) + (
                         f"; at its win fraction ({split_won} of {split_rounds}) a sign test would need about "
                         f"{needed} rounds to decide (--steps {needed})"
@@ -1026,7 +1034,13 @@ def _runoff_note(plan: SchedulePlan) -> str:
     )
     return (
         why
-        + f"; recorded again with 1F1B in new processes, {runoff['rounds']} more rounds (1F1B's and theirs now "
+        + "; recorded again with 1F1B"
+        + (
+            f" and {' and '.join(runoff['placements'])} (their placement, for the zero-bubble line)"
+            if runoff.get("placements")
+            else ""
+        )
+        + f" in new processes, {runoff['rounds']} more rounds (1F1B's and theirs now "
         f"count {total}), in those alone against 1F1B: {measured}; the best of them there that beats 1F1B "
         f"beyond chance over all the rounds is recommended: {outcome}"
     )
