@@ -130,6 +130,7 @@ def main() -> None:
             steps=arguments.steps,
             top=arguments.top,
             prediction_error=10.0,  # every schedule: the bench measures the prediction of all of them
+            runoff=False,  # one recording of them all: its rounds are what the bench compares
             record_budget_s=None,
             output=output,
             timeout_s=1800,

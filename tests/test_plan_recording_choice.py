@@ -484,10 +484,10 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
         "\nrun-off: ZBVZeroBubble and DualPipeV measured within 2.0% of ZBVZeroBubble, the first run's pick, "
         "against 1F1B in the median round (the noise floor, at least 2%): too close for one run to order; "
         "recorded again with 1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in new "
-        "processes, 15 more rounds (1F1B's and theirs now count 30), in those "
-        "alone against 1F1B: DualPipeV 0.90x, ZBVZeroBubble 0.95x; the best of them there that beats 1F1B "
-        "beyond chance over all the rounds is recommended: DualPipeV is recommended (the first run picked "
-        "ZBVZeroBubble)"
+        "processes, 15 more rounds (1F1B's and theirs now count 30), in those alone against 1F1B: DualPipeV "
+        "0.90x (15 of 15), ZBVZeroBubble 0.95x (15 of 15); recommended: the best of them there that beat 1F1B "
+        "beyond the noise floor and beyond chance, over all 30 rounds or in the run-off's alone (p < 0.025): "
+        "DualPipeV is recommended (the first run picked ZBVZeroBubble)"
     ) in plan.table()
     assert plan.to_dict()["runoff"]["first_pick"] == "ZBVZeroBubble"
 
@@ -498,10 +498,69 @@ def test_no_run_off_where_the_pick_stands_apart_or_1f1b_is_kept(monkeypatch):
     plan = run_recorded(monkeypatch, rounds, ["1F1B", "ZBVZeroBubble", "DualPipeV"], runoff=True, calls=calls)
     assert len(calls) == 1 and plan.runoff is None and plan.recommended.name == "ZBVZeroBubble"
     assert "run-off" not in plan.table()
-    calls.clear()
-    rounds = {"1F1B": [100.0] * 15, "GPipe": [99.0] * 8 + [101.0] * 7, "ZBH1": [99.5] * 8 + [101.0] * 7}
+    calls.clear()  # 1F1B kept, and nothing beat it in most rounds: nothing to confirm
+    rounds = {"1F1B": [100.0] * 15, "GPipe": [99.0] * 7 + [101.0] * 8, "ZBH1": [99.5] * 6 + [101.0] * 9}
     plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe", "ZBH1"], runoff=True, calls=calls)
     assert len(calls) == 1 and plan.recommended is plan.baseline and plan.runoff_finalists() == []
+
+
+def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_their_own(monkeypatch):
+    # five schedules against 1F1B: 0.05 / 5 = 0.01 needs 13 of 15; GPipe (11 of 15), ZBH1 (11), ZBH2 (10)
+    # won most rounds, ZBH2 by less than the others; Adaptive and CostAware lost most
+    first = {
+        "1F1B": [100.0] * 15,
+        "GPipe": [95.0] * 11 + [101.0] * 4,
+        "ZBH1": [96.0] * 11 + [101.0] * 4,
+        "ZBH2": [97.0] * 10 + [101.0] * 5,
+        "Adaptive": [99.0] * 6 + [101.0] * 9,
+        "CostAware": [102.0] * 15,
+    }
+    runoff = {
+        "1F1B": [100.0] * 15,
+        "GPipe": [99.0] * 8 + [101.0] * 7,
+        "ZBH1": [95.0] * 14 + [101.0],
+        "ZBH2": [98.0] * 15,
+    }
+    calls: list[list[str]] = []
+    names = ["1F1B", "GPipe", "ZBH1", "ZBH2", "Adaptive", "CostAware"]
+    before = run_recorded(monkeypatch, {**first}, names)
+    assert before.recommended is before.baseline and before.significance == 0.01
+    assert [item.name for item in before.runoff_finalists()] == [
+        "GPipe",
+        "ZBH1",
+        "ZBH2",
+    ]  # at most 3, best first
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True, calls=calls)
+    assert calls[1] == ["GPipe", "ZBH1", "ZBH2", "1F1B", "1F1B"]  # ZBH1's placement is 1F1B's own
+    assert plan.runoff_significance == pytest.approx(0.05 / 3)
+    # ZBH1: 14 of 15 in the run-off (p = 0.00049 < 0.017); ZBH2 15 of 15 but slower there; GPipe 8 of 15
+    assert plan.won_runoff_beyond_chance(plan.by_name("ZBH2")) and not plan.won_runoff_beyond_chance(
+        plan.by_name("GPipe")
+    )
+    assert plan.recommended.name == "ZBH1"
+    line = next(line for line in plan.table().splitlines() if line.startswith("run-off"))
+    assert line.startswith(
+        "run-off: GPipe, ZBH1 and ZBH2 beat 1F1B in most rounds and beyond the noise floor, but not beyond "
+        "chance at the level every recorded schedule shares: tested again on rounds of their own at 0.05 split "
+        "among them (0.017); recorded again with 1F1B in new processes, 15 more rounds"
+    )
+    assert (
+        "in those alone against 1F1B: ZBH1 0.95x (14 of 15), ZBH2 0.98x (15 of 15), GPipe 0.99x (8 of 15)"
+        in line
+    )
+    assert line.endswith("ZBH1 is recommended (the first run picked 1F1B)")
+    # the run-off confirms none: 1F1B is kept
+    runoff = {
+        "1F1B": [100.0] * 15,
+        "GPipe": [101.0] * 15,
+        "ZBH1": [99.0] * 9 + [101.0] * 6,
+        "ZBH2": [102.0] * 15,
+    }
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True)
+    assert plan.recommended is plan.baseline
+    assert next(line for line in plan.table().splitlines() if line.startswith("run-off")).endswith(
+        "none of them did: keep 1F1B"
+    )
 
 
 def test_a_run_off_past_the_budget_is_named_not_recorded(monkeypatch):

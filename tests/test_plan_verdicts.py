@@ -76,7 +76,7 @@ def run_plan(monkeypatch, tmp_path, steps_by_name, top=1, **options):
         overhead=0.0,
         comm=CommModel(),
         output=tmp_path,
-        **options,
+        **{"runoff": False, **options},  # one recording: the verdicts of its rounds (run-offs: elsewhere)
     )
 
 

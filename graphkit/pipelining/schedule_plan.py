@@ -64,6 +64,9 @@ RUNOFF_MARGIN = 0.02
 1F1B (or within the run's noise floor, where that is wider) are recorded again, in new processes, before one
 is recommended (:meth:`SchedulePlan.runoff_finalists`): 2% is what a pick may miss the best by."""
 
+RUNOFF_MOST = 3
+"""Where 1F1B would be kept, at most this many contenders go to a run-off (the best in the median round)."""
+
 NOISE_MARGIN = 0.97
 """A predicted gain under 3% is not told from the round-to-round noise of a small machine (the docs' runs)."""
 
@@ -317,11 +320,41 @@ class SchedulePlan:
             and item.measured_seconds < (base.measured_seconds or 0)
             and self.won_beyond_chance(item)
         ]
-        rounds = (self.runoff or {}).get("rounds")
-        finalists = [item for item in winners if rounds and item.name in self.runoff["finalists"]]  # type: ignore[index]
-        if finalists:  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
-            return min(finalists, key=lambda item: self.runoff_ratio(item) or math.inf)
+        runoff = self.runoff or {}
+        if runoff.get("rounds"):
+            confirmed = [
+                item
+                for item in (self.by_name(name) for name in runoff["finalists"])
+                if item.fits_memory
+                and item.measured_seconds is not None
+                and item.measured_seconds < (base.measured_seconds or 0)
+                and self.beyond_noise(self.runoff_ratio(item))
+                and (item in winners or self.won_runoff_beyond_chance(item))
+            ]
+            if (
+                confirmed
+            ):  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
+                return min(confirmed, key=lambda item: self.runoff_ratio(item) or math.inf)
         return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
+
+    @property
+    def runoff_significance(self) -> float | None:
+        """The level a finalist is tested at on the run-off's rounds alone: :data:`SIGNIFICANCE` split among
+        the finalists (fresh rounds, after the first run chose them); None without a run-off."""
+        runoff = self.runoff or {}
+        return SIGNIFICANCE / len(runoff["finalists"]) if runoff.get("rounds") else None
+
+    def won_runoff_beyond_chance(self, item: PlannedSchedule) -> bool:
+        """Whether ``item`` beat 1F1B in more of the run-off's rounds alone than chance would give it (sign
+        test below :attr:`runoff_significance`); False without a run-off."""
+        level = self.runoff_significance
+        if level is None:
+            return False
+        rounds = self.runoff["rounds"]  # type: ignore[index]
+        won, total = paired_rounds.rounds_won(
+            item.measured_steps[-rounds:], self.baseline.measured_steps[-rounds:]
+        )
+        return sign_test_p_value(won, total) < level
 
     def remeasure_command(self) -> str | None:
         """The ``graphkit compare-schedules`` command that re-measures the recommendation in a separate run:
@@ -380,35 +413,46 @@ class SchedulePlan:
         )
 
     def runoff_finalists(self) -> list[PlannedSchedule]:
-        """The schedules to record again before recommending one (:data:`RUNOFF_MARGIN`): the recommended
-        schedule and every other recorded one that beat 1F1B in most rounds and measured within the margin
-        (the noise floor, at least :data:`RUNOFF_MARGIN`) of it in the median round; [] when 1F1B is kept
-        or no other one is that close. One run's rounds order schedules this close by chance about as often
-        as not on a 2-core machine (GPT-2, 4 microbatches: the pick measured 0.88x 1F1B in the plan and
-        0.91x in a separate run, 4% behind a schedule it had tied)."""
+        """The schedules to record again, in new processes, before recommending one (see :data:`RUNOFF_MARGIN`):
+
+        - where a schedule would be recommended: it and every other recorded one that beat 1F1B in most
+          rounds and beyond the noise floor and measured within the margin (the noise floor, at least
+          :data:`RUNOFF_MARGIN`) of it in the median round; [] when none is that close. One run's rounds
+          order schedules this close by chance about as often as not on a 2-core machine (GPT-2, 4
+          microbatches: the pick measured 0.88x 1F1B in the plan and 0.91x in a separate run, 4% behind a
+          schedule it had tied);
+        - where 1F1B would be kept: the (at most :data:`RUNOFF_MOST`) schedules that beat 1F1B in most rounds
+          and beyond the noise floor, best first, which the first run could not call at the level every
+          recorded schedule shares (with ten recorded, 17 of 21 rounds): the run-off tests them on rounds
+          of their own at a level split among them alone.
+        """
         first = self.recommended
         base = self.baseline
-        if first is base:
-            return []
-        best = self.round_ratio(first)
-        if best is None:
-            return []
-        margin = max(self.noise_floor or 0.0, RUNOFF_MARGIN)
-        close = []
+        contenders = []
         for item in self.schedules:
             ratio = self.round_ratio(item)
             won, rounds = self.rounds_won(item)
             if (
-                item is first
-                or item is base
-                or not item.measured_steps
-                or not item.fits_memory
-                or ratio is None
-                or 2 * won <= rounds
+                item is not base
+                and item.measured_steps
+                and item.fits_memory
+                and ratio is not None
+                and 2 * won > rounds
+                and self.beyond_noise(ratio)
             ):
-                continue
-            if ratio <= best + margin:
-                close.append(item)
+                contenders.append(item)
+        contenders.sort(key=lambda item: self.round_ratio(item) or math.inf)
+        if first is base:
+            return contenders[:RUNOFF_MOST]
+        best = self.round_ratio(first)
+        if best is None:
+            return []
+        margin = max(self.noise_floor or 0.0, RUNOFF_MARGIN)
+        close = [
+            item
+            for item in contenders
+            if item is not first and (self.round_ratio(item) or math.inf) <= best + margin
+        ]
         return [first, *close] if close else []
 
     @property
@@ -1008,30 +1052,45 @@ def _runoff_note(plan: SchedulePlan) -> str:
         return ""
     names = runoff["finalists"]
     listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
-    why = (
-        f"\nrun-off: {listed} measured within {runoff['margin']:.1%} of {runoff['first_pick']}, the first run's "
-        "pick, against 1F1B in the median round (the noise floor, at least "
-        f"{RUNOFF_MARGIN:.0%}): too close for one run to order"
-    )
+    if runoff["first_pick"] == plan.baseline.name:
+        why = (
+            f"\nrun-off: {listed} beat 1F1B in most rounds and beyond the noise floor, but not beyond chance at "
+            "the level every recorded schedule shares: tested again on rounds of their own at "
+            f"{SIGNIFICANCE:.2g} split among them ({SIGNIFICANCE / len(names):.2g})"
+        )
+    else:
+        why = (
+            f"\nrun-off: {listed} measured within {runoff['margin']:.1%} of {runoff['first_pick']}, the first "
+            "run's pick, against 1F1B in the median round (the noise floor, at least "
+            f"{RUNOFF_MARGIN:.0%}): too close for one run to order"
+        )
     if "skipped" in runoff:
         return why + f"; not recorded again, {runoff['skipped']}: the pick may be any of them"
     finalists = [plan.by_name(name) for name in names]
+    rounds = runoff["rounds"]
+
+    def won_there(item: PlannedSchedule) -> str:
+        won, total = paired_rounds.rounds_won(
+            item.measured_steps[-rounds:], plan.baseline.measured_steps[-rounds:]
+        )
+        return f"{won} of {total}"
+
     measured = ", ".join(
-        f"{item.name} {_ratio(plan.runoff_ratio(item))}"
+        f"{item.name} {_ratio(plan.runoff_ratio(item))} ({won_there(item)})"
         for item in sorted(finalists, key=lambda item: plan.runoff_ratio(item) or math.inf)
     )
     recommended = plan.recommended
     total = len(plan.baseline.measured_steps)
-    outcome = (
-        f"{recommended.name} is recommended ("
-        + (
+    if recommended.name in names:
+        outcome = f"{recommended.name} is recommended (" + (
             f"the first run picked {runoff['first_pick']})"
             if recommended.name != runoff["first_pick"]
             else "as in the first run)"
         )
-        if recommended.name in names
-        else f"none of them beat 1F1B beyond chance over all {total} rounds: {recommended.name if recommended is not plan.baseline else 'keep 1F1B'}"
-    )
+    else:
+        outcome = "none of them did: " + (
+            "keep 1F1B" if recommended is plan.baseline else f"{recommended.name} is recommended"
+        )
     return (
         why
         + "; recorded again with 1F1B"
@@ -1040,9 +1099,10 @@ def _runoff_note(plan: SchedulePlan) -> str:
             if runoff.get("placements")
             else ""
         )
-        + f" in new processes, {runoff['rounds']} more rounds (1F1B's and theirs now "
-        f"count {total}), in those alone against 1F1B: {measured}; the best of them there that beats 1F1B "
-        f"beyond chance over all the rounds is recommended: {outcome}"
+        + f" in new processes, {rounds} more rounds (1F1B's and theirs now count {total}), in those alone "
+        f"against 1F1B: {measured}; recommended: the best of them there that beat 1F1B beyond the noise floor "
+        f"and beyond chance, over all {total} rounds or in the run-off's alone (p < "
+        f"{plan.runoff_significance:.2g}): {outcome}"
     )
 
 
