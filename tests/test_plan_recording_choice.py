@@ -20,6 +20,7 @@ from graphkit.pipelining.planning import CommModel, StageCost, simulate
 from graphkit.pipelining.record_selection import DEFAULT_PREDICTION_ERROR, best_non_splitting, choose_recorded
 from graphkit.pipelining.remembered_error import (
     LEAST_REMEMBERED_ERROR,
+    REMEMBERED_RUNS,
     band_from_measured,
     errors_file,
     remember_error,
@@ -265,11 +266,16 @@ def test_the_next_plan_records_within_the_error_the_last_run_measured(monkeypatc
     assert first.prediction_error_source.startswith("the default: no earlier run of this plan measured")
     worst = first.selection_error["worst"]
     remembered = json.loads(errors_file().read_text())
-    assert list(remembered.values()) == [{"worst": pytest.approx(worst), "schedule": "GPipe"}]
+    assert list(remembered.values()) == [{"runs": [{"worst": pytest.approx(worst), "schedule": "GPipe"}]}]
     again = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"], prediction_error=None)
     assert again.prediction_error == pytest.approx(band_from_measured(worst)) == int(worst * 100 + 1) / 100
     assert again.prediction_error_source.startswith(
         f"the worst error the last run of this plan measured ({worst:.1%}, GPipe; remembered in {errors_file()})"
+    )
+    # the next run's band is the largest of the runs remembered
+    third = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe"], prediction_error=None)
+    assert third.prediction_error_source.startswith(
+        f"the worst error the last 2 runs of this plan measured ({worst:.1%}"
     )
     assert (
         f"recorded every schedule predicted within {again.prediction_error:.0%} of the best predicted (the worst"
@@ -295,8 +301,14 @@ def test_an_unreadable_or_unwritable_file_remembers_nothing(tmp_path):
     assert remember_error("key", 0.08, "ZBH1", path) == path  # written again whole
     band, source = remembered_error("key", path)
     assert band == 0.08 and "8.0%, ZBH1" in source
-    path.write_text(json.dumps({"key": {"worst": "much"}}))
+    path.write_text(json.dumps({"key": {"runs": [{"worst": "much"}]}}))
     assert remembered_error("key", path) is None
+    for worst in (0.04, 0.09, 0.03, 0.02, 0.02, 0.01):  # six runs: the first is forgotten
+        remember_error("other", worst, "ZBH1", path)
+    assert remembered_error("other", path)[0] == 0.09
+    remember_error("other", 0.01, "ZBH1", path)  # the 9% run is the seventh back now: forgotten
+    assert remembered_error("other", path)[0] == LEAST_REMEMBERED_ERROR
+    assert len(json.loads(path.read_text())["other"]["runs"]) == REMEMBERED_RUNS == 5
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     assert remember_error("key", 0.08, "ZBH1", blocked / "sub" / "errors.json") is None

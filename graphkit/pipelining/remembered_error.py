@@ -5,9 +5,12 @@ predicted within the prediction's error of the best (:func:`~graphkit.pipelining
 That error is known only after a run: the run compares each recorded schedule's predicted ratio to 1F1B
 with its measured one (``SchedulePlan.selection_error``). The calibration's leave-one-out errors belong to
 the calibrated predictions, which need recorded steps; the choice uses the uncalibrated ones, so the band
-it needs is their error. This module keeps the worst such error per set-up (pipeline spec, ranks,
-microbatches, batch size, threads, pinning) in one small JSON file, so that the next ``plan --run`` of the
-same set-up records every schedule within the error measured there, not a guess.
+it needs is their error. This module keeps the worst such error of each of the last
+:data:`REMEMBERED_RUNS` runs per set-up (pipeline spec, ranks, microbatches, batch size, threads, pinning)
+in one small JSON file, so that the next ``plan --run`` of the same set-up records every schedule within
+the largest of them, not a guess. One run's worst error alone moves too much to trust: on GPT-2 with 8
+microbatches three runs measured 8.8%, 3.9% and 7.2%, and the band cut to 5% after the second left out
+ZBVZeroBubble, the schedule a separate comparison had measured fastest.
 
 The file is ``$GRAPHKIT_CACHE_DIR/prediction_errors.json``, else under ``$XDG_CACHE_HOME/graphkit/``, else
 ``~/.cache/graphkit/``. Delete it to forget; ``--prediction-error`` overrides it.
@@ -22,12 +25,16 @@ from pathlib import Path
 
 __all__ = [
     "LEAST_REMEMBERED_ERROR",
+    "REMEMBERED_RUNS",
     "band_from_measured",
     "errors_file",
     "remember_error",
     "remembered_error",
     "setup_key",
 ]
+
+REMEMBERED_RUNS = 5
+"""How many of the latest runs' worst errors are kept per set-up; the band is the largest of them."""
 
 LEAST_REMEMBERED_ERROR = 0.05
 """The narrowest band a remembered error gives: a run measures the error among the schedules it recorded
@@ -69,32 +76,46 @@ def _read(path: Path) -> dict[str, dict[str, object]]:
 
 
 def remembered_error(key: str, path: Path | None = None) -> tuple[float, str] | None:
-    """``(band, where from)`` for ``key`` (:func:`setup_key`): the band the worst error measured by the last
-    ``plan --run`` of this set-up gives (:func:`band_from_measured`), and a phrase saying so; None when none
-    was remembered (or the file cannot be read)."""
+    """``(band, where from)`` for ``key`` (:func:`setup_key`): the band the largest of the worst errors
+    measured by the last :data:`REMEMBERED_RUNS` ``plan --run`` of this set-up gives
+    (:func:`band_from_measured`), and a phrase saying so; None when none was remembered (or the file
+    cannot be read)."""
     path = path or errors_file()
-    entry = _read(path).get(key)
-    if not isinstance(entry, dict):
+    runs = _runs(_read(path).get(key))
+    if not runs:
         return None
-    worst = entry.get("worst")
-    if not isinstance(worst, int | float) or not math.isfinite(worst) or worst < 0:
-        return None
-    schedule = entry.get("schedule", "a schedule")
+    worst, schedule = max(runs)
+    count = f"the last {len(runs)} runs" if len(runs) > 1 else "the last run"
     return (
-        band_from_measured(float(worst)),
-        f"the worst error the last run of this plan measured ({float(worst):.1%}, {schedule}; "
+        band_from_measured(worst),
+        f"the worst error {count} of this plan measured ({worst:.1%}, {schedule}; "
         f"remembered in {path}), at least {LEAST_REMEMBERED_ERROR:.0%}",
     )
 
 
+def _runs(entry: object) -> list[tuple[float, str]]:
+    """``(worst, schedule)`` of each remembered run of one set-up, oldest first; what is unreadable is left out."""
+    if isinstance(entry, dict) and "worst" in entry:  # one run, as the first graphkit to remember wrote it
+        entry = {"runs": [entry]}
+    listed = entry.get("runs") if isinstance(entry, dict) else None
+    runs = []
+    for run in listed if isinstance(listed, list) else []:
+        worst = run.get("worst") if isinstance(run, dict) else None
+        if isinstance(worst, int | float) and math.isfinite(worst) and worst >= 0:
+            runs.append((float(worst), str(run.get("schedule", "a schedule"))))
+    return runs
+
+
 def remember_error(key: str, worst: float, schedule: str, path: Path | None = None) -> Path | None:
-    """Keep ``worst`` (the fraction a run's prediction was off at worst, by ``schedule``) for ``key``.
+    """Keep ``worst`` (the fraction a run's prediction was off at worst, by ``schedule``) for ``key``, after
+    the runs remembered before it (the last :data:`REMEMBERED_RUNS` are kept).
 
     Returns the file written, or None when it cannot be written (a read-only home: the plan goes on
     without remembering; its output still prints the error)."""
     path = path or errors_file()
     data = _read(path)
-    data[key] = {"worst": float(worst), "schedule": schedule}
+    runs = [*_runs(data.get(key)), (float(worst), schedule)][-REMEMBERED_RUNS:]
+    data[key] = {"runs": [{"worst": value, "schedule": name} for value, name in runs]}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")

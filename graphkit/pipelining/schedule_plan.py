@@ -542,9 +542,15 @@ class SchedulePlan:
             for item in self.schedules
             if item.splits_backward and item.fits_memory and item.measured_seconds is not None
         ]
-        # what was measured speaks over what was predicted
-        best = min(
-            measured, key=lambda item: self.round_ratio(item) or math.inf, default=self.best_zero_bubble
+        # what was measured speaks over what was predicted; a recommended splitting schedule is the one
+        # asked about (a run-off may have ordered it first on rounds of its own)
+        recommended = self.recommended
+        best = (
+            recommended
+            if recommended in measured
+            else min(
+                measured, key=lambda item: self.round_ratio(item) or math.inf, default=self.best_zero_bubble
+            )
         )
         if best is None:
             return f"zero bubble: no zero-bubble schedule fits here; {head}"
