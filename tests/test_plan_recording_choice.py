@@ -630,3 +630,19 @@ def test_the_plan_gives_the_batch_and_the_command_that_checks_its_pick(monkeypat
         in table
     )
     assert plan.to_dict()["remeasure_command"] == command and plan.to_dict()["batch_size"] == 32
+
+
+def test_splitting_that_gains_over_a_winning_placement_but_not_beyond_chance_is_undecided(monkeypatch):
+    # measured (GPT-2, 8 microbatches): Interleaved1F1B beat 1F1B beyond chance (0.94x), DualPipeV beat
+    # Interleaved1F1B by 5.7% in 16 of 21 rounds, p = 0.013 at a level of 0.0071 (seven splitting
+    # schedules): undecided, not "its placement's, not splitting's"; here 14 of 21 (p = 0.095) at 0.05
+    rounds = {
+        "1F1B": [100.0] * 21,
+        "Interleaved1F1B": [94.0] * 21,
+        "DualPipeV": [89.0] * 14 + [96.0] * 7,
+    }
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "Interleaved1F1B", "DualPipeV"])
+    line = plan.zero_bubble_verdict()
+    assert line.startswith("zero bubble is not shown to pay here (DualPipeV measured 0.89x 1F1B"), line
+    assert "its placement's, not splitting's" not in line
+    assert f"splitting's 5.3% over its placement could be chance (p = {sign_test_p_value(14, 21):.2g}" in line

@@ -614,7 +614,7 @@ class SchedulePlan:
                         f"it does not beat 1F1B, and {placement.name} does without splitting: run "
                         f"{placement.name}"
                     )
-                elif not pays and placement_wins:
+                elif not pays and placement_wins and not self.beyond_noise(split_ratio):
                     reason = (
                         f"what it gains over 1F1B is its placement's, not splitting's: {placement.name} "
                         "gains it without splitting"
