@@ -200,8 +200,15 @@ def test_splitting_pays_only_when_it_beats_its_own_placement_beyond_chance(monke
         in line
     )
     assert "the bubble it fills is worth more than the extra work of splitting" in line
-    # 10 of 15 against its placement is chance at 0.025 (p = 0.15): no credit, though 0.90x 1F1B
+    # 10 of 15 against its placement is chance at 0.05 (p = 0.15): no credit, though 0.90x 1F1B and 5% over
+    # the placement in the median round: not shown
     rounds["ZBVZeroBubble"] = [90.0] * 10 + [96.0] * 5
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
+    line = plan.zero_bubble_verdict()
+    assert line.startswith("zero bubble is not shown to pay here")
+    assert f"over its placement could be chance (p = {sign_test_p_value(10, 15):.2g}, not below 0.05)" in line
+    # no gain over the placement in the median round: the placement's, not splitting's
+    rounds["ZBVZeroBubble"] = [95.5] * 8 + [96.0] * 7
     plan = run_recorded(monkeypatch, rounds, ["1F1B", "Interleaved1F1B", "ZBVZeroBubble"])
     line = plan.zero_bubble_verdict()
     assert line.startswith("zero bubble does not pay here")
