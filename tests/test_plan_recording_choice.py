@@ -653,3 +653,25 @@ def test_splitting_that_gains_over_a_winning_placement_but_not_beyond_chance_is_
     assert line.startswith("zero bubble is not shown to pay here (DualPipeV measured 0.89x 1F1B"), line
     assert "its placement's, not splitting's" not in line
     assert f"splitting's 5.3% over its placement could be chance (p = {sign_test_p_value(14, 21):.2g}" in line
+
+
+def test_an_undecided_zero_bubble_question_gets_a_run_off_of_its_own(monkeypatch):
+    first = {"1F1B": [100.0] * 21, "Interleaved1F1B": [94.0] * 21, "DualPipeV": [89.0] * 14 + [96.0] * 7}
+    runoff = {"1F1B": [100.0] * 21, "Interleaved1F1B": [94.0] * 21, "DualPipeV": [90.0] * 21}
+    calls: list[list[str]] = []
+    names = ["1F1B", "Interleaved1F1B", "DualPipeV"]
+    assert run_recorded(monkeypatch, {**first}, names).splitting_undecided(
+        run_recorded(monkeypatch, {**first}, names).by_name("DualPipeV")
+    )
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True, calls=calls)
+    assert calls[1] == ["DualPipeV", "Interleaved1F1B", "1F1B", "1F1B"]
+    assert plan.recommended.name == "DualPipeV" and plan.rounds_won(
+        plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
+    ) == (35, 42)
+    line = next(line for line in plan.table().splitlines() if line.startswith("run-off"))
+    assert line.startswith(
+        "run-off: DualPipeV, the first run's pick, beat its placement's non-splitting schedule beyond the noise "
+        "floor but not beyond chance: recorded again to decide whether zero bubble pays; recorded again with "
+        "1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in new processes, 21 more rounds"
+    )
+    assert plan.zero_bubble_verdict().startswith("zero bubble pays here (DualPipeV")

@@ -421,6 +421,9 @@ class SchedulePlan:
           order schedules this close by chance about as often as not on a 2-core machine (GPT-2, 4
           microbatches: the pick measured 0.88x 1F1B in the plan and 0.91x in a separate run, 4% behind a
           schedule it had tied);
+        - where a splitting schedule would be recommended with none that close, but it beat its
+          placement's non-splitting schedule only beyond the noise floor, not beyond chance
+          (:meth:`splitting_undecided`): it alone, so that the zero-bubble line gets the rounds to decide;
         - where 1F1B would be kept: the (at most :data:`RUNOFF_MOST`) schedules that beat 1F1B in most rounds
           and beyond the noise floor, best first, which the first run could not call at the level every
           recorded schedule shares (with ten recorded, 17 of 21 rounds): the run-off tests them on rounds
@@ -453,7 +456,21 @@ class SchedulePlan:
             for item in contenders
             if item is not first and (self.round_ratio(item) or math.inf) <= best + margin
         ]
-        return [first, *close] if close else []
+        if close:
+            return [first, *close]
+        return [first] if self.splitting_undecided(first) else []
+
+    def splitting_undecided(self, item: PlannedSchedule) -> bool:
+        """Whether ``item`` splits and measured faster than its placement's non-splitting schedule (not
+        1F1B) beyond the noise floor in the median round, but not in enough rounds to call it
+        (:attr:`splitting_significance`): the zero-bubble question one more recording may decide."""
+        placement = self.placement_baseline(item) if item.splits_backward and item.measured_steps else None
+        if placement is None or placement is self.baseline:
+            return False
+        won, rounds = self.rounds_won(item, placement)
+        return self.beyond_noise(self.round_ratio(item, placement)) and not (
+            sign_test_p_value(won, rounds) < self.splitting_significance
+        )
 
     @property
     def measured_best(self) -> PlannedSchedule | None:
@@ -1058,7 +1075,12 @@ def _runoff_note(plan: SchedulePlan) -> str:
         return ""
     names = runoff["finalists"]
     listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
-    if runoff["first_pick"] == plan.baseline.name:
+    if len(names) == 1 and names[0] == runoff["first_pick"]:
+        why = (
+            f"\nrun-off: {listed}, the first run's pick, beat its placement's non-splitting schedule beyond the "
+            "noise floor but not beyond chance: recorded again to decide whether zero bubble pays"
+        )
+    elif runoff["first_pick"] == plan.baseline.name:
         why = (
             f"\nrun-off: {listed} beat 1F1B in most rounds and beyond the noise floor, but not beyond chance at "
             "the level every recorded schedule shares: tested again on rounds of their own at "
