@@ -675,3 +675,16 @@ def test_an_undecided_zero_bubble_question_gets_a_run_off_of_its_own(monkeypatch
         "1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in new processes, 21 more rounds"
     )
     assert plan.zero_bubble_verdict().startswith("zero bubble pays here (DualPipeV")
+
+
+def test_a_pick_confirmed_by_the_run_off_alone_says_so(monkeypatch):
+    first = {"1F1B": [100.0] * 21, "ZBH1": [95.0] * 11 + [101.0] * 10, "GPipe": [95.5] * 11 + [101.0] * 10}
+    runoff = {"1F1B": [100.0] * 21, "ZBH1": [95.0] * 16 + [101.0] * 5, "GPipe": [101.0] * 21}
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, ["1F1B", "ZBH1", "GPipe"], runoff=True)
+    zbh1 = plan.by_name("ZBH1")
+    assert plan.rounds_won(zbh1) == (27, 42) and not plan.won_beyond_chance(zbh1)  # p = 0.044, level 0.025
+    assert plan.won_runoff_beyond_chance(zbh1) and plan.recommended is zbh1  # 16 of 21: p = 0.013 < 0.025
+    line = next(line for line in plan.table().splitlines() if line.startswith("recommended: ZBH1"))
+    assert (
+        f"in 16 of 21 rounds of the run-off: p = {sign_test_p_value(16, 21):.2g} that chance did it, below 0.025;"
+    ) in line

@@ -1029,10 +1029,18 @@ def _verdict(plan: SchedulePlan) -> str:
             else:
                 how = f"run it as --schedule {recommended.run_name}"
             won, rounds = plan.rounds_won(recommended)
+            level, where = plan.significance, "rounds"
+            if not plan.won_beyond_chance(recommended) and plan.won_runoff_beyond_chance(recommended):
+                # confirmed on the run-off's rounds alone, at the level split among its finalists
+                last = plan.runoff["rounds"]  # type: ignore[index]
+                won, rounds = paired_rounds.rounds_won(
+                    recommended.measured_steps[-last:], base.measured_steps[-last:]
+                )
+                level, where = plan.runoff_significance or level, "rounds of the run-off"
             text += (
                 f"\nrecommended: {recommended.name} (faster than 1F1B in its median step, in the median round and "
-                f"in {won} of {rounds} rounds: p = {sign_test_p_value(won, rounds):.2g} that chance did it, below "
-                f"{plan.significance:.2g}; {how})" + _memory_note(plan, recommended)
+                f"in {won} of {rounds} {where}: p = {sign_test_p_value(won, rounds):.2g} that chance did it, below "
+                f"{level:.2g}; {how})" + _memory_note(plan, recommended)
             )
             if plan.shared_cores_warning:
                 text += " - measured while other processes took CPU from the ranks: see the warning below"
