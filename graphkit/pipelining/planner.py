@@ -17,7 +17,8 @@ a table, shows itself as HTML in a notebook and gives JSON. With ``run=True`` it
 (:func:`graphkit.pipelining.recording.record_schedules`, in rounds whose orders balance position and predecessor) what the prediction
 cannot tell apart (:func:`graphkit.pipelining.record_selection.choose_recorded`: every schedule within
 the prediction's error of the best, each splitting schedule's own placement, 1F1B twice as an A/A
-control), and adds the measured step, the run's noise floor and a second prediction fed the recorded
+control; then a run-off, in new processes, of what that recording could not decide), and adds the
+measured step, the run's noise floor and a second prediction fed the recorded
 per-action durations (which isolates what the runtime adds between actions). :meth:`SchedulePlan.what_if` simulates the same per-stage costs on more ranks
 and microbatches.
 
@@ -175,17 +176,19 @@ def plan_schedules(
             :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU
             machine with a core per rank. The output's load line and ``plan.json`` (``recording``) say so.
         prediction_error: with ``run``, the fraction of the best predicted step within which schedules are
-            recorded. None: the worst error the last ``run`` of the same set-up measured, at least 5%
-            (:mod:`~graphkit.pipelining.remembered_error`), else
+            recorded. None: the largest worst error the last five ``run`` of the same set-up measured, at
+            least 5% (:mod:`~graphkit.pipelining.remembered_error`), else
             :data:`~graphkit.pipelining.record_selection.DEFAULT_PREDICTION_ERROR`. Every run measures
             the error, says when it was larger than the band, and remembers it for the next plan.
         record_budget_s: with ``run``, seconds of recording (estimated from the predicted steps) that the
             schedules within ``prediction_error`` may take; None: no budget.
         control: with ``run``, record 1F1B a second time in the same rounds (an A/A control): the spread
             between the copies is the run's noise floor, and no smaller difference is called.
-        runoff: with ``run``, where other recorded schedules measured within 2% (or the noise floor) of the
-            one that would be recommended, record them again with 1F1B in new processes and recommend the
-            best of them in those rounds (:meth:`SchedulePlan.runoff_finalists`, ``plan.runoff``).
+        runoff: with ``run``, where one recording cannot decide (other schedules within 2%, or the noise
+            floor, of the one that would be recommended; schedules that beat 1F1B in most rounds but not
+            beyond chance; a splitting pick whose gain over its placement is not beyond chance), record
+            those finalists again with 1F1B in new processes and recommend the best of them in those rounds
+            (:meth:`SchedulePlan.runoff_finalists`, ``plan.runoff``).
         weight_slowdown: every W's seconds are multiplied by this before anything is simulated or built
             (CostAware, Adaptive): the factor a previous ``--run`` fitted for W in the pipeline, which it
             prints (default 1: W as ``graphkit costs`` measured it standalone).
