@@ -32,7 +32,9 @@ def add_plan_command(commands: Any) -> None:
         "them ranked: predicted step, ratio to 1F1B, bubble, peak activation memory per rank, messages per "
         "step. The best is written as a CSV that csv:PATH runs (-o DIR). With --run, 1F1B (twice: an A/A "
         "control) and every schedule predicted within --prediction-error of the best are recorded for real, "
-        "in rounds whose orders balance position and predecessor, and the table adds the measured step.",
+        "in rounds whose orders balance position and predecessor, and the table adds the measured step; "
+        "what one recording cannot decide is recorded again in new processes (a run-off, --no-runoff), and "
+        "the output ends with the compare-schedules command that checks the pick in a separate run.",
     )
     plan.add_argument(
         "spec",
