@@ -186,13 +186,29 @@ def test_the_tracing_frontends_complete_example_runs_and_matches_a_full_backward
 def test_choosing_a_schedules_examples_run_and_train_with_the_plans_csv(
     repo_root: Path, tmp_path: Path
 ) -> None:
-    # one of them makes a process group of its own: every block, in order, in a fresh interpreter
-    blocks = PYTHON_BLOCK.findall((repo_root / "docs" / "choosing_a_schedule.md").read_text())
-    assert len(blocks) == 2
+    # the first block is "your own model" (a file the plan's command reads); the others make a process
+    # group of their own: every one, in order, in a fresh interpreter
+    model, *blocks = PYTHON_BLOCK.findall((repo_root / "docs" / "choosing_a_schedule.md").read_text())
+    assert model.startswith("# mymodel.py") and len(blocks) == 2
     script = tmp_path / "choosing_a_schedule.py"
     script.write_text("\n".join(blocks))
     environment = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(repo_root), os.environ.get("PYTHONPATH", "")])
+    )
+    # the model file as the page gives it plans (without --run: the costs, the table, the header)
+    (tmp_path / "mymodel.py").write_text(model)
+    planned = subprocess.run(
+        [sys.executable, "-m", "graphkit", "plan", "mymodel.py:make", "--ranks", "2", "--microbatches", "8"]
+        + ["--batch-size", "32"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment,
+    )
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert planned.stdout.startswith(
+        "mymodel.py:make: 2 ranks, 8 microbatches of 4 rows (batch 32, --batch-size)"
     )
     result = subprocess.run(
         [sys.executable, str(script)],

@@ -146,9 +146,9 @@ def _child(
     core: int | None = None,
     allocator: str = "tuned",
 ) -> None:
-    _end_with_parent()
     try:
         tune_allocator(allocator)  # first: the tensors this rank makes reuse the memory freed before them
+        _end_with_parent()  # after: a thread started before the tuning gets an arena of its own
         if core is not None:
             try:
                 _pin_threads(core)
