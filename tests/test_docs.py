@@ -7,6 +7,7 @@ kernel of this test run's Python.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -197,27 +198,18 @@ def test_choosing_a_schedules_examples_run_and_train_with_the_plans_csv(
     )
     # the model file as the page gives it plans (without --run: the costs, the table, the header)
     (tmp_path / "mymodel.py").write_text(model)
-    planned = subprocess.run(
+    run = functools.partial(
+        subprocess.run, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=environment
+    )
+    planned = run(
         [sys.executable, "-m", "graphkit", "plan", "mymodel.py:make", "--ranks", "2", "--microbatches", "8"]
-        + ["--batch-size", "32"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment,
+        + ["--batch-size", "32"]
     )
     assert planned.returncode == 0, planned.stdout + planned.stderr
     assert planned.stdout.startswith(
         "mymodel.py:make: 2 ranks, 8 microbatches of 4 rows (batch 32, --batch-size)"
     )
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environment,
-    )
+    result = run([sys.executable, str(script)])
     assert result.returncode == 0, result.stdout + result.stderr
     assert "best predicted:" in result.stdout and "1F1B" in result.stdout
     assert result.stdout.strip().endswith("True")

@@ -350,11 +350,16 @@ class SchedulePlan:
         level = self.runoff_significance
         if level is None:
             return False
-        rounds = self.runoff["rounds"]  # type: ignore[index]
-        won, total = paired_rounds.rounds_won(
-            item.measured_steps[-rounds:], self.baseline.measured_steps[-rounds:]
-        )
+        won, total = self.runoff_rounds_won(item)
         return sign_test_p_value(won, total) < level
+
+    def runoff_rounds_won(self, item: PlannedSchedule) -> tuple[int, int]:
+        """``(won, rounds)`` against 1F1B over the run-off's rounds alone (the last ones recorded);
+        ``(0, 0)`` without a run-off."""
+        rounds = (self.runoff or {}).get("rounds")
+        if not rounds:
+            return 0, 0
+        return paired_rounds.rounds_won(item.measured_steps[-rounds:], self.baseline.measured_steps[-rounds:])
 
     def remeasure_command(self) -> str | None:
         """The ``graphkit compare-schedules`` command that re-measures the recommendation in a separate run:
@@ -1032,10 +1037,7 @@ def _verdict(plan: SchedulePlan) -> str:
             level, where = plan.significance, "rounds"
             if not plan.won_beyond_chance(recommended) and plan.won_runoff_beyond_chance(recommended):
                 # confirmed on the run-off's rounds alone, at the level split among its finalists
-                last = plan.runoff["rounds"]  # type: ignore[index]
-                won, rounds = paired_rounds.rounds_won(
-                    recommended.measured_steps[-last:], base.measured_steps[-last:]
-                )
+                won, rounds = plan.runoff_rounds_won(recommended)
                 level, where = plan.runoff_significance or level, "rounds of the run-off"
             text += (
                 f"\nrecommended: {recommended.name} (faster than 1F1B in its median step, in the median round and "
@@ -1105,14 +1107,8 @@ def _runoff_note(plan: SchedulePlan) -> str:
     finalists = [plan.by_name(name) for name in names]
     rounds = runoff["rounds"]
 
-    def won_there(item: PlannedSchedule) -> str:
-        won, total = paired_rounds.rounds_won(
-            item.measured_steps[-rounds:], plan.baseline.measured_steps[-rounds:]
-        )
-        return f"{won} of {total}"
-
     measured = ", ".join(
-        f"{item.name} {_ratio(plan.runoff_ratio(item))} ({won_there(item)})"
+        f"{item.name} {_ratio(plan.runoff_ratio(item))} ({'{} of {}'.format(*plan.runoff_rounds_won(item))})"
         for item in sorted(finalists, key=lambda item: plan.runoff_ratio(item) or math.inf)
     )
     recommended = plan.recommended
