@@ -9,6 +9,7 @@ import re
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -133,7 +134,7 @@ def test_run_records_1f1b_twice_the_best_zero_bubble_and_the_top_within_the_band
     # each says its ratio to 1F1B in the prediction it was chosen by (before calibration) and why
     assert all(
         re.fullmatch(
-            r"predicted \d+\.\d\dx(, within 10% of the best predicted)?(, the best zero-bubble predicted)?",
+            r"predicted \d+\.\d\dx(, within 22% of the best predicted)?(, the best zero-bubble predicted)?",
             why,
         )
         for name, why in recorded.items()
@@ -201,14 +202,38 @@ def test_plan_without_an_output_folder_leaves_no_folder_behind(monkeypatch):
 
 
 def test_a_busy_machine_is_warned_about_with_the_error_to_expect(monkeypatch):
-    from graphkit.measure import timing
+    from graphkit.measure import competing_load, timing
 
     monkeypatch.setattr(timing.os, "getloadavg", lambda: (6.0, 5.0, 4.0))
     monkeypatch.setattr(timing.os, "cpu_count", lambda: 2)
+    # other processes keep 1.5 of the 2 cores busy while the warning watches: 0.75 s of CPU in 0.5 s
+    busy = iter([100.0, 100.75])
+    monkeypatch.setattr(competing_load, "_machine_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(competing_load, "_own_seconds", lambda: 3.0)
+    monkeypatch.setattr(competing_load, "time", SimpleNamespace(monotonic=iter([10.0, 10.5]).__next__))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(sleep=lambda seconds: None))
     warning = timing.busy_machine_warning()
-    assert "load average is 6.0 on 2 cores" in warning and "off by up to about 67%" in warning
+    assert "load average is 6.0 on 2 cores, other processes use 1.50 cores now" in warning
+    assert "off by up to about 67%" in warning
     monkeypatch.setattr(timing.os, "getloadavg", lambda: (1.5, 1.0, 1.0))
     assert timing.busy_machine_warning() == ""
+
+
+def test_a_load_average_left_by_processes_that_ended_is_not_warned_about(monkeypatch):
+    from graphkit.measure import competing_load, timing
+
+    # the 1-minute load average still counts the ranks of a run that just ended; nothing runs now
+    monkeypatch.setattr(timing.os, "getloadavg", lambda: (2.04, 1.72, 1.50))
+    monkeypatch.setattr(timing.os, "cpu_count", lambda: 2)
+    watched = []
+    monkeypatch.setattr(timing, "time", SimpleNamespace(sleep=watched.append))
+    monkeypatch.setattr(competing_load, "time", SimpleNamespace(monotonic=iter([10.0, 10.5]).__next__))
+    busy = iter([100.0, 100.02])  # 0.02 s of the machine's CPU, all of it this process's
+    monkeypatch.setattr(competing_load, "_machine_busy_seconds", lambda: next(busy))
+    own = iter([3.0, 3.02])
+    monkeypatch.setattr(competing_load, "_own_seconds", lambda: next(own))
+    assert timing.busy_machine_warning() == ""
+    assert watched == [timing.LOAD_SAMPLE_SECONDS]
 
 
 def test_the_table_prints_mib_and_readable_bandwidth():

@@ -117,9 +117,9 @@ def add_plan_command(commands: Any) -> None:
         type=float,
         default=None,
         metavar="F",
-        help="with --run, record every schedule predicted within this fraction of the best predicted step "
-        "(default: the worst error the last --run of the same model, ranks and microbatches measured, at "
-        "least 0.05, remembered in ~/.cache/graphkit/prediction_errors.json or $GRAPHKIT_CACHE_DIR; 0.10 "
+        help="with --run, how far each prediction may be off, a fraction of its step: every schedule "
+        "predicted within (1 + F) / (1 - F) of the best predicted step is recorded, 22%% for 0.10 (default: "
+        "the worst error the last --run of the same model, ranks and microbatches measured, at least 0.05, remembered in ~/.cache/graphkit/prediction_errors.json or $GRAPHKIT_CACHE_DIR; 0.10 "
         "before any run)",
     )
     plan.add_argument(

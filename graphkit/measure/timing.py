@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 
+from graphkit.measure.competing_load import NOTICEABLE_CORES, watching_other_processes
+
 __all__ = [
+    "LOAD_SAMPLE_SECONDS",
     "busy_machine_warning",
     "fewest_wins_beyond_chance",
     "load_average",
@@ -59,9 +62,22 @@ def load_average() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} CPUs"
 
 
-def busy_machine_warning() -> str:
-    """A warning when the load average is above the machine's cores (other processes compete for them), with
-    the error to expect; empty when the machine is not that busy or the load cannot be read."""
+LOAD_SAMPLE_SECONDS = 0.5
+"""How long :func:`busy_machine_warning` watches the CPU before it believes a load average above the cores,
+in seconds."""
+
+
+def busy_machine_warning(sample_seconds: float = LOAD_SAMPLE_SECONDS) -> str:
+    """A warning when other processes compete for the machine's cores now, with the error to expect; empty
+    when the machine is not that busy or the load cannot be read.
+
+    Two readings must agree: the 1-minute load average is above the cores, and other processes
+    (:func:`~graphkit.measure.competing_load.watching_other_processes`, over ``sample_seconds`` of sleep)
+    use more than :data:`~graphkit.measure.competing_load.NOTICEABLE_CORES` now. The load average alone
+    lags by a minute: a plan started right after another run ended read 2.04 on 2 cores while nothing else
+    ran (its recording then measured 0.01 cores of other processes). Where ``/proc/stat`` cannot be read
+    (not Linux) the load average decides alone.
+    """
     try:
         load = os.getloadavg()[0]
     except OSError:
@@ -69,10 +85,15 @@ def busy_machine_warning() -> str:
     cores = os.cpu_count() or 1
     if load <= cores:
         return ""
+    with watching_other_processes() as others:
+        time.sleep(sample_seconds)
+    if others.cores is not None and others.cores <= NOTICEABLE_CORES:
+        return ""  # the tail of processes that have ended
+    now = f", other processes use {others.cores:.2f} cores now" if others.cores is not None else ""
     return (
-        f"the load average is {load:.1f} on {cores} cores: other processes compete for the CPU, so measured "
-        f"costs and steps may be off by up to about {(load - cores) / load:.0%} (the share of demand beyond "
-        "the cores) and rankings closer than that are not to be trusted; measure on a quiet machine"
+        f"the load average is {load:.1f} on {cores} cores{now}: other processes compete for the CPU, so "
+        f"measured costs and steps may be off by up to about {(load - cores) / load:.0%} (the share of demand "
+        "beyond the cores) and rankings closer than that are not to be trusted; measure on a quiet machine"
     )
 
 

@@ -161,7 +161,8 @@ def plan_schedules(
         run: record for real, ``steps`` steps each in interleaved rounds (default 15; each round starts one
             schedule further on), on ``ranks`` gloo processes (one thread each), and add the measured steps:
             1F1B (twice with ``control``), the best zero-bubble schedule, every schedule predicted within
-            ``prediction_error`` of the best predicted step while ``record_budget_s`` allows (at most
+            :func:`~graphkit.pipelining.remembered_error.recording_band` of ``prediction_error`` (22% for
+            10%) of the best predicted step while ``record_budget_s`` allows (at most
             ``top`` of them, None: no cap), and for each recorded schedule that splits its backwards the
             best non-splitting schedule of its placement
             (:func:`~graphkit.pipelining.record_selection.choose_recorded`); the plan says which it left
@@ -175,9 +176,10 @@ def plan_schedules(
         pin_cores: with ``run``, the recorded ranks each run on one CPU core (Linux; see
             :func:`~graphkit.pipelining.recording.record_schedules`): steadier measured steps on a CPU
             machine with a core per rank. The output's load line and ``plan.json`` (``recording``) say so.
-        prediction_error: with ``run``, the fraction of the best predicted step within which schedules are
-            recorded. None: the largest worst error the last five ``run`` of the same set-up measured, at
-            least 5% (:mod:`~graphkit.pipelining.remembered_error`), else
+        prediction_error: with ``run``, how far each prediction may be off (a fraction of its step);
+            schedules within :func:`~graphkit.pipelining.remembered_error.recording_band` of it above the
+            best predicted step are recorded. None: the largest worst error the last five ``run`` of the
+            same set-up measured, at least 5% (:mod:`~graphkit.pipelining.remembered_error`), else
             :data:`~graphkit.pipelining.record_selection.DEFAULT_PREDICTION_ERROR`. Every run measures
             the error, says when it was larger than the band, and remembers it for the next plan.
         record_budget_s: with ``run``, seconds of recording (estimated from the predicted steps) that the
@@ -286,7 +288,7 @@ def plan_schedules(
     _write_best(plan, folder)
     if run:
         key = setup_key(pipeline, ranks, microbatches, batch_size, threads, pin_cores)  # type: ignore[arg-type]
-        band, plan.prediction_error_source = _recording_band(prediction_error, key)
+        error, plan.prediction_error_source = _prediction_error(prediction_error, key)
         _run(
             plan,
             pipeline,  # type: ignore[arg-type]
@@ -300,7 +302,7 @@ def plan_schedules(
                 plan.schedules,
                 plan.baseline,
                 steps=AUTO_FIRST_ROUNDS if steps == "auto" else int(steps),
-                prediction_error=band,
+                prediction_error=error,
                 budget_s=record_budget_s,
                 top=top,
                 control=control,
@@ -329,9 +331,10 @@ def _add_watched(total: OtherProcesses, more: OtherProcesses) -> OtherProcesses:
     return OtherProcesses((total.cores * total.seconds + more.cores * more.seconds) / seconds, seconds)
 
 
-def _recording_band(prediction_error: float | None, key: str) -> tuple[float, str]:
-    """The band ``plan --run`` records within (a fraction of the best predicted step) and where it came
-    from, in words for the plan's output: given, remembered for ``key``, or the default."""
+def _prediction_error(prediction_error: float | None, key: str) -> tuple[float, str]:
+    """The error ``plan --run`` allows each prediction when it chooses what to record (a fraction of the
+    step; it records within :func:`~graphkit.pipelining.remembered_error.recording_band` of it) and where it
+    came from, in words for the plan's output: given, remembered for ``key``, or the default."""
     if prediction_error is not None:
         return prediction_error, "--prediction-error"
     remembered = remembered_error(key)

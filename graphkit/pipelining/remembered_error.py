@@ -7,8 +7,8 @@ with its measured one (``SchedulePlan.selection_error``). The calibration's leav
 the calibrated predictions, which need recorded steps; the choice uses the uncalibrated ones, so the band
 it needs is their error. This module keeps the worst such error of each of the last
 :data:`REMEMBERED_RUNS` runs per set-up (pipeline spec, ranks, microbatches, batch size, threads, pinning)
-in one small JSON file, so that the next ``plan --run`` of the same set-up records every schedule within
-the largest of them, not a guess. One run's worst error alone moves too much to trust: on GPT-2 with 8
+in one small JSON file, so that the next ``plan --run`` of the same set-up allows each prediction the largest
+of them, not a guess. One run's worst error alone moves too much to trust: on GPT-2 with 8
 microbatches three runs measured 8.8%, 3.9% and 7.2%, and the band cut to 5% after the second left out
 ZBVZeroBubble, the schedule a separate comparison had measured fastest.
 
@@ -28,6 +28,7 @@ __all__ = [
     "REMEMBERED_RUNS",
     "band_from_measured",
     "errors_file",
+    "recording_band",
     "remember_error",
     "remembered_error",
     "setup_key",
@@ -65,6 +66,22 @@ def band_from_measured(worst: float) -> float:
     """The band a measured worst error gives: rounded up to the next whole percent, at least
     :data:`LEAST_REMEMBERED_ERROR` (a fraction: 0.07 for 7%)."""
     return max(LEAST_REMEMBERED_ERROR, math.ceil(worst * 100 - 1e-9) / 100)
+
+
+def recording_band(prediction_error: float) -> float:
+    """The fraction of the best predicted step within which schedules are recorded, for predictions each
+    off by up to ``prediction_error`` (a fraction of the step): ``(1 + e) / (1 - e) - 1``, within which a
+    schedule predicted too slow by ``e`` and one predicted too fast by ``e`` swap order; 0.22 for 0.10, 0.11
+    for 0.05; infinite from 1 on (any order possible).
+
+    Raises:
+        ValueError: ``prediction_error`` below 0.
+    """
+    if prediction_error < 0:
+        raise ValueError(f"prediction_error must be at least 0, got {prediction_error}")
+    if prediction_error >= 1:
+        return math.inf
+    return (1.0 + prediction_error) / (1.0 - prediction_error) - 1.0
 
 
 def _read(path: Path) -> dict[str, dict[str, object]]:

@@ -23,7 +23,7 @@ from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_s
 from graphkit.pipelining.planning.registry import built_from_costs, generated_order, is_generated
 from graphkit.pipelining.planning.simulator import Simulation, simulate
 from graphkit.pipelining.planning.timelines import ScheduleTimeline
-from graphkit.pipelining.remembered_error import band_from_measured
+from graphkit.pipelining.remembered_error import band_from_measured, recording_band
 from graphkit.pipelining.schedules import is_single_stage, schedule_order
 
 __all__ = [
@@ -179,7 +179,8 @@ class SchedulePlan:
     control_steps: list[float] = field(default_factory=list, repr=False)
     # with run: (name, why) for every schedule within the memory limit that was not recorded
     left_out: list[tuple[str, str]] = field(default_factory=list)
-    # with run: the band recorded (a fraction of the best predicted step) and the time budget (seconds)
+    # with run: the error allowed each prediction (a fraction of its step; the band recorded is
+    # remembered_error.recording_band of it) and the time budget (seconds)
     prediction_error: float | None = None
     # with run: where that band came from (given, remembered from an earlier run of the set-up, the default)
     prediction_error_source: str = ""
@@ -1167,7 +1168,8 @@ def _recording_notes(plan: SchedulePlan) -> str:
             else ""
         )
         text += (
-            f"\nrecorded every schedule predicted within {plan.prediction_error:.0%} of the best predicted "
+            f"\nrecorded every schedule predicted within {recording_band(plan.prediction_error):.0%} of the best "
+            f"predicted, where two predictions each off by up to {plan.prediction_error:.0%} can swap order "
             f"({plan.prediction_error_source or '--prediction-error'}){budget}"
         )
         if plan.left_out:
@@ -1194,11 +1196,11 @@ def _recording_notes(plan: SchedulePlan) -> str:
             f"\nthe prediction that chose them was off by a median {error['median']:.1%} and at worst "
             f"{worst:.1%} ({error['schedule']}) against the measured ratios to 1F1B: "
             + (
-                f"within the {plan.prediction_error:.0%} band recorded"
+                f"within the {plan.prediction_error:.0%} the recording allowed for"
                 if worst <= plan.prediction_error
-                else f"beyond the {plan.prediction_error:.0%} band recorded, so a schedule left out may be faster: "
-                f"the next plan of this set-up records within {band_from_measured(worst):.0%} (remembered; or "
-                f"give --prediction-error {band_from_measured(worst):.2f})"
+                else f"beyond the {plan.prediction_error:.0%} the recording allowed for, so a schedule left out may be faster: "
+                f"the next plan of this set-up allows each prediction {band_from_measured(worst):.0%} (remembered; "
+                f"or give --prediction-error {band_from_measured(worst):.2f})"
             )
         )
     fitted = plan.fitted_slowdown
