@@ -712,3 +712,40 @@ def test_a_pick_confirmed_by_the_run_off_alone_says_so(monkeypatch):
     assert (
         f"in 16 of 21 rounds of the run-off: p = {sign_test_p_value(16, 21):.2g} that chance did it, below 0.025;"
     ) in line
+
+
+def test_a_placement_recorded_again_in_the_run_off_stays_the_one_splitting_is_measured_against(monkeypatch):
+    # LoopedBFS beat Interleaved1F1B in the first recording and is recorded again beside DualPipeV; in the
+    # run-off it measures slower, but Interleaved1F1B (21 rounds only) must not take its place
+    first = {
+        "1F1B": [100.0] * 21,
+        "Interleaved1F1B": [95.0] * 14 + [101.0] * 7,
+        "LoopedBFS": [94.0] * 21,
+        "DualPipeV": [89.0] * 14 + [95.0] * 7,
+    }
+    runoff = {"1F1B": [100.0] * 21, "LoopedBFS": [98.0] * 21, "DualPipeV": [90.0] * 21}
+    calls: list[list[str]] = []
+    names = ["1F1B", "Interleaved1F1B", "LoopedBFS", "DualPipeV"]
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True, calls=calls)
+    assert calls[1] == ["DualPipeV", "LoopedBFS", "1F1B", "1F1B"]
+    looped, interleaved = plan.by_name("LoopedBFS"), plan.by_name("Interleaved1F1B")
+    assert plan.round_ratio(looped) == pytest.approx(0.96) and plan.round_ratio(interleaved) == pytest.approx(
+        0.95
+    )
+    assert plan.placement_baseline(plan.by_name("DualPipeV")) is looped
+    verdict = plan.zero_bubble_verdict()
+    # the placement's own rounds (42), not the ones of another schedule
+    assert (
+        "(LoopedBFS, which splits nothing: 0.96x 1F1B in the median round, faster in 42 of 42, p = "
+        in verdict
+    )
+    assert (
+        "DualPipeV against LoopedBFS in the same rounds: 0.93x in the median round, faster in 35 of 42"
+        in verdict
+    )
+    assert verdict.startswith("zero bubble pays here (DualPipeV")
+    # a placement recorded in the first run only says its own 21 rounds
+    plan = run_recorded(monkeypatch, {**first}, ["1F1B", "Interleaved1F1B", "DualPipeV"], runoff=False)
+    assert "(Interleaved1F1B, which splits nothing: 0.95x 1F1B in the median round, faster in 14 of 21" in (
+        plan.zero_bubble_verdict()
+    )

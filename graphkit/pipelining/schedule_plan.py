@@ -255,7 +255,11 @@ class SchedulePlan:
         """The recorded non-splitting schedule of ``item``'s placement (as many stages per rank) that
         measured fastest against 1F1B in the median round: what ``item``'s splitting is measured against
         (1F1B or GPipe for one stage per rank; Interleaved1F1B or LoopedBFS for two, the V schedules
-        included); None if none was recorded."""
+        included); None if none was recorded.
+
+        The candidates are compared over the rounds they all have, the first recording's: a run-off
+        records the one chosen then again, and its added rounds must not hand the choice to another
+        schedule that has only the first ones (a median of 42 rounds against one of 21)."""
         peers = [
             other
             for other in self.schedules
@@ -264,7 +268,14 @@ class SchedulePlan:
             and other.stages_per_rank == item.stages_per_rank
             and not other.splits_backward
         ]
-        return min(peers, key=lambda other: self.round_ratio(other) or math.inf, default=None)
+        shared = min((len(other.measured_steps) for other in peers), default=0)
+        base = self.baseline.measured_steps[:shared]
+
+        def first_rounds_ratio(other: PlannedSchedule) -> float:
+            ratio = paired_rounds.median_round_ratio(other.measured_steps[:shared], base)
+            return math.inf if ratio is None else ratio
+
+        return min(peers, key=first_rounds_ratio, default=None)
 
     def rounds_to_decide(self, item: PlannedSchedule) -> int | None:
         """About how many rounds a sign test at :attr:`significance` would need to tell ``item`` from 1F1B at
@@ -610,21 +621,23 @@ class SchedulePlan:
                         f"({_placement(best)}), so that is what splitting gains"
                     )
                 elif placement.stages_per_rank == base.stages_per_rank:  # GPipe: 1F1B's placement
-                    placement_won, _ = self.rounds_won(placement)
+                    placement_won, placement_rounds = self.rounds_won(placement)
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round; it has 1F1B's placement "
                         f"({_placement(best)}), where {placement.name}, which splits nothing, measured "
-                        f"{placement_ratio:.2f}x 1F1B in the median round (faster in {placement_won} of {rounds}, "
-                        f"p = {sign_test_p_value(placement_won, rounds):.2g}); splitting gains {_gain(split_ratio)} "
+                        f"{placement_ratio:.2f}x 1F1B in the median round (faster in {placement_won} of "
+                        f"{placement_rounds}, p = {sign_test_p_value(placement_won, placement_rounds):.2g}); "
+                        f"splitting gains {_gain(split_ratio)} "
                         f"over {placement.name} ({head_to_head})"
                     )
                 else:
-                    placement_won, _ = self.rounds_won(placement)
+                    placement_won, placement_rounds = self.rounds_won(placement)
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round; its placement "
                         f"({_placement(best)}) gains {_gain(placement_ratio)} over 1F1B ({placement.name}, "
                         f"which splits nothing: {placement_ratio:.2f}x 1F1B in the median round, faster in "
-                        f"{placement_won} of {rounds}, p = {sign_test_p_value(placement_won, rounds):.2g}), "
+                        f"{placement_won} of {placement_rounds}, "
+                        f"p = {sign_test_p_value(placement_won, placement_rounds):.2g}), "
                         f"splitting gains {_gain(split_ratio)} over its placement ({head_to_head})"
                     )
                 placement_wins = (
