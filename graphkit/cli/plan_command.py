@@ -119,8 +119,8 @@ def add_plan_command(commands: Any) -> None:
         metavar="F",
         help="with --run, how far each prediction may be off, a fraction of its step: every schedule "
         "predicted within (1 + F) / (1 - F) of the best predicted step is recorded, 22%% for 0.10 (default: "
-        "the worst error the last --run of the same model, ranks and microbatches measured, at least 0.05, remembered in ~/.cache/graphkit/prediction_errors.json or $GRAPHKIT_CACHE_DIR; 0.10 "
-        "before any run)",
+        "the worst error the last --run of the same model, ranks and microbatches measured, at least 0.05, "
+        "remembered in ~/.cache/graphkit/prediction_errors.json or $GRAPHKIT_CACHE_DIR; 0.10 before any run)",
     )
     plan.add_argument(
         "--record-budget",

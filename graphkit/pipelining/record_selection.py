@@ -3,10 +3,10 @@
 A prediction from measured costs is off by some fraction ``e`` of a step (``plan --run`` measures how much,
 see :attr:`~graphkit.pipelining.schedule_plan.SchedulePlan.selection_error`). Two schedules whose predictions
 are each off by up to ``e``, one too fast and the other too slow, swap order when they were predicted within
-``(1 + e) / (1 - e)`` of each other (:func:`~graphkit.pipelining.remembered_error.recording_band`: 22% at ``e`` = 10%), so every schedule predicted
-within that of the best predicted one may be the fastest: :func:`choose_recorded` records all of them, as
-long as a time budget allows, and says which it left out and why. (A band of ``e`` alone assumed the best
-predicted schedule exact. Measured on GPT-2, 2 ranks, 4 microbatches: CostAware predicted 0.87x 1F1B and
+``(1 + e) / (1 - e)`` of each other (:func:`~graphkit.pipelining.remembered_error.recording_band`: 22% at
+``e`` = 10%), so every schedule predicted within that of the best predicted one may be the fastest:
+:func:`choose_recorded` records all of them, as long as a time budget allows, and says which it left out
+and why. (A band of ``e`` alone assumed the best predicted schedule exact. Measured on GPT-2, 2 ranks, 4 microbatches: CostAware predicted 0.87x 1F1B and
 measured 0.89x, ZBVZeroBubble predicted 0.98x and measured 0.87x, 13% above the best predicted and
 outside a 10% band: left out, it was the fastest schedule of the run that checked the pick.) It always
 records:
@@ -109,8 +109,8 @@ def choose_recorded(
         steps: recorded steps per schedule; with the warm-up step, a schedule's recording is estimated at
             ``(steps + 1) x`` its predicted step.
         prediction_error: how far each prediction may be off, a fraction of its step; every schedule
-            predicted within :func:`~graphkit.pipelining.remembered_error.recording_band` of it above the best predicted step is recorded (0.10:
-            within 22%).
+            predicted within :func:`~graphkit.pipelining.remembered_error.recording_band` of it above the
+            best predicted step is recorded (0.10: within 22%).
         budget_s: seconds of recording at most, or None; the schedules always recorded count but are never
             left out, the others are taken best predicted first while they fit.
         top: at most this many schedules within the band (None: no cap); what it leaves out is said.

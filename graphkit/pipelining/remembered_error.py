@@ -7,8 +7,8 @@ with its measured one (``SchedulePlan.selection_error``). The calibration's leav
 the calibrated predictions, which need recorded steps; the choice uses the uncalibrated ones, so the band
 it needs is their error. This module keeps the worst such error of each of the last
 :data:`REMEMBERED_RUNS` runs per set-up (pipeline spec, ranks, microbatches, batch size, threads, pinning)
-in one small JSON file, so that the next ``plan --run`` of the same set-up allows each prediction the largest
-of them, not a guess. One run's worst error alone moves too much to trust: on GPT-2 with 8
+in one small JSON file, so that the next ``plan --run`` of the same set-up allows each prediction the
+largest of them, not a guess. One run's worst error alone moves too much to trust: on GPT-2 with 8
 microbatches three runs measured 8.8%, 3.9% and 7.2%, and the band cut to 5% after the second left out
 ZBVZeroBubble, the schedule a separate comparison had measured fastest.
 

@@ -1211,7 +1211,8 @@ def _recording_notes(plan: SchedulePlan) -> str:
             + (
                 f"within the {plan.prediction_error:.0%} the recording allowed for"
                 if worst <= plan.prediction_error
-                else f"beyond the {plan.prediction_error:.0%} the recording allowed for, so a schedule left out may be faster: "
+                else f"beyond the {plan.prediction_error:.0%} the recording allowed for, so a schedule left out "
+                "may be faster: "
                 f"the next plan of this set-up allows each prediction {band_from_measured(worst):.0%} (remembered; "
                 f"or give --prediction-error {band_from_measured(worst):.2f})"
             )
