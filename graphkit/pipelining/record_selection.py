@@ -6,7 +6,8 @@ are each off by up to ``e``, one too fast and the other too slow, swap order whe
 ``(1 + e) / (1 - e)`` of each other (:func:`~graphkit.pipelining.remembered_error.recording_band`: 22% at
 ``e`` = 10%), so every schedule predicted within that of the best predicted one may be the fastest:
 :func:`choose_recorded` records all of them, as long as a time budget allows, and says which it left out
-and why. (A band of ``e`` alone assumed the best predicted schedule exact. Measured on GPT-2, 2 ranks, 4 microbatches: CostAware predicted 0.87x 1F1B and
+and why. (A band of ``e`` alone assumed the best predicted schedule exact. Measured on GPT-2, 2 ranks, 4
+microbatches: CostAware predicted 0.87x 1F1B and
 measured 0.89x, ZBVZeroBubble predicted 0.98x and measured 0.87x, 13% above the best predicted and
 outside a 10% band: left out, it was the fastest schedule of the run that checked the pick.) It always
 records:
