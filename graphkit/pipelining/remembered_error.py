@@ -26,7 +26,7 @@ from pathlib import Path
 __all__ = [
     "LEAST_REMEMBERED_ERROR",
     "REMEMBERED_RUNS",
-    "band_from_measured",
+    "error_from_measured",
     "errors_file",
     "recording_band",
     "remember_error",
@@ -62,9 +62,10 @@ def setup_key(
     return f"{pipeline} | ranks={ranks} microbatches={microbatches} batch={batch_size} threads={threads} {pinned}"
 
 
-def band_from_measured(worst: float) -> float:
-    """The band a measured worst error gives: rounded up to the next whole percent, at least
-    :data:`LEAST_REMEMBERED_ERROR` (a fraction: 0.07 for 7%)."""
+def error_from_measured(worst: float) -> float:
+    """The error to allow each prediction, from the worst one measured: rounded up to the next whole
+    percent, at least :data:`LEAST_REMEMBERED_ERROR` (a fraction: 0.07 for 7%). The recording band it gives
+    is :func:`recording_band` of it."""
     return max(LEAST_REMEMBERED_ERROR, math.ceil(worst * 100 - 1e-9) / 100)
 
 
@@ -95,7 +96,7 @@ def _read(path: Path) -> dict[str, dict[str, object]]:
 def remembered_error(key: str, path: Path | None = None) -> tuple[float, str] | None:
     """``(band, where from)`` for ``key`` (:func:`setup_key`): the band the largest of the worst errors
     measured by the last :data:`REMEMBERED_RUNS` ``plan --run`` of this set-up gives
-    (:func:`band_from_measured`), and a phrase saying so; None when none was remembered (or the file
+    (:func:`error_from_measured`), and a phrase saying so; None when none was remembered (or the file
     cannot be read)."""
     path = path or errors_file()
     runs = _runs(_read(path).get(key))
@@ -104,7 +105,7 @@ def remembered_error(key: str, path: Path | None = None) -> tuple[float, str] | 
     worst, schedule = max(runs)
     count = f"the last {len(runs)} runs" if len(runs) > 1 else "the last run"
     return (
-        band_from_measured(worst),
+        error_from_measured(worst),
         f"the worst error {count} of this plan measured ({worst:.1%}, {schedule}; "
         f"remembered in {path}), at least {LEAST_REMEMBERED_ERROR:.0%}",
     )

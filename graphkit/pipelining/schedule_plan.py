@@ -23,7 +23,7 @@ from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_s
 from graphkit.pipelining.planning.registry import built_from_costs, generated_order, is_generated
 from graphkit.pipelining.planning.simulator import Simulation, simulate
 from graphkit.pipelining.planning.timelines import ScheduleTimeline
-from graphkit.pipelining.remembered_error import band_from_measured, recording_band
+from graphkit.pipelining.remembered_error import error_from_measured, recording_band
 from graphkit.pipelining.schedules import is_single_stage, schedule_order
 
 __all__ = [
@@ -276,6 +276,26 @@ class SchedulePlan:
             return math.inf if ratio is None else ratio
 
         return min(peers, key=first_rounds_ratio, default=None)
+
+    def ratio_by_process_set(self, item: PlannedSchedule, against: PlannedSchedule) -> list[float]:
+        """``item``'s median round ratio to ``against`` in each set of processes that recorded both: the
+        first recording's, then the run-off's (new processes, new copies of the stages); one figure where
+        they share the first recording alone, none where they share no round.
+
+        A ratio can move between sets of processes by more than the A/A control shows, since its two
+        copies of 1F1B share their processes: GPT-2 at 8 microbatches measured DualPipeV 1.014x
+        Interleaved1F1B in one set and 0.977x in the next, while the control's copies were 0.5% apart."""
+        runoff_rounds = (self.runoff or {}).get("rounds") or 0
+        first = len(self.baseline.measured_steps) - runoff_rounds
+        ours, theirs = item.measured_steps, against.measured_steps
+        sets = [(0, first)] + ([(first, first + runoff_rounds)] if runoff_rounds else [])
+        ratios = []
+        for start, end in sets:
+            if len(ours) >= end and len(theirs) >= end:
+                ratio = paired_rounds.median_round_ratio(ours[start:end], theirs[start:end])
+                if ratio is not None:
+                    ratios.append(ratio)
+        return ratios
 
     def rounds_to_decide(self, item: PlannedSchedule) -> int | None:
         """About how many rounds a sign test at :attr:`significance` would need to tell ``item`` from 1F1B at
@@ -554,7 +574,9 @@ class SchedulePlan:
         non-splitting schedule recorded with as many stages per rank, :meth:`placement_baseline`) and what
         splitting gains over that placement, both in the same rounds. Zero bubble "pays" only when splitting
         beats its own placement in more rounds than chance would give it (sign test below
-        :attr:`significance`) and by more than the noise floor in the median round."""
+        :attr:`significance`) and by more than the noise floor in the median round, and, where a run-off
+        recorded both again in new processes, in the median round of each set of processes
+        (:meth:`ratio_by_process_set`); where the sets disagree on the sign, it "is not shown to pay"."""
         costs = self.measured_costs or self.costs
         stages = ", ".join(
             f"stage {index} I + W {(cost.backward_input + cost.backward_weight) * 1e3:.3g} ms = "
@@ -610,9 +632,15 @@ class SchedulePlan:
                 split_p = sign_test_p_value(split_won, split_rounds)
                 placement_ratio = self.round_ratio(placement) or math.inf
                 pays = self.beyond_noise(split_ratio) and split_p < self.splitting_significance
+                by_set = self.ratio_by_process_set(best, placement)
+                sets_disagree = len(by_set) > 1 and min(by_set) < 1.0 <= max(by_set)
                 head_to_head = (
                     f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
                     f"round, faster in {split_won} of {split_rounds}, p = {split_p:.2g}"
+                ) + (
+                    f"; {by_set[0]:.3f}x in the first recording's processes, {by_set[1]:.3f}x in the run-off's"
+                    if len(by_set) > 1
+                    else ""
                 )
                 if placement is base:
                     evidence = (
@@ -645,7 +673,15 @@ class SchedulePlan:
                     and self.beyond_noise(placement_ratio)
                     and self.won_beyond_chance(placement)
                 )
-                if not pays and placement_wins and not self.beyond_noise(ratio):
+                if sets_disagree:  # whichever way the pooled rounds lean
+                    pays, undecided = False, True
+                    reason = (
+                        "the two sets of processes disagree on what splitting gains over its placement "
+                        f"({by_set[0]:.3f}x, then {by_set[1]:.3f}x): a difference that changes sign from one "
+                        "set of processes to the next is not called; re-measure it in new processes (the "
+                        "compare-schedules command the plan prints)"
+                    )
+                elif not pays and placement_wins and not self.beyond_noise(ratio):
                     reason = (
                         f"it does not beat 1F1B, and {placement.name} does without splitting: run "
                         f"{placement.name}"
@@ -1213,8 +1249,8 @@ def _recording_notes(plan: SchedulePlan) -> str:
                 if worst <= plan.prediction_error
                 else f"beyond the {plan.prediction_error:.0%} the recording allowed for, so a schedule left out "
                 "may be faster: "
-                f"the next plan of this set-up allows each prediction {band_from_measured(worst):.0%} (remembered; "
-                f"or give --prediction-error {band_from_measured(worst):.2f})"
+                f"the next plan of this set-up allows each prediction {error_from_measured(worst):.0%} (remembered; "
+                f"or give --prediction-error {error_from_measured(worst):.2f})"
             )
         )
     fitted = plan.fitted_slowdown
