@@ -495,7 +495,7 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
     rounds = {
         "1F1B": [100.0] * 15,
         "ZBVZeroBubble": [88.0] * 15,
-        "DualPipeV": [89.0] * 15,  # within 2% of ZBV's 0.88x: a run-off
+        "DualPipeV": [89.0] * 15,  # within 4% of ZBV's 0.88x: a run-off
         "Interleaved1F1B": [97.0] * 15,  # 0.97x: not close enough
         "runoff": {
             "1F1B": [100.0] * 15,
@@ -513,7 +513,7 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
         "finalists": ["ZBVZeroBubble", "DualPipeV"],
         "rounds": 15,
         "first_pick": "ZBVZeroBubble",
-        "margin": pytest.approx(0.02),
+        "margin": pytest.approx(0.04),
         "placements": ["Interleaved1F1B"],
     }
     assert len(plan.by_name("DualPipeV").measured_steps) == 30 == len(plan.baseline.measured_steps)
@@ -524,8 +524,8 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
     # alone orders the finalists
     assert plan.recommended.name == "DualPipeV"
     assert (
-        "\nrun-off: ZBVZeroBubble and DualPipeV measured within 2.0% of ZBVZeroBubble, the first run's pick, "
-        "against 1F1B in the median round (the noise floor, at least 2%): too close for one run to order; "
+        "\nrun-off: ZBVZeroBubble and DualPipeV measured within 4.0% of ZBVZeroBubble, the first run's pick, "
+        "against 1F1B in the median round (the noise floor, at least 4%): too close for one run to order; "
         "recorded again with 1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in new "
         "processes, 15 more rounds (1F1B's and theirs now count 30), in those alone against 1F1B: DualPipeV "
         "0.90x (15 of 15), ZBVZeroBubble 0.95x (15 of 15); recommended: the best of them there that beat 1F1B "
