@@ -535,6 +535,24 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
     assert plan.to_dict()["runoff"]["first_pick"] == "ZBVZeroBubble"
 
 
+def test_a_run_off_of_both_placements_records_each_ones_non_splitting_schedule_and_names_them(monkeypatch):
+    first = {
+        "1F1B": [100.0] * 15,
+        "GPipe": [98.0] * 15,  # one stage per rank: faster than 1F1B, so ZBH1's placement
+        "Interleaved1F1B": [97.0] * 15,
+        "ZBVZeroBubble": [88.0] * 15,
+        "ZBH1": [90.0] * 15,  # within 4% of ZBV's 0.88x
+    }
+    calls: list[list[str]] = []
+    plan = run_recorded(monkeypatch, {**first, "runoff": first}, list(first), runoff=True, calls=calls)
+    assert calls[1] == ["ZBVZeroBubble", "ZBH1", "Interleaved1F1B", "GPipe", "1F1B", "1F1B"]
+    assert plan.runoff["placements"] == ["Interleaved1F1B", "GPipe"]
+    assert (
+        "; recorded again with 1F1B, Interleaved1F1B and GPipe (their placements, for the zero-bubble line) in "
+        "new processes" in plan.table()
+    )
+
+
 def test_no_run_off_where_the_pick_stands_apart_or_1f1b_is_kept(monkeypatch):
     calls: list[list[str]] = []
     rounds = {"1F1B": [100.0] * 15, "ZBVZeroBubble": [88.0] * 15, "DualPipeV": [93.0] * 15}

@@ -1138,7 +1138,7 @@ def _runoff_note(plan: SchedulePlan) -> str:
     if not runoff:
         return ""
     names = runoff["finalists"]
-    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+    listed = _listed(names)
     if len(names) == 1 and names[0] == runoff["first_pick"]:
         why = (
             f"\nrun-off: {listed}, the first run's pick, beat its placement's non-splitting schedule beyond the "
@@ -1177,12 +1177,14 @@ def _runoff_note(plan: SchedulePlan) -> str:
         outcome = "none of them did: " + (
             "keep 1F1B" if recommended is plan.baseline else f"{recommended.name} is recommended"
         )
+    placements = list(runoff.get("placements") or [])
     return (
         why
-        + "; recorded again with 1F1B"
+        + "; recorded again with "
+        + _listed(["1F1B", *placements])
         + (
-            f" and {' and '.join(runoff['placements'])} (their placement, for the zero-bubble line)"
-            if runoff.get("placements")
+            f" (their placement{'s' if len(placements) > 1 else ''}, for the zero-bubble line)"
+            if placements
             else ""
         )
         + f" in new processes, {rounds} more rounds (1F1B's and theirs now count {total}), in those alone "
@@ -1190,6 +1192,11 @@ def _runoff_note(plan: SchedulePlan) -> str:
         f"and beyond chance, over all {total} rounds or in the run-off's alone (p < "
         f"{plan.runoff_significance:.2g}): {outcome}"
     )
+
+
+def _listed(names: list[str]) -> str:
+    """``["a"]`` is "a", ``["a", "b"]`` "a and b", ``["a", "b", "c"]`` "a, b and c"."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _power_note(plan: SchedulePlan, contender: PlannedSchedule) -> str:
