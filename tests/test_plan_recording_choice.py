@@ -29,7 +29,7 @@ from graphkit.pipelining.remembered_error import (
     remembered_error,
     setup_key,
 )
-from graphkit.pipelining.schedule_plan import PlannedSchedule
+from graphkit.pipelining.schedule_plan import PlannedSchedule, runoff_set_sizes
 from graphkit.pipelining.schedules import schedule_name, schedule_order, stage_count
 
 MS = 1e-3
@@ -143,10 +143,20 @@ def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[st
 
     calls = options.pop("calls", [])  # the schedules of each recording, in order
 
+    offsets = {"runoff": 0}  # the run-off's rounds handed out so far
+
     def record(pipeline, names, microbatches, ranks, steps, **_):
         calls.append([schedule_name(schedule) for schedule in names])
-        # a run-off (the second recording) reads rounds["runoff"] where given
-        source = rounds.get("runoff", rounds) if len(calls) > 1 else rounds
+        # a run-off (the recordings after the first, one per set of processes) reads rounds["runoff"] where
+        # given: a list holds one dict per set; one dict is handed out set by set, in order
+        source, start = rounds, 0
+        if len(calls) > 1:
+            runoff = rounds.get("runoff", rounds)
+            if isinstance(runoff, list):
+                source = runoff[len(calls) - 2]
+            else:
+                source, start = runoff, offsets["runoff"]
+                offsets["runoff"] += steps
         timelines, seen = [], set()
         for schedule in names:
             name = schedule_name(schedule)
@@ -155,7 +165,7 @@ def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[st
             order = schedule_order(schedule, ranks, microbatches)
             timeline = simulate(order, StageCost(1 * MS, 1 * MS, 1 * MS), CommModel(), name=name)
             timeline = timeline.to_schedule_timeline()
-            times = [value * MS for value in source[key][:steps]]
+            times = [value * MS for value in source[key][start : start + steps]]
             for rank in timeline.ranks:
                 rank.step_times = list(times)
                 rank.step_seconds = sorted(times)[(len(times) - 1) // 2]
@@ -508,10 +518,12 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
     schedules = ["1F1B", "Interleaved1F1B", "ZBVZeroBubble", "DualPipeV"]
     plan = run_recorded(monkeypatch, rounds, schedules, runoff=True, calls=calls)
     # the finalists, their placement's non-splitting schedule (for the zero-bubble line), 1F1B and its copy
-    assert calls[1] == ["ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "1F1B", "1F1B"]
+    # in three sets of new processes, five rounds each
+    assert calls[1:] == [["ZBVZeroBubble", "DualPipeV", "Interleaved1F1B", "1F1B", "1F1B"]] * 3
     assert plan.runoff == {
         "finalists": ["ZBVZeroBubble", "DualPipeV"],
         "rounds": 15,
+        "sets": [5, 5, 5],
         "first_pick": "ZBVZeroBubble",
         "margin": pytest.approx(0.04),
         "placements": ["Interleaved1F1B"],
@@ -526,11 +538,13 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
     assert (
         "\nrun-off: ZBVZeroBubble and DualPipeV measured within 4.0% of ZBVZeroBubble, the first run's pick, "
         "against 1F1B in the median round (the noise floor, at least 4%): too close for one run to order; "
-        "recorded again with 1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in new "
-        "processes, 15 more rounds (1F1B's and theirs now count 30), in those alone against 1F1B: DualPipeV "
-        "0.90x (15 of 15), ZBVZeroBubble 0.95x (15 of 15); recommended: the best of them there that beat 1F1B "
-        "beyond the noise floor and beyond chance, over all 30 rounds or in the run-off's alone (p < 0.025): "
-        "DualPipeV is recommended (the first run picked ZBVZeroBubble)"
+        "recorded again with 1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in three "
+        "sets of new processes (5, 5 and 5 rounds: 15 more rounds, 1F1B's and theirs now count 30), in those "
+        "alone against 1F1B, the mean of each set's median round (the rounds won; each set's): DualPipeV "
+        "0.900x (15 of 15; 0.900x, 0.900x, 0.900x), ZBVZeroBubble 0.950x (15 of 15; 0.950x, 0.950x, 0.950x); "
+        "recommended: the best of them there that beat 1F1B beyond the noise floor and beyond chance, over all "
+        "30 rounds or in the run-off's alone (p < 0.025): DualPipeV is recommended (the first run picked "
+        "ZBVZeroBubble)"
     ) in plan.table()
     assert plan.to_dict()["runoff"]["first_pick"] == "ZBVZeroBubble"
 
@@ -549,7 +563,7 @@ def test_a_run_off_of_both_placements_records_each_ones_non_splitting_schedule_a
     assert plan.runoff["placements"] == ["Interleaved1F1B", "GPipe"]
     assert (
         "; recorded again with 1F1B, Interleaved1F1B and GPipe (their placements, for the zero-bubble line) in "
-        "new processes" in plan.table()
+        "three sets of new processes" in plan.table()
     )
 
 
@@ -603,11 +617,13 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
     assert line.startswith(
         "run-off: GPipe, ZBH1 and ZBH2 beat 1F1B in most rounds and beyond the noise floor, but not beyond "
         "chance at the level every recorded schedule shares: tested again on rounds of their own at 0.05 split "
-        "among them (0.017); recorded again with 1F1B in new processes, 15 more rounds"
+        "among them (0.017); recorded again with 1F1B in three sets of new processes (5, 5 and 5 rounds: 15 "
+        "more rounds"
     )
     assert (
-        "in those alone against 1F1B: ZBH1 0.95x (14 of 15), ZBH2 0.98x (15 of 15), GPipe 0.99x (8 of 15)"
-        in line
+        "in those alone against 1F1B, the mean of each set's median round (the rounds won; each set's): ZBH1 "
+        "0.950x (14 of 15; 0.950x, 0.950x, 0.950x), ZBH2 0.980x (15 of 15; 0.980x, 0.980x, 0.980x), GPipe "
+        "0.997x (8 of 15; 0.990x, 0.990x, 1.010x)" in line
     )
     assert line.endswith("ZBH1 is recommended (the first run picked 1F1B)")
     # the run-off confirms none: 1F1B is kept
@@ -633,12 +649,12 @@ def test_a_run_off_past_the_budget_is_named_not_recorded(monkeypatch):
         ["1F1B", "ZBVZeroBubble", "DualPipeV"],
         runoff=True,
         calls=calls,
-        record_budget_s=2.0,  # the first recording fits (about 1.1 s predicted); 16 x 0.377 s more does not
+        record_budget_s=2.0,  # the first recording fits (about 1.1 s predicted); 18 x 0.377 s more does not
     )
-    assert len(calls) == 1 and plan.runoff["skipped"].startswith("recording them again (about 6 s)")
+    assert len(calls) == 1 and plan.runoff["skipped"].startswith("recording them again (about 7 s)")
     assert plan.recommended.name == "ZBVZeroBubble"
     assert (
-        "too close for one run to order; not recorded again, recording them again (about 6 s) would pass the "
+        "too close for one run to order; not recorded again, recording them again (about 7 s) would pass the "
         "--record-budget: the pick may be any of them"
     ) in plan.table()
 
@@ -714,7 +730,8 @@ def test_an_undecided_zero_bubble_question_gets_a_run_off_of_its_own(monkeypatch
     assert line.startswith(
         "run-off: DualPipeV, the first run's pick, beat its placement's non-splitting schedule beyond the noise "
         "floor but not beyond chance: recorded again to decide whether zero bubble pays; recorded again with "
-        "1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in new processes, 21 more rounds"
+        "1F1B and Interleaved1F1B (their placement, for the zero-bubble line) in three sets of new processes "
+        "(7, 7 and 7 rounds: 21 more rounds"
     )
     assert plan.zero_bubble_verdict().startswith("zero bubble pays here (DualPipeV")
 
@@ -763,7 +780,10 @@ def test_a_placement_recorded_again_in_the_run_off_stays_the_one_splitting_is_me
     )
     assert verdict.startswith("zero bubble pays here (DualPipeV")
     # both sets of processes measured splitting faster than its placement, and the line says each
-    assert "; 0.947x in the first recording's processes, 0.918x in the run-off's)" in verdict
+    assert (
+        "; 0.947x in the first recording's processes, 0.918x, 0.918x and 0.918x in the run-off's three)"
+        in verdict
+    )
     # a placement recorded in the first run only says its own 21 rounds
     plan = run_recorded(monkeypatch, {**first}, ["1F1B", "Interleaved1F1B", "DualPipeV"], runoff=False)
     assert "(Interleaved1F1B, which splits nothing: 0.95x 1F1B in the median round, faster in 14 of 21" in (
@@ -798,16 +818,19 @@ def test_splitting_that_changes_sign_between_sets_of_processes_is_not_shown_to_p
     assert calls[1] == ["Interleaved1F1B", "DualPipeV", "1F1B", "1F1B"]
     dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
     assert plan.recommended is dual and plan.placement_baseline(dual) is interleaved
-    assert plan.ratio_by_process_set(dual, interleaved) == pytest.approx([96 / 95, 93 / 95])
+    assert plan.ratio_by_process_set(dual, interleaved) == pytest.approx([96 / 95] + [93 / 95] * 3)
     assert plan.noise_floor == pytest.approx(0.006)
     # pooled: within the noise floor of its placement, which beats 1F1B without splitting
     assert abs(plan.round_ratio(dual, interleaved) - 1) < plan.noise_floor
     verdict = plan.zero_bubble_verdict()
     assert verdict.startswith("zero bubble is not shown to pay here (DualPipeV"), verdict
-    assert "; 1.011x in the first recording's processes, 0.979x in the run-off's)" in verdict
     assert (
-        "the two sets of processes disagree on what splitting gains over its placement (1.011x, then 0.979x)"
-        in verdict
+        "; 1.011x in the first recording's processes, 0.979x, 0.979x and 0.979x in the run-off's three)"
+        in (verdict)
+    )
+    assert (
+        "the four sets of processes disagree on what splitting gains over its placement (1.011x, then 0.979x, "
+        "0.979x and 0.979x)" in verdict
     )
     assert "placement's, not splitting's" not in verdict
     # the other way round: pooled, splitting pays beyond chance, but the first set measured it slower
@@ -817,7 +840,7 @@ def test_splitting_that_changes_sign_between_sets_of_processes_is_not_shown_to_p
         monkeypatch, {**first, "runoff": runoff}, ["1F1B", "Interleaved1F1B", "DualPipeV"], runoff=True
     )
     dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
-    assert plan.ratio_by_process_set(dual, interleaved) == pytest.approx([96 / 95, 80 / 95])
+    assert plan.ratio_by_process_set(dual, interleaved) == pytest.approx([96 / 95] + [80 / 95] * 3)
     assert plan.rounds_won(dual, interleaved) == (31, 42)
     assert sign_test_p_value(31, 42) < plan.splitting_significance
     assert plan.beyond_noise(plan.round_ratio(dual, interleaved))  # pooled, it would pay
@@ -827,3 +850,71 @@ def test_splitting_that_changes_sign_between_sets_of_processes_is_not_shown_to_p
     dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
     assert plan.ratio_by_process_set(dual, interleaved) == pytest.approx([96 / 95])
     assert "run-off's" not in plan.zero_bubble_verdict()
+
+
+def test_a_run_off_splits_its_rounds_into_sets_of_processes_of_at_least_five():
+    assert runoff_set_sizes(21) == [7, 7, 7]
+    assert runoff_set_sizes(31) == [11, 10, 10]
+    assert runoff_set_sizes(10) == [5, 5]
+    assert runoff_set_sizes(9) == [9]
+    assert runoff_set_sizes(3) == [3]
+    assert all(sum(runoff_set_sizes(rounds)) == rounds for rounds in range(1, 80))
+
+
+def _level_runoff(monkeypatch, zbv: list[float], dual: list[float]):
+    """A plan whose first recording put ZBVZeroBubble and DualPipeV within the run-off margin, and whose
+    run-off measured them (against 1F1B's 100 ms) at ``zbv`` and ``dual`` ms in its three sets of
+    processes, seven rounds each."""
+    first = {
+        "1F1B": [100.0] * 21,
+        "Interleaved1F1B": [97.0] * 21,
+        "ZBVZeroBubble": [90.0] * 21,
+        "DualPipeV": [90.5] * 21,
+    }
+    runoff = [
+        {
+            "1F1B": [100.0] * 7,
+            "Interleaved1F1B": [97.0] * 7,
+            "ZBVZeroBubble": [one] * 7,
+            "DualPipeV": [two] * 7,
+        }
+        for one, two in zip(zbv, dual, strict=True)
+    ]
+    calls: list[list[str]] = []
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, list(first), runoff=True, calls=calls)
+    assert len(calls) == 4 and plan.runoff["sets"] == [7, 7, 7]
+    return plan
+
+
+def test_finalists_the_sets_of_processes_cannot_order_are_level_and_the_one_holding_less_memory_is_picked(
+    monkeypatch,
+):
+    # DualPipeV is faster in the mean over the run-off's sets (0.904x against 0.905x), but ZBVZeroBubble was
+    # faster in the first set: level, and ZBV holds less memory (predicted 1.0 MiB per rank against 1.25)
+    plan = _level_runoff(monkeypatch, zbv=[90.0, 91.0, 90.5], dual=[91.0, 90.0, 90.2])
+    zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
+    assert plan.runoff_ratios(zbv) == pytest.approx([0.90, 0.91, 0.905])
+    assert plan.runoff_ratio(dual) == pytest.approx(0.904) and plan.runoff_ratio(zbv) == pytest.approx(0.905)
+    assert max(zbv.simulation.peak_memory_bytes) < max(dual.simulation.peak_memory_bytes)
+    assert plan.level_with(zbv, dual) and plan.runoff_level() == [dual, zbv]
+    assert plan.recommended is zbv
+    line = next(line for line in plan.table().splitlines() if line.startswith("run-off"))
+    assert line.endswith(
+        "ZBVZeroBubble is recommended (as in the first run); ZBVZeroBubble and DualPipeV are level: each was "
+        "faster than the other in some of the run-off's sets of processes, and their means lie within 1%, so "
+        "which is faster changes from one set of processes to the next; ZBVZeroBubble holds the least memory "
+        "(predicted peak on the busiest rank 1.0 MiB, against DualPipeV 1.2 MiB)"
+    )
+    assert "DualPipeV 0.904x (21 of 21; 0.910x, 0.900x, 0.902x)" in line
+
+
+def test_finalists_are_not_level_where_every_set_orders_them_alike_or_the_means_are_apart(monkeypatch):
+    # every set: DualPipeV ahead, if only just; the faster one is recommended, whatever its memory
+    plan = _level_runoff(monkeypatch, zbv=[90.5, 90.4, 90.6], dual=[90.4, 90.3, 90.5])
+    assert not plan.level_with(plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV"))
+    assert plan.recommended.name == "DualPipeV" and " are level" not in plan.table()
+    # the sets disagree, but DualPipeV is 2.3 points ahead in the mean: not level
+    plan = _level_runoff(monkeypatch, zbv=[90.0, 93.0, 94.0], dual=[91.0, 90.0, 89.0])
+    zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
+    assert plan.runoff_ratio(zbv) - plan.runoff_ratio(dual) == pytest.approx(0.07 / 3)
+    assert not plan.level_with(zbv, dual) and plan.recommended is dual

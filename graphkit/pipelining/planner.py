@@ -89,6 +89,7 @@ from graphkit.pipelining.schedule_plan import (
     SchedulePlan,
     check_memory_limit,
     free_split_ratio,
+    runoff_set_sizes,
     simulate_schedule,
 )
 from graphkit.pipelining.schedules import is_single_stage, schedule_name, stage_count
@@ -694,8 +695,8 @@ def _record_runoff(
     """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), the non-splitting schedule of each
     splitting finalist's placement (:meth:`SchedulePlan.placement_baseline`, where it is not 1F1B), 1F1B and,
     with ``control``, 1F1B again,
-    as many rounds as the first recording, in new processes (new copies of the stages, a new process
-    group), and add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow,
+    as many rounds as the first recording, split into sets (:func:`runoff_set_sizes`), each in new
+    processes (new copies of the stages, a new process group), and add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow,
     the other schedules' keep the first recording's rounds (paired with 1F1B's first ones). The
     recommendation then orders the finalists by these rounds alone (:attr:`SchedulePlan.recommended`).
     Skipped, and said in ``plan.runoff``, where its estimate (the measured steps) passes ``budget_left_s``.
@@ -720,7 +721,9 @@ def _record_runoff(
     recorded = [*finalists, *partners]
     recorded_seconds = sum(item.measured_seconds or 0.0 for item in recorded)
     recorded_seconds += (2 if control else 1) * (base.measured_seconds or 0.0)
-    estimate = (rounds + 1) * recorded_seconds
+    estimate = (
+        rounds + len(runoff_set_sizes(rounds))
+    ) * recorded_seconds  # a round's worth to start each set
     if budget_left_s is not None and estimate > budget_left_s:
         plan.runoff = {
             "finalists": names,
@@ -730,9 +733,15 @@ def _record_runoff(
         }
         return OtherProcesses()
     runnables = [item.runnable for item in recorded] + ["1F1B"] + (["1F1B"] if control else [])
-    timelines, watched = _record_watched(
-        plan, pipeline, runnables, rounds, batch_size, threads, timeout_s, pin_cores
-    )
+    sets = runoff_set_sizes(rounds)
+    timelines: list[ScheduleTimeline] = []
+    watched = OtherProcesses()
+    for size in sets:  # each set in new processes: what one set adds to a ratio, the next may not
+        more, seen = _record_watched(
+            plan, pipeline, runnables, size, batch_size, threads, timeout_s, pin_cores
+        )
+        timelines = _more_rounds(timelines, more)
+        watched = _add_watched(watched, seen)
     for item, timeline in zip([*recorded, base], timelines, strict=False):
         item.measured_steps = list(item.measured_steps) + list(timeline.ranks[0].step_times)
         ordered = sorted(item.measured_steps)
@@ -742,6 +751,7 @@ def _record_runoff(
     plan.runoff = {
         "finalists": names,
         "rounds": rounds,
+        "sets": sets,
         "first_pick": first_pick,
         "margin": margin,
         "placements": [item.name for item in partners],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "free_split_ratio",
     "plan_html",
     "plan_table",
+    "runoff_set_sizes",
     "simulate_schedule",
     "what_if_table",
 ]
@@ -67,6 +69,22 @@ by more than the A/A control, whose copies share theirs, can show: over 93 sched
 of 19 GPT-2 plans (4 and 8 microbatches, 21 rounds each) it moved a median 1.5 points of 1F1B's step, 4.0
 at the 90th percentile, 8.3 at most. At 2% a plan left DualPipeV (3.7 points behind its pick in the first
 recording) out of its run-off, and a separate run measured DualPipeV 2.3% ahead of the pick."""
+
+RUNOFF_SETS = 3
+"""A run-off records its rounds in this many sets of processes, each one new (new processes, new copies of the
+stages), and orders its finalists by the mean over the sets of each set's median round ratio to 1F1B
+(:func:`runoff_set_sizes`). What one set of processes adds to a schedule's ratio stays for all its rounds
+(GPT-2 at 8 microbatches: Interleaved1F1B measured 0.957x to 0.995x 1F1B in four separate comparisons of 41
+rounds each), so more rounds in one set cannot average it out; more sets do."""
+
+RUNOFF_LEAST_ROUNDS_PER_SET = 5
+"""A run-off set has at least this many rounds: fewer sets where the rounds are few (9 rounds: one set)."""
+
+LEVEL_MARGIN = 0.01
+"""Two run-off finalists are level when each was faster than the other in at least one of the run-off's sets
+of processes and their mean ratios to 1F1B lie within this fraction of 1F1B's step; of level finalists the
+one that holds less memory is recommended (:attr:`SchedulePlan.recommended`): which of them is faster
+changes from one set of processes to the next, so no run can promise the order."""
 
 RUNOFF_MOST = 3
 """Where 1F1B would be kept, at most this many contenders go to a run-off (the best in the median round)."""
@@ -281,25 +299,58 @@ class SchedulePlan:
 
         return min(peers, key=first_rounds_ratio, default=None)
 
+    def process_sets(self) -> list[tuple[int, int]]:
+        """The rounds each set of processes recorded, as ``(start, end)`` indices into 1F1B's (and every
+        finalist's) measured steps: the first recording's, then each of the run-off's sets
+        (:data:`RUNOFF_SETS`: new processes, new copies of the stages, each); one pair without a run-off."""
+        runoff = self.runoff or {}
+        sizes = list(runoff.get("sets") or ([runoff["rounds"]] if runoff.get("rounds") else []))
+        bounds = [(0, len(self.baseline.measured_steps) - sum(sizes))]
+        for size in sizes:
+            start = bounds[-1][1]
+            bounds.append((start, start + size))
+        return bounds
+
     def ratio_by_process_set(self, item: PlannedSchedule, against: PlannedSchedule) -> list[float]:
         """``item``'s median round ratio to ``against`` in each set of processes that recorded both: the
-        first recording's, then the run-off's (new processes, new copies of the stages); one figure where
-        they share the first recording alone, none where they share no round.
+        first recording's, then each of the run-off's (new processes, new copies of the stages,
+        :meth:`process_sets`); one figure where they share the first recording alone, none where they
+        share no round.
 
         A ratio can move between sets of processes by more than the A/A control shows, since its two
         copies of 1F1B share their processes: GPT-2 at 8 microbatches measured DualPipeV 1.014x
         Interleaved1F1B in one set and 0.977x in the next, while the control's copies were 0.5% apart."""
-        runoff_rounds = (self.runoff or {}).get("rounds") or 0
-        first = len(self.baseline.measured_steps) - runoff_rounds
         ours, theirs = item.measured_steps, against.measured_steps
-        sets = [(0, first)] + ([(first, first + runoff_rounds)] if runoff_rounds else [])
         ratios = []
-        for start, end in sets:
-            if len(ours) >= end and len(theirs) >= end:
+        for start, end in self.process_sets():
+            if end > start and len(ours) >= end and len(theirs) >= end:
                 ratio = paired_rounds.median_round_ratio(ours[start:end], theirs[start:end])
                 if ratio is not None:
                     ratios.append(ratio)
         return ratios
+
+    def runoff_ratios(self, item: PlannedSchedule) -> list[float]:
+        """``item``'s median round ratio to 1F1B in each of the run-off's sets of processes, in order; []
+        without a run-off or where ``item`` was not recorded in it."""
+        sets = self.process_sets()[1:]
+        if not sets or len(item.measured_steps) < sets[-1][1]:
+            return []
+        return self.ratio_by_process_set(item, self.baseline)[-len(sets) :]
+
+    def level_with(self, item: PlannedSchedule, other: PlannedSchedule) -> bool:
+        """Whether the run-off's sets of processes could not order ``item`` and ``other``: each was faster
+        against 1F1B than the other in at least one set, and their means over the sets lie within
+        :data:`LEVEL_MARGIN`; False with fewer than two run-off sets."""
+        ours, theirs = self.runoff_ratios(item), self.runoff_ratios(other)
+        if len(ours) < 2 or len(ours) != len(theirs):
+            return False
+        ahead = sum(mine < its for mine, its in zip(ours, theirs, strict=True))
+        behind = sum(mine > its for mine, its in zip(ours, theirs, strict=True))
+        return (
+            ahead > 0
+            and behind > 0
+            and abs(statistics.fmean(ours) - statistics.fmean(theirs)) <= LEVEL_MARGIN
+        )
 
     def rounds_to_decide(self, item: PlannedSchedule) -> int | None:
         """About how many rounds a sign test at :attr:`significance` would need to tell ``item`` from 1F1B at
@@ -339,14 +390,28 @@ class SchedulePlan:
         the schedule with the shortest median step among those that beat 1F1B's median and its step in
         more recorded rounds than chance would (:meth:`won_beyond_chance`), by more than the noise floor in
         the median round (:attr:`noise_floor`), whose median step is below 1F1B's too; 1F1B when none does
-        (keep 1F1B)."""
+        (keep 1F1B). After a run-off, the finalist of those with the lowest :meth:`runoff_ratio`, or, of it
+        and the finalists level with it (:meth:`level_with`), the one with the lowest predicted peak memory
+        on its busiest rank."""
         base = self.baseline
         if base.measured_seconds is None:
             best = self.best
             if best is base or not base.fits_memory:
                 return best
             return best if best.predicted_seconds < PREDICTED_MARGIN * base.predicted_seconds else base
-        winners = [
+        winners = self.measured_winners()
+        level = self.runoff_level()
+        if level:  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
+            # of finalists no set of processes could order, the one that holds less memory
+            return min(level, key=lambda item: (peak_memory_bytes(item), self.runoff_ratio(item) or math.inf))
+        return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
+
+    def measured_winners(self) -> list[PlannedSchedule]:
+        """The recorded schedules that beat 1F1B over every recorded round: within the memory limit, beyond
+        the noise floor in the median round, median step below 1F1B's, and faster in more rounds than
+        chance would give (:meth:`won_beyond_chance`)."""
+        base = self.baseline
+        return [
             item
             for item in self.schedules
             if item is not base
@@ -356,22 +421,33 @@ class SchedulePlan:
             and item.measured_seconds < (base.measured_seconds or 0)
             and self.won_beyond_chance(item)
         ]
+
+    def runoff_level(self) -> list[PlannedSchedule]:
+        """After a run-off, the finalist it confirmed with the lowest :meth:`runoff_ratio` first, then the
+        confirmed finalists level with it (:meth:`level_with`); [] without a run-off or where it confirmed
+        none. Confirmed: within the memory limit, median step below 1F1B's, beyond the noise floor in the
+        run-off's rounds, and among :meth:`measured_winners` or beyond chance in the run-off's rounds alone (:meth:`won_runoff_beyond_chance`)."""
         runoff = self.runoff or {}
-        if runoff.get("rounds"):
-            confirmed = [
-                item
-                for item in (self.by_name(name) for name in runoff["finalists"])
-                if item.fits_memory
-                and item.measured_seconds is not None
-                and item.measured_seconds < (base.measured_seconds or 0)
-                and self.beyond_noise(self.runoff_ratio(item))
-                and (item in winners or self.won_runoff_beyond_chance(item))
-            ]
-            if (
-                confirmed
-            ):  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
-                return min(confirmed, key=lambda item: self.runoff_ratio(item) or math.inf)
-        return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
+        if not runoff.get("rounds"):
+            return []
+        base = self.baseline
+        winners = self.measured_winners()
+        confirmed = [
+            item
+            for item in (self.by_name(name) for name in runoff["finalists"])
+            if item.fits_memory
+            and item.measured_seconds is not None
+            and item.measured_seconds < (base.measured_seconds or 0)
+            and self.beyond_noise(self.runoff_ratio(item))
+            and (item in winners or self.won_runoff_beyond_chance(item))
+        ]
+        if not confirmed:
+            return []
+        fastest = min(confirmed, key=lambda item: self.runoff_ratio(item) or math.inf)
+        return [
+            fastest,
+            *(item for item in confirmed if item is not fastest and self.level_with(item, fastest)),
+        ]
 
     @property
     def runoff_significance(self) -> float | None:
@@ -444,14 +520,11 @@ class SchedulePlan:
         )
 
     def runoff_ratio(self, item: PlannedSchedule) -> float | None:
-        """``item``'s median round ratio to 1F1B over the run-off's rounds alone (the last ones recorded);
-        None without a run-off."""
-        rounds = (self.runoff or {}).get("rounds")
-        if not rounds:
-            return None
-        return paired_rounds.median_round_ratio(
-            item.measured_steps[-rounds:], self.baseline.measured_steps[-rounds:]
-        )
+        """``item``'s ratio to 1F1B over the run-off's rounds alone (the last ones recorded): the mean over
+        the run-off's sets of processes of each one's median round ratio (:meth:`runoff_ratios`), so that
+        each set counts alike; None without a run-off."""
+        ratios = self.runoff_ratios(item)
+        return statistics.fmean(ratios) if ratios else None
 
     def runoff_finalists(self) -> list[PlannedSchedule]:
         """The schedules to record again, in new processes, before recommending one (see :data:`RUNOFF_MARGIN`):
@@ -637,15 +710,11 @@ class SchedulePlan:
                 placement_ratio = self.round_ratio(placement) or math.inf
                 pays = self.beyond_noise(split_ratio) and split_p < self.splitting_significance
                 by_set = self.ratio_by_process_set(best, placement)
-                sets_disagree = len(by_set) > 1 and min(by_set) < 1.0 <= max(by_set)
+                sets_disagree = _sets_disagree(by_set)
                 head_to_head = (
                     f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
                     f"round, faster in {split_won} of {split_rounds}, p = {split_p:.2g}"
-                ) + (
-                    f"; {by_set[0]:.3f}x in the first recording's processes, {by_set[1]:.3f}x in the run-off's"
-                    if len(by_set) > 1
-                    else ""
-                )
+                ) + (f"; {_by_set(by_set)}" if len(by_set) > 1 else "")
                 if placement is base:
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of "
@@ -680,10 +749,11 @@ class SchedulePlan:
                 if sets_disagree:  # whichever way the pooled rounds lean
                     pays, undecided = False, True
                     reason = (
-                        "the two sets of processes disagree on what splitting gains over its placement "
-                        f"({by_set[0]:.3f}x, then {by_set[1]:.3f}x): a difference that changes sign from one "
-                        "set of processes to the next is not called; re-measure it in new processes (the "
-                        "compare-schedules command the plan prints)"
+                        f"the {_count_word(len(by_set))} sets of processes disagree on what "
+                        f"splitting gains over its placement ({by_set[0]:.3f}x, then "
+                        f"{_listed([f'{ratio:.3f}x' for ratio in by_set[1:]])}): a difference that changes sign "
+                        "from one set of processes to the next is not called; re-measure it in new processes "
+                        "(the compare-schedules command the plan prints)"
                     )
                 elif not pays and placement_wins and not self.beyond_noise(ratio):
                     reason = (
@@ -842,6 +912,22 @@ class SchedulePlan:
                         }
                     )
         return results
+
+
+def peak_memory_bytes(item: PlannedSchedule) -> float:
+    """``item``'s predicted peak activation memory on its busiest rank, in bytes (inf without a simulation)."""
+    if item.simulation is None or not item.simulation.peak_memory_bytes:
+        return math.inf
+    return float(max(item.simulation.peak_memory_bytes))
+
+
+def runoff_set_sizes(rounds: int) -> list[int]:
+    """How a run-off of ``rounds`` rounds is split into sets of processes: :data:`RUNOFF_SETS` sets, fewer
+    where a set would have under :data:`RUNOFF_LEAST_ROUNDS_PER_SET` rounds, as even as can be (21 rounds:
+    ``[7, 7, 7]``; 31: ``[11, 10, 10]``; 9: ``[9]``)."""
+    sets = max(1, min(RUNOFF_SETS, rounds // RUNOFF_LEAST_ROUNDS_PER_SET))
+    size, extra = divmod(rounds, sets)
+    return [size + (1 if index < extra else 0) for index in range(sets)]
 
 
 def _json_number(value: Any) -> Any:
@@ -1161,9 +1247,28 @@ def _runoff_note(plan: SchedulePlan) -> str:
     finalists = [plan.by_name(name) for name in names]
     rounds = runoff["rounds"]
 
+    sets = [end - start for start, end in plan.process_sets()[1:]]
+
+    def figures(item: PlannedSchedule) -> str:
+        won = "{} of {}".format(*plan.runoff_rounds_won(item))
+        if len(sets) < 2:
+            return f"{item.name} {_ratio(plan.runoff_ratio(item))} ({won})"
+        each = ", ".join(f"{ratio:.3f}x" for ratio in plan.runoff_ratios(item))
+        return f"{item.name} {plan.runoff_ratio(item) or math.inf:.3f}x ({won}; {each})"
+
     measured = ", ".join(
-        f"{item.name} {_ratio(plan.runoff_ratio(item))} ({'{} of {}'.format(*plan.runoff_rounds_won(item))})"
-        for item in sorted(finalists, key=lambda item: plan.runoff_ratio(item) or math.inf)
+        figures(item) for item in sorted(finalists, key=lambda item: plan.runoff_ratio(item) or math.inf)
+    )
+    where = (
+        f"in new processes, {rounds} more rounds"
+        if len(sets) < 2
+        else f"in {_count_word(len(sets))} sets of new processes ({_listed([str(size) for size in sets])} rounds: "
+        f"{rounds} more rounds"
+    )
+    alone = (
+        "in those alone against 1F1B"
+        if len(sets) < 2
+        else "in those alone against 1F1B, the mean of each set's median round (the rounds won; each set's)"
     )
     recommended = plan.recommended
     total = len(plan.baseline.measured_steps)
@@ -1187,11 +1292,65 @@ def _runoff_note(plan: SchedulePlan) -> str:
             if placements
             else ""
         )
-        + f" in new processes, {rounds} more rounds (1F1B's and theirs now count {total}), in those alone "
-        f"against 1F1B: {measured}; recommended: the best of them there that beat 1F1B beyond the noise floor "
+        + f" {where}"
+        + (
+            f", 1F1B's and theirs now count {total})"
+            if len(sets) > 1
+            else f" (1F1B's and theirs now count {total})"
+        )
+        + f", {alone}: {measured}; recommended: the best of them there that beat 1F1B beyond the noise floor "
         f"and beyond chance, over all {total} rounds or in the run-off's alone (p < "
-        f"{plan.runoff_significance:.2g}): {outcome}"
+        f"{plan.runoff_significance:.2g}): {outcome}" + _level_note(plan)
     )
+
+
+def _level_note(plan: SchedulePlan) -> str:
+    """Where the run-off's sets of processes could not order the fastest finalist and others
+    (:meth:`SchedulePlan.runoff_level`): which, and that the one holding less memory is recommended; else ""."""
+    recommended = plan.recommended
+    level = plan.runoff_level()
+    if len(level) < 2 or recommended not in level:
+        return ""
+    others = [item for item in level if item is not recommended]
+    memory = ", ".join(
+        f"{item.name} {peak_memory_bytes(item) / 2**20:.1f} MiB"
+        for item in others
+        if math.isfinite(peak_memory_bytes(item))
+    )
+    return (
+        f"; {_listed([recommended.name, *(item.name for item in others)])} are level: each was faster than "
+        f"the other in some of the run-off's sets of processes, and their means lie within {LEVEL_MARGIN:.0%}, "
+        "so which is faster changes from one set of processes to the next"
+        + (
+            f"; {recommended.name} holds the least memory (predicted peak on the busiest rank "
+            f"{peak_memory_bytes(recommended) / 2**20:.1f} MiB, against {memory})"
+            if memory and math.isfinite(peak_memory_bytes(recommended))
+            else ""
+        )
+    )
+
+
+def _sets_disagree(by_set: list[float]) -> bool:
+    """Whether the sets of processes disagree on whether a schedule beats another (``by_set``: its median
+    round ratio to the other in each set): some measured it faster and some not. One set disagrees with
+    nothing."""
+    return len(by_set) > 1 and min(by_set) < 1.0 <= max(by_set)
+
+
+def _by_set(by_set: list[float]) -> str:
+    """The per-set figures of :meth:`SchedulePlan.ratio_by_process_set`, the first recording's first:
+    "1.011x in the first recording's processes, 0.979x in the run-off's" (or "... 0.98x, 0.97x and 0.99x
+    in the run-off's three")."""
+    runoff = by_set[1:]
+    return (
+        f"{by_set[0]:.3f}x in the first recording's processes, "
+        + _listed([f"{ratio:.3f}x" for ratio in runoff])
+        + (" in the run-off's" if len(runoff) == 1 else f" in the run-off's {_count_word(len(runoff))}")
+    )
+
+
+def _count_word(count: int) -> str:
+    return {2: "two", 3: "three", 4: "four", 5: "five"}.get(count, str(count))
 
 
 def _listed(names: list[str]) -> str:
