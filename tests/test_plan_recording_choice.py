@@ -587,7 +587,6 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
         "GPipe": [95.0] * 11 + [101.0] * 4,
         "ZBH1": [96.0] * 11 + [101.0] * 4,
         "ZBH2": [97.0] * 10 + [101.0] * 5,
-        "Adaptive": [99.0] * 6 + [101.0] * 9,
         "CostAware": [102.0] * 15,
     }
     runoff = {
@@ -597,9 +596,9 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
         "ZBH2": [98.0] * 15,
     }
     calls: list[list[str]] = []
-    names = ["1F1B", "GPipe", "ZBH1", "ZBH2", "Adaptive", "CostAware"]
+    names = ["1F1B", "GPipe", "ZBH1", "ZBH2", "CostAware"]  # (Adaptive comes out as ZBH1's order here)
     before = run_recorded(monkeypatch, {**first}, names)
-    assert before.recommended is before.baseline and before.significance == 0.01
+    assert before.recommended is before.baseline and before.significance == 0.0125
     assert [item.name for item in before.runoff_finalists()] == [
         "GPipe",
         "ZBH1",

@@ -534,3 +534,26 @@ def test_under_a_memory_limit_1f1b_exceeds_the_line_blames_the_limit_not_splitti
     line = plan.zero_bubble_verdict()
     assert "1F1B itself is over the memory limit" in line and "what the limit costs" in line
     assert "were splitting free" not in line and "costs more than the bubble" not in line
+
+
+def test_a_generated_schedule_that_came_out_as_another_generated_ones_order_is_that_one():
+    # F 4, I 8, W 4 against B 8 ms, 4 microbatches: Adaptive's search lands on ZBH2's order, and CostAware on
+    # 1F1B's (the oracle: the orders' own labels, compared action by action)
+    costs = costs_json(4 * MS, 8 * MS, 4 * MS, 8 * MS)
+    names = ["1F1B", "ZBH1", "ZBH2", "Adaptive", "CostAware"]
+    plan = plan_schedules(ranks=2, microbatches=4, costs=costs, overhead=0.0, schedules=names)
+    adaptive, zbh2 = plan.by_name("Adaptive"), plan.by_name("ZBH2")
+    assert adaptive.order.labels() == zbh2.order.labels()
+    assert adaptive.order.labels() != plan.by_name("ZBH1").order.labels()
+    assert adaptive.same_order_as == "ZBH2" and zbh2.same_order_as is None
+    assert plan.by_name("CostAware").same_order_as == "1F1B"
+    assert plan.schedules.index(zbh2) < plan.schedules.index(adaptive)  # the one named first ranks first
+    assert "Adaptive (ZBH2's order)" in plan.table()
+    choice = choose_recorded(plan.schedules, plan.baseline, steps=5, prediction_error=10.0, budget_s=None)
+    chosen = {item.name for item in choice.chosen}
+    assert "ZBH2" in chosen and "Adaptive" not in chosen and "Adaptive" not in dict(choice.left_out)
+    # listed the other way round, Adaptive is kept and ZBH2 is Adaptive's order
+    plan = plan_schedules(
+        ranks=2, microbatches=4, costs=costs, overhead=0.0, schedules=names[:2] + names[3:1:-1]
+    )
+    assert plan.by_name("ZBH2").same_order_as == "Adaptive"

@@ -24,6 +24,8 @@ __all__ = ["add_plan_command"]
 
 
 def add_plan_command(commands: Any) -> None:
+    from graphkit.pipelining.schedule_plan import RUNOFF_MARGIN, RUNOFF_SETS
+
     plan = commands.add_parser(
         "plan",
         help="simulate every pipeline schedule from measured F/I/W costs, rank them, write the best as CSV",
@@ -134,9 +136,9 @@ def add_plan_command(commands: Any) -> None:
         "--no-runoff",
         dest="runoff",
         action="store_false",
-        help="with --run, recommend from one recording even where other schedules measured within 2%% (or "
-        "the noise floor) of the pick; by default those are recorded again with 1F1B in new processes "
-        "(a run-off) and the best of them there is recommended",
+        help=f"with --run, recommend from one recording even where other schedules measured within "
+        f"{RUNOFF_MARGIN * 100:.0f}%% (or the noise floor) of the pick; by default those are recorded again with 1F1B "
+        f"in {RUNOFF_SETS} sets of new processes (a run-off) and the best of them there is recommended",
     )
     plan.add_argument(
         "--no-control",

@@ -420,20 +420,21 @@ def _rank_key(item: PlannedSchedule) -> tuple[bool, float, bool]:
 
 
 def _note_same_orders(planned: list[PlannedSchedule]) -> None:
-    """Mark each generated schedule whose order came out as 1F1B's (``CostAware`` where no split pays):
-    it is 1F1B, so it is not recorded again, and shares 1F1B's prediction."""
+    """Mark each generated schedule whose order came out as another's: 1F1B's (``CostAware`` where no split
+    pays), or that of a schedule listed before it (``Adaptive``'s search often lands on ``ZBH2``'s or
+    ``ZBH1``'s order, and ``CostAware`` on either). It is that schedule: it is not recorded again (two copies
+    of one order would only split the rounds' noise between them), and it shares that one's prediction."""
     base = next((item for item in planned if item.name == "1F1B" and item.order is not None), None)
-    if base is None or base.order is None:
-        return
-    labels = base.order.labels()
-    for item in planned:
-        if (
-            item is not base
-            and is_generated(item.name)
-            and item.order is not None
-            and item.order.labels() == labels
-        ):
-            item.same_order_as = base.name
+    seen: list[tuple[dict[int, list[str]], str]] = []
+    for item in sorted(planned, key=lambda item: item is not base):  # 1F1B's order first, then in order
+        if item.order is None:
+            continue
+        labels = item.order.labels()
+        match = next((name for other, name in seen if other == labels), None)
+        if match is not None and is_generated(item.name):
+            item.same_order_as = match
+        elif match is None:
+            seen.append((labels, item.name))
 
 
 def _adaptive_fits(
@@ -495,10 +496,10 @@ def _calibrate(plan: SchedulePlan, two: Sequence[StageCost] | None) -> None:
         item.fits_memory = (
             plan.memory_limit is None or max(item.simulation.peak_memory_bytes) <= plan.memory_limit
         )
-    base = plan.baseline
     for item in plan.schedules:
         if item.same_order_as is not None:  # the same order: the same prediction
-            item.simulation, item.fits_memory = base.simulation, base.fits_memory
+            same = plan.by_name(item.same_order_as)
+            item.simulation, item.fits_memory = same.simulation, same.fits_memory
     plan.schedules.sort(key=_rank_key)
     pooled = calibrate_runtime(list(recorded.values()), by_count)
     plan.comm, plan.overhead = pooled.comm, pooled.overhead
@@ -694,11 +695,11 @@ def _record_runoff(
 ) -> OtherProcesses:
     """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), the non-splitting schedule of each
     splitting finalist's placement (:meth:`SchedulePlan.placement_baseline`, where it is not 1F1B), 1F1B and,
-    with ``control``, 1F1B again,
-    as many rounds as the first recording, split into sets (:func:`runoff_set_sizes`), each in new
-    processes (new copies of the stages, a new process group), and add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow,
-    the other schedules' keep the first recording's rounds (paired with 1F1B's first ones). The
-    recommendation then orders the finalists by these rounds alone (:attr:`SchedulePlan.recommended`).
+    with ``control``, 1F1B again, as many rounds as the first recording, split into sets
+    (:func:`runoff_set_sizes`), each in new processes (new copies of the stages, a new process group), and
+    add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow, the other
+    schedules' keep the first recording's rounds (paired with 1F1B's first ones). The recommendation then
+    orders the finalists by these rounds alone, each set alike (:attr:`SchedulePlan.recommended`).
     Skipped, and said in ``plan.runoff``, where its estimate (the measured steps) passes ``budget_left_s``.
     Returns what other processes used of the CPU meanwhile."""
     base = plan.baseline

@@ -427,7 +427,8 @@ class SchedulePlan:
         """After a run-off, the finalist it confirmed with the lowest :meth:`runoff_ratio` first, then the
         confirmed finalists level with it (:meth:`level_with`); [] without a run-off or where it confirmed
         none. Confirmed: within the memory limit, median step below 1F1B's, beyond the noise floor in the
-        run-off's rounds, and among :meth:`measured_winners` or beyond chance in the run-off's rounds alone (:meth:`won_runoff_beyond_chance`)."""
+        run-off's rounds, and among :meth:`measured_winners` or beyond chance in the run-off's rounds alone
+        (:meth:`won_runoff_beyond_chance`)."""
         runoff = self.runoff or {}
         if not runoff.get("rounds"):
             return []
