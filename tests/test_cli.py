@@ -266,6 +266,52 @@ def test_timeline_and_compare_schedules_timeout_reaches_the_recorder(
     assert passed["timeout_s"] == seconds
 
 
+def test_compare_schedules_records_each_set_of_processes_apart_and_prints_each_sets_ratio(capsys, monkeypatch):
+    import graphkit.pipelining.recording as recording
+    from graphkit.pipelining.planning.timelines import RankTimeline, ScheduleTimeline
+
+    asked = []
+    # per set: 1F1B 100 ms; ZBVZeroBubble 90, 96 and 99 ms; the control 100, 103 and 100 ms
+    steps_by_set = {
+        "1F1B": [100.0, 100.0, 100.0],
+        "ZBVZeroBubble": [90.0, 96.0, 99.0],
+        "copy": [100.0, 103.0, 100.0],
+    }
+
+    def record(spec, schedules, steps=1, **_):
+        index = len(asked)
+        asked.append(steps)
+        timelines = []
+        for position, name in enumerate(schedules):
+            key = "copy" if position == len(schedules) - 1 and position else name
+            times = [steps_by_set[key][index] * 1e-3] * steps
+            rank = RankTimeline(0, [0], [], times[0], None, [], [])
+            rank.step_times = times
+            timelines.append(ScheduleTimeline(name, 4, 2, [rank]))
+        return timelines
+
+    monkeypatch.setattr(recording, "record_schedules", record)
+    status, out, _ = run(
+        capsys,
+        "compare-schedules",
+        "zoo-pipeline:mlp",
+        "--schedules",
+        "1F1B,ZBVZeroBubble",
+        "--control",
+        "--steps",
+        "21",
+        "--process-sets",
+        "3",
+    )
+    assert status == 0, out
+    assert asked == [7, 7, 7]  # three recordings: three sets of new processes
+    assert "in 3 sets of new processes of 7, 7 and 7 rounds, each ratio the mean of the sets' median rounds" in out
+    assert "ZBVZeroBubble: 0.950x in the mean of the sets (0.900x, 0.960x, 0.990x), faster in 21 of 21 rounds" in out
+    assert "noise floor: 1F1B recorded twice (A/A) measured 1.0% apart in the mean of the sets" in out
+    status, _, err = run(capsys, "compare-schedules", "zoo-pipeline:mlp", "--process-sets", "0")
+    assert status == 2 and "--process-sets must be at least 1" in err
+
+
 @pytest.mark.parametrize(
     ("command", "default"), [("verify-pipeline", 300), ("timeline", 120), ("compare-schedules", 120)]
 )

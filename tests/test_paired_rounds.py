@@ -15,6 +15,8 @@ from graphkit.measure.paired_rounds import (
     compare_rounds,
     median_round_ratio,
     noise_floor,
+    process_set_sizes,
+    ratio_by_set,
     rounds_won,
 )
 from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
@@ -115,6 +117,37 @@ def test_compare_rounds_pairs_every_schedule_with_the_first_and_reads_the_noise_
     assert interleaved["median_round_ratio"] == pytest.approx(0.99) and interleaved["within_noise"]
     assert copy["within_noise"]
     assert compare_rounds([("1F1B", [1.0]), ("GPipe", [1.0])])["noise_floor"] is None
+
+
+def test_rounds_split_into_sets_of_processes_of_at_least_five_as_even_as_can_be():
+    assert process_set_sizes(21, 3) == [7, 7, 7]
+    assert process_set_sizes(41, 3) == [14, 14, 13]
+    assert process_set_sizes(10, 3) == [5, 5]
+    assert process_set_sizes(9, 3) == [9] and process_set_sizes(41, 1) == [41]
+    assert all(sum(process_set_sizes(rounds, 3)) == rounds for rounds in range(1, 80))
+    with pytest.raises(ValueError, match="at least 1"):
+        process_set_sizes(21, 0)
+
+
+def test_with_sets_of_processes_each_counts_alike_in_the_mean_of_their_median_rounds():
+    # three sets of 5, 5 and 4 rounds; ZBV measured 0.90x 1F1B in the first set, 0.96x in the second,
+    # 0.99x in the third: pooled, the median round is 0.96x; the sets' mean (0.90 + 0.96 + 0.99) / 3 = 0.95
+    base = [10.0] * 14
+    zbv = [9.0] * 5 + [9.6] * 5 + [9.9] * 4
+    copy = [10.0] * 5 + [10.3] * 5 + [10.0] * 4  # the A/A control: 1.00x, 1.03x, 1.00x: 1% in the mean
+    assert ratio_by_set(zbv, base, [5, 5, 4]) == pytest.approx([0.9, 0.96, 0.99])
+    assert median_round_ratio(zbv, base) == pytest.approx(0.96)
+    summary = compare_rounds([("1F1B", base), ("ZBV", zbv), ("1F1B", copy)], [5, 5, 4])
+    zbv_row, copy_row = summary["rows"]
+    assert zbv_row["median_round_ratio"] == pytest.approx(0.95)
+    assert zbv_row["by_set"] == pytest.approx([0.9, 0.96, 0.99]) and (zbv_row["won"], zbv_row["rounds"]) == (14, 14)
+    assert summary["noise_floor"] == pytest.approx(0.01) and summary["sets"] == [5, 5, 4]
+    assert copy_row["within_noise"] and not zbv_row["within_noise"]
+    # one set: as without sets
+    one = compare_rounds([("1F1B", base), ("ZBV", zbv)], [14])
+    assert one["rows"][0]["median_round_ratio"] == pytest.approx(0.96) and one["rows"][0]["by_set"] == []
+    with pytest.raises(ValueError, match="do not add up"):
+        compare_rounds([("1F1B", base), ("ZBV", zbv)], [5, 5])
 
 
 def test_rounds_to_decide_at_a_win_fraction_against_the_binomial_tails():

@@ -29,7 +29,7 @@ from graphkit.pipelining.remembered_error import (
     remembered_error,
     setup_key,
 )
-from graphkit.pipelining.schedule_plan import PlannedSchedule, runoff_set_sizes
+from graphkit.pipelining.schedule_plan import PlannedSchedule, process_set_sizes
 from graphkit.pipelining.schedules import schedule_name, schedule_order, stage_count
 
 MS = 1e-3
@@ -143,17 +143,22 @@ def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[st
 
     calls = options.pop("calls", [])  # the schedules of each recording, in order
 
-    offsets = {"runoff": 0}  # the run-off's rounds handed out so far
+    offsets = {"first": 0, "runoff": 0, "runoff_sets": 0}  # the rounds handed out so far
+    first_rounds = len(rounds["1F1B"])
 
     def record(pipeline, names, microbatches, ranks, steps, **_):
         calls.append([schedule_name(schedule) for schedule in names])
-        # a run-off (the recordings after the first, one per set of processes) reads rounds["runoff"] where
-        # given: a list holds one dict per set; one dict is handed out set by set, in order
-        source, start = rounds, 0
-        if len(calls) > 1:
+        # the first recording's sets of processes read ``rounds`` in order; a run-off's (the recordings
+        # after those, one per set) read rounds["runoff"] where given: a list holds one dict per set, one
+        # dict is handed out set by set, in order
+        source, start = rounds, offsets["first"]
+        if offsets["first"] < first_rounds:
+            offsets["first"] += steps
+        else:
             runoff = rounds.get("runoff", rounds)
             if isinstance(runoff, list):
-                source = runoff[len(calls) - 2]
+                source, start = runoff[offsets["runoff_sets"]], 0
+                offsets["runoff_sets"] += 1
             else:
                 source, start = runoff, offsets["runoff"]
                 offsets["runoff"] += steps
@@ -191,7 +196,8 @@ def run_recorded(monkeypatch, rounds: dict[str, list[float]], schedules: list[st
         steps=len(rounds["1F1B"]),
         overhead=0.0,
         comm=CommModel(),
-        **{"prediction_error": 10.0, "runoff": False, **options},  # default: record every one, no run-off
+        # default: record every one, the first recording in one set of processes, no run-off
+        **{"prediction_error": 10.0, "runoff": False, "recording_sets": 1, **options},
     )
 
 
@@ -392,7 +398,7 @@ def run_auto(monkeypatch, rounds: dict[str, list[float]], **options):
         overhead=0.0,
         comm=CommModel(),
         prediction_error=10.0,
-        **options,
+        **{"recording_sets": 1, **options},
     )
     return plan, asked
 
@@ -686,7 +692,7 @@ def test_the_plan_gives_the_batch_and_the_command_that_checks_its_pick(monkeypat
     # generated schedules without a written order run by name (plan -o DIR writes their CSVs)
     assert command == (
         "graphkit compare-schedules zoo-pipeline:mlp --ranks 2 --microbatches 4 --batch-size 32 --steps 15 "
-        "--control --schedules 1F1B,GPipe,ZBH1,CostAware (plan with -o DIR first: by name, CostAware is built "
+        "--process-sets 3 --control --schedules 1F1B,GPipe,ZBH1,CostAware (plan with -o DIR first: by name, CostAware is built "
         "anew from default costs, not the order recorded here)"
     )
     assert (
@@ -828,8 +834,8 @@ def test_splitting_that_changes_sign_between_sets_of_processes_is_not_shown_to_p
         in (verdict)
     )
     assert (
-        "the four sets of processes disagree on what splitting gains over its placement (1.011x, then 0.979x, "
-        "0.979x and 0.979x)" in verdict
+        "the four sets of processes disagree on what splitting gains over its placement (1.011x in the first "
+        "recording's processes, 0.979x, 0.979x and 0.979x in the run-off's three)" in verdict
     )
     assert "placement's, not splitting's" not in verdict
     # the other way round: pooled, splitting pays beyond chance, but the first set measured it slower
@@ -852,12 +858,12 @@ def test_splitting_that_changes_sign_between_sets_of_processes_is_not_shown_to_p
 
 
 def test_a_run_off_splits_its_rounds_into_sets_of_processes_of_at_least_five():
-    assert runoff_set_sizes(21) == [7, 7, 7]
-    assert runoff_set_sizes(31) == [11, 10, 10]
-    assert runoff_set_sizes(10) == [5, 5]
-    assert runoff_set_sizes(9) == [9]
-    assert runoff_set_sizes(3) == [3]
-    assert all(sum(runoff_set_sizes(rounds)) == rounds for rounds in range(1, 80))
+    assert process_set_sizes(21) == [7, 7, 7]
+    assert process_set_sizes(31) == [11, 10, 10]
+    assert process_set_sizes(10) == [5, 5]
+    assert process_set_sizes(9) == [9]
+    assert process_set_sizes(3) == [3]
+    assert all(sum(process_set_sizes(rounds)) == rounds for rounds in range(1, 80))
 
 
 def _level_runoff(monkeypatch, zbv: list[float], dual: list[float]):
@@ -917,3 +923,48 @@ def test_finalists_are_not_level_where_every_set_orders_them_alike_or_the_means_
     zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
     assert plan.runoff_ratio(zbv) - plan.runoff_ratio(dual) == pytest.approx(0.07 / 3)
     assert not plan.level_with(zbv, dual) and plan.recommended is dual
+
+
+def test_the_first_recording_runs_in_sets_of_processes_and_a_schedule_close_to_the_pick_reaches_the_run_off(
+    monkeypatch,
+):
+    # as a model of 8 transformer blocks measured: the A/A control 3% apart, ZBH1 0.95x 1F1B, CostAware
+    # 0.98x (within the noise floor of 1F1B, and within it of ZBH1 too); a separate run measured CostAware
+    # best. It now goes to the run-off, which orders them on rounds of their own
+    first = {"1F1B": [100.0] * 21, "control": [103.0] * 21, "ZBH1": [95.0] * 21, "CostAware": [98.0] * 21}
+    runoff = {"1F1B": [100.0] * 21, "control": [103.0] * 21, "ZBH1": [96.0] * 21, "CostAware": [94.0] * 21}
+    calls: list[list[str]] = []
+    plan = run_recorded(
+        monkeypatch,
+        {**first, "runoff": runoff},
+        ["1F1B", "ZBH1", "CostAware"],
+        runoff=True,
+        recording_sets=3,
+        calls=calls,
+    )
+    # three sets of 7 rounds for the first recording, then three for the run-off: six sets of new processes
+    assert plan.first_recording_sets == [7, 7, 7] and plan.runoff["sets"] == [7, 7, 7]
+    assert len(calls) == 6 and calls[0] == calls[1] == calls[2]
+    assert plan.process_sets() == [(start, start + 7) for start in range(0, 42, 7)]
+    assert plan.first_recording_set_count == 3
+    assert plan.noise_floor == pytest.approx(0.03)
+    cost_aware, zbh1 = plan.by_name("CostAware"), plan.by_name("ZBH1")
+    assert not plan.beyond_noise(0.98)  # CostAware did not beat 1F1B beyond the noise floor itself...
+    assert plan.runoff["finalists"] == ["ZBH1", "CostAware"]  # ...but it was within it of the pick
+    assert plan.runoff_ratios(cost_aware) == pytest.approx([0.94] * 3)
+    assert plan.recommended is cost_aware and plan.runoff["first_pick"] == "ZBH1"
+    assert plan.ratio_by_process_set(zbh1, plan.baseline) == pytest.approx([0.95] * 3 + [0.96] * 3)
+    table = plan.table()
+    assert (
+        "\nfirst recording: 21 rounds in three sets of new processes (7, 7 and 7 rounds), so that what one set's "
+        "copies of the stages happen to get (memory, a quieter core) does not decide which schedules reach the "
+        "run-off"
+    ) in table
+    assert "--steps 21 --process-sets 3 --control" in table
+    # one set where the rounds are too few for more (at least 5 a set): no line
+    plan = run_recorded(
+        monkeypatch, {name: steps[:9] for name, steps in first.items()}, ["1F1B", "ZBH1"], recording_sets=3
+    )
+    assert plan.first_recording_sets == [9] and "first recording:" not in plan.table()
+    with pytest.raises(ValueError, match="recording_sets must be at least 1"):
+        run_recorded(monkeypatch, first, ["1F1B", "ZBH1"], recording_sets=0)

@@ -42,17 +42,21 @@ def costs_json(f: float, i: float, w: float, full: float) -> dict:
 
 def recorder(steps_by_name: dict[str, list[float]]):
     """A stand-in for record_schedules: each schedule's step times, round by round, as given (the median
-    is the recorded step); 1F1B's order simulated for the shapes."""
+    is the recorded step), handed out in order to the sets of processes a plan records in; 1F1B's order
+    simulated for the shapes."""
+    handed = [0]  # the rounds handed out so far
 
     def record(pipeline, schedules, microbatches, ranks, steps, **_):
         timelines = []
+        start = handed[0]
+        handed[0] += steps
         for schedule in schedules:
             name = schedule_name(schedule)
             order = schedule_order(schedule, ranks, microbatches)
             timeline = simulate(
                 order, StageCost(1 * MS, 1 * MS, 1 * MS), CommModel(), name=name
             ).to_schedule_timeline()
-            times = steps_by_name[name][:steps]
+            times = steps_by_name[name][start : start + steps]
             for rank in timeline.ranks:
                 rank.step_times = list(times)
                 rank.step_seconds = sorted(times)[(len(times) - 1) // 2]

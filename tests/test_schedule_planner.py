@@ -356,8 +356,11 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
         top=3,
         schedules=["1F1B", "GPipe", "ZBH1"],
     )
-    assert sorted(recorded_names) == ["1F1B", "1F1B", "GPipe", "ZBH1"]  # 1F1B twice: the A/A control
-    assert pinned == [False] and plan.to_dict()["recording"] == {
+    # 1F1B twice (the A/A control), and the 15 rounds in three sets of new processes
+    assert sorted(recorded_names) == sorted(["1F1B", "1F1B", "GPipe", "ZBH1"] * 3)
+    assert plan.first_recording_sets == [5, 5, 5]
+    assert plan.to_dict()["first_recording_sets"] == [5, 5, 5]
+    assert pinned == [False] * 3 and plan.to_dict()["recording"] == {
         "steps": 15,
         "threads": 1,
         "pin_cores": False,
@@ -368,7 +371,7 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
     pinned_plan = plan_schedules(
         "zoo-pipeline:mlp", ranks=2, microbatches=6, costs=measured, run=True, top=1, pin_cores=True
     )
-    assert recorded_names.count("1F1B") == 2 and len(recorded_names) <= 5
+    assert recorded_names.count("1F1B") == 2 * 3 and len(recorded_names) <= 5 * 3
     assert all("beyond --top 1" in why or "above the best" in why for _, why in pinned_plan.left_out)
     assert pinned[-1] is True and pinned_plan.recording["pin_cores"] is True
     assert "each rank pinned to one core" in pinned_plan.load

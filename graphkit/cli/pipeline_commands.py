@@ -157,25 +157,28 @@ def record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
     to move the figures (:mod:`graphkit.measure.competing_load`)."""
     from graphkit.measure.competing_load import other_processes_warning, watching_other_processes
     from graphkit.pipelining.planning.timelines import TimelineError
-    from graphkit.pipelining.recording import record_schedules
+    from graphkit.pipelining.recording import following_rounds, record_schedules
 
+    timelines: list[Any] = []
     try:
         with watching_other_processes() as others:
-            timelines = record_schedules(
-                arguments.spec,
-                schedules,
-                microbatches=arguments.microbatches,
-                ranks=arguments.ranks,
-                device=arguments.device,
-                threads=arguments.threads,
-                timeout_s=arguments.timeout,
-                stage=arguments.stage,
-                stage_class=arguments.stage_class,
-                steps=arguments.steps,
-                stages_per_rank=arguments.stages_per_rank,
-                batch_size=arguments.batch_size,
-                pin_cores=arguments.pin_cores,
-            )
+            for steps in set_sizes(arguments):  # each set in new processes
+                more = record_schedules(
+                    arguments.spec,
+                    schedules,
+                    microbatches=arguments.microbatches,
+                    ranks=arguments.ranks,
+                    device=arguments.device,
+                    threads=arguments.threads,
+                    timeout_s=arguments.timeout,
+                    stage=arguments.stage,
+                    stage_class=arguments.stage_class,
+                    steps=steps,
+                    stages_per_rank=arguments.stages_per_rank,
+                    batch_size=arguments.batch_size,
+                    pin_cores=arguments.pin_cores,
+                )
+                timelines = following_rounds(timelines, more)
     except TimelineError as error:  # bad schedule, stages that do not divide, a failed rank: exit 2
         raise ValueError(str(error)) from error
     warning = other_processes_warning(others)
@@ -184,6 +187,17 @@ def record(arguments: argparse.Namespace, schedules: list[str]) -> list[Any]:
     elif others.cores is not None:
         print(others.describe(), file=sys.stderr)
     return timelines
+
+
+def set_sizes(arguments: argparse.Namespace) -> list[int]:
+    """The rounds each set of processes records: ``--steps`` split into ``--process-sets`` sets
+    (:func:`~graphkit.measure.paired_rounds.process_set_sizes`); one set without that option."""
+    from graphkit.measure.paired_rounds import process_set_sizes
+
+    sets = getattr(arguments, "process_sets", 1)
+    if sets < 1:
+        raise ValueError(f"--process-sets must be at least 1, got {sets}")
+    return process_set_sizes(arguments.steps, sets) if arguments.steps >= 1 else [arguments.steps]
 
 
 def add_timeline_command(commands: Any) -> None:
@@ -244,6 +258,16 @@ def add_compare_schedules_command(commands: Any) -> None:
         "copies is printed as the run's noise floor (listing a schedule twice does the same)",
     )
     compare.add_argument(
+        "--process-sets",
+        type=int,
+        default=1,
+        metavar="N",
+        help="record the rounds in N sets of new processes (new copies of the stages), at least 5 rounds "
+        "a set, and give each schedule the mean of the sets' median round ratios: what one set's copies "
+        "happen to get (memory, a quieter core) then averages out, which more rounds in one set cannot "
+        "do (default 1; graphkit plan prints its check with 3)",
+    )
+    compare.add_argument(
         "-o", "--output", metavar="DIR", help="also write index.html and the pictures to DIR"
     )
     add_json_option(compare, help="also print the summaries as JSON")
@@ -259,7 +283,7 @@ def run_compare_schedules(arguments: argparse.Namespace) -> int:
     timelines = record(arguments, schedules)
     print(comparison_table(timelines))
     if arguments.steps > 1:
-        print(rounds_lines(timelines))
+        print(rounds_lines(timelines, set_sizes(arguments)))
     if arguments.json:
         print(json.dumps([timeline.summary() for timeline in timelines], indent=1))
     if arguments.output:
@@ -273,37 +297,58 @@ def run_compare_schedules(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def rounds_lines(timelines: list[Any]) -> str:
+def rounds_lines(timelines: list[Any], sets: list[int] | None = None) -> str:
     """Each schedule's recorded rounds against the first's (paired: the same round, the order of each
-    round in the next order of a design balanced for position and predecessor), and the noise floor where a schedule was recorded twice."""
+    round in the next order of a design balanced for position and predecessor), and the noise floor where
+    a schedule was recorded twice. ``sets``: the rounds each set of processes recorded, in order; with
+    several, each ratio is the mean of the sets' median rounds, and each set's is listed."""
     from graphkit.measure.paired_rounds import compare_rounds
 
     named = [
         (timeline.schedule, list(timeline.ranks[0].step_times) if timeline.ranks else [])
         for timeline in timelines
     ]
-    summary = compare_rounds(named)
+    summary = compare_rounds(named, sets)
+    several = len(summary["sets"]) > 1
     rounds = len(named[0][1]) if named else 0
     lines = [
-        f"rounds ({rounds}, each visiting the schedules in an order balanced for position and predecessor), step over "
-        f"{summary['baseline']}'s in the same round:"
+        f"rounds ({rounds}, each visiting the schedules in an order balanced for position and predecessor"
+        + (
+            f"; in {len(summary['sets'])} sets of new processes of {_sizes(summary['sets'])} rounds, each "
+            "ratio the mean of the sets' median rounds"
+            if several
+            else ""
+        )
+        + f"), step over {summary['baseline']}'s in the same round:"
     ]
     for row in summary["rows"]:
         ratio = row["median_round_ratio"]
+        figure = "-" if ratio is None else f"{ratio:.3f}x"
+        where = (
+            " in the mean of the sets (" + ", ".join(f"{each:.3f}x" for each in row["by_set"]) + ")"
+            if several
+            else " in the median round"
+        )
         lines.append(
-            f"  {row['name']}: {'-' if ratio is None else f'{ratio:.3f}x'} in the median round, faster in "
-            f"{row['won']} of {row['rounds']} (sign test p = {row['p']:.2g})"
-            + (" - within the noise floor" if row["within_noise"] else "")
+            f"  {row['name']}: {figure}{where}, faster in {row['won']} of {row['rounds']} rounds "
+            f"(sign test p = {row['p']:.2g})" + (" - within the noise floor" if row["within_noise"] else "")
         )
     floor = summary["noise_floor"]
     if floor is not None:
         lines.append(
-            f"noise floor: {summary['control']} recorded twice (A/A) measured {floor:.1%} apart in the median "
-            "round: differences within it are not told from noise in this run"
+            f"noise floor: {summary['control']} recorded twice (A/A) measured {floor:.1%} apart"
+            + (" in the mean of the sets" if several else " in the median round")
+            + ": differences within it are not told from noise in this run"
         )
     else:
         lines.append("no noise floor: list a schedule twice, or add --control, to measure one")
     return "\n".join(lines)
+
+
+def _sizes(sizes: list[int]) -> str:
+    """``[7, 7, 7]`` is "7, 7 and 7"."""
+    text = [str(size) for size in sizes]
+    return text[0] if len(text) == 1 else f"{', '.join(text[:-1])} and {text[-1]}"
 
 
 # --- verify-pipeline -----------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ __all__ = ["add_plan_command"]
 
 
 def add_plan_command(commands: Any) -> None:
-    from graphkit.pipelining.schedule_plan import RUNOFF_MARGIN, RUNOFF_SETS
+    from graphkit.pipelining.schedule_plan import RUNOFF_MARGIN, PROCESS_SETS
 
     plan = commands.add_parser(
         "plan",
@@ -138,7 +138,16 @@ def add_plan_command(commands: Any) -> None:
         action="store_false",
         help=f"with --run, recommend from one recording even where other schedules measured within "
         f"{RUNOFF_MARGIN * 100:.0f}%% (or the noise floor) of the pick; by default those are recorded again with 1F1B "
-        f"in {RUNOFF_SETS} sets of new processes (a run-off) and the best of them there is recommended",
+        f"in {PROCESS_SETS} sets of new processes (a run-off) and the best of them there is recommended",
+    )
+    plan.add_argument(
+        "--recording-sets",
+        type=int,
+        default=PROCESS_SETS,
+        metavar="N",
+        help=f"with --run, record the first recording's rounds in N sets of new processes (new copies of the "
+        f"stages, at least 5 rounds a set; default {PROCESS_SETS}, as a run-off): a schedule's ratio to 1F1B moves "
+        "between sets of processes, and one set's luck should not decide which schedules reach the run-off",
     )
     plan.add_argument(
         "--no-control",
@@ -247,6 +256,7 @@ def run_plan(arguments: argparse.Namespace) -> int:
                 record_budget_s=arguments.record_budget,
                 control=arguments.control,
                 runoff=arguments.runoff,
+                recording_sets=arguments.recording_sets,
                 weight_slowdown=arguments.weight_slowdown,
                 output=arguments.output,
                 threads=arguments.threads or 1,

@@ -14,6 +14,8 @@ right after every other candidate equally often.
   :func:`~graphkit.measure.timing.sign_test_p_value`);
 - :func:`noise_floor`: the spread between two copies of the same candidate (an A/A control) recorded in
   the same rounds, below which no difference is called;
+- :func:`process_set_sizes`, :func:`ratio_by_set`: rounds recorded in several sets of processes (each set
+  new processes, new copies of what is measured), and one candidate's median round ratio in each;
 - :func:`compare_rounds`: every candidate against the first, with the noise floor where a name comes twice
   (what ``graphkit compare-schedules`` prints under its table).
 
@@ -32,6 +34,8 @@ __all__ = [
     "compare_rounds",
     "median_round_ratio",
     "noise_floor",
+    "process_set_sizes",
+    "ratio_by_set",
     "round_ratios",
     "rounds_won",
 ]
@@ -95,6 +99,46 @@ def rounds_won(steps: Sequence[float], baseline: Sequence[float]) -> tuple[int, 
     return sum(step < base for step, base in pairs), len(pairs)
 
 
+LEAST_ROUNDS_PER_SET = 5
+"""No set of processes is given fewer rounds than this (:func:`process_set_sizes`): a set's median round
+needs a few rounds to be its own and not one round's."""
+
+
+def process_set_sizes(rounds: int, sets: int) -> list[int]:
+    """How ``rounds`` rounds are split into ``sets`` sets of processes (each recorded in new processes):
+    fewer sets where one would get under :data:`LEAST_ROUNDS_PER_SET` rounds, as even as can be, the larger
+    first (21 rounds in 3 sets: ``[7, 7, 7]``; 31: ``[11, 10, 10]``; 9: ``[9]``).
+
+    A candidate's speed against another moves between sets of processes by more than between the rounds of
+    one set: what a set's copies of the stages happen to get (where their memory lies, which core is
+    quieter) stays with them for all of its rounds, so more rounds in one set do not average it out, and
+    more sets do (GPT-2 on 2 pinned ranks, sets of 7 rounds: a median 3.8 points of 1F1B's step against
+    the A/A control's 2.3, whose copies share their processes).
+
+    Raises:
+        ValueError: ``rounds`` or ``sets`` below 1.
+    """
+    if rounds < 1 or sets < 1:
+        raise ValueError(f"rounds and sets must be at least 1, got {rounds} and {sets}")
+    count = max(1, min(sets, rounds // LEAST_ROUNDS_PER_SET))
+    size, extra = divmod(rounds, count)
+    return [size + (1 if index < extra else 0) for index in range(count)]
+
+
+def ratio_by_set(steps: Sequence[float], baseline: Sequence[float], sizes: Sequence[int]) -> list[float]:
+    """:func:`median_round_ratio` of ``steps`` over ``baseline`` in each set of consecutive rounds of
+    ``sizes`` (the sets of processes that recorded them, in order); a set either side left without a round
+    is left out."""
+    ratios = []
+    start = 0
+    for size in sizes:
+        ratio = median_round_ratio(steps[start : start + size], baseline[start : start + size])
+        if ratio is not None:
+            ratios.append(ratio)
+        start += size
+    return ratios
+
+
 def noise_floor(copy: Sequence[float], original: Sequence[float]) -> float | None:
     """The spread between two copies of the same candidate recorded in the same rounds (an A/A control):
     ``|median_round_ratio(copy, original) - 1|``, e.g. 0.012 for copies 1.2% apart in the median round.
@@ -106,38 +150,61 @@ def noise_floor(copy: Sequence[float], original: Sequence[float]) -> float | Non
     return None if ratio is None else abs(ratio - 1.0)
 
 
-def compare_rounds(named_steps: Sequence[tuple[str, Sequence[float]]]) -> dict[str, object]:
+def compare_rounds(
+    named_steps: Sequence[tuple[str, Sequence[float]]], set_sizes: Sequence[int] | None = None
+) -> dict[str, object]:
     """Every candidate's rounds against the first's, and the noise floor where a name comes twice.
 
     ``named_steps``: ``(name, steps)`` per candidate, steps round by round, all recorded in the same rounds;
-    the first is the baseline. Returns ``{"baseline": name, "rows": [...], "noise_floor": float | None,
-    "control": name | None}``: a row per candidate after the first, ``{"name", "median_round_ratio",
-    "won", "rounds", "p", "within_noise"}`` (``p``: the one-sided sign test of its wins,
-    :func:`~graphkit.measure.timing.sign_test_p_value`; ``within_noise``: its median round ratio is within
-    the noise floor of 1); the noise floor is :func:`noise_floor` between the first two copies of the
-    first name that comes twice (an A/A control), None where none does.
+    the first is the baseline. ``set_sizes``: where the rounds were recorded in several sets of processes,
+    how many rounds each set recorded, in order (:func:`process_set_sizes`); then each candidate's ratio is
+    the mean over the sets of each set's median round ratio (:func:`ratio_by_set`), so that every set
+    counts alike, and the noise floor the control's, so taken. Returns ``{"baseline": name, "rows": [...],
+    "noise_floor": float | None, "control": name | None, "sets": sizes}``: a row per candidate after the
+    first, ``{"name", "median_round_ratio", "by_set", "won", "rounds", "p", "within_noise"}``
+    (``median_round_ratio``: over all rounds, or the mean of the sets' with several sets; ``by_set``: each
+    set's, [] with one set; ``p``: the one-sided sign test of its wins,
+    :func:`~graphkit.measure.timing.sign_test_p_value`; ``within_noise``: its ratio is within the noise
+    floor of 1); the noise floor is the spread between the first two copies of the first name that comes
+    twice (an A/A control, :func:`noise_floor`), None where none does.
+
+    Raises:
+        ValueError: ``set_sizes`` does not add up to the baseline's rounds.
     """
     if not named_steps:
-        return {"baseline": None, "rows": [], "noise_floor": None, "control": None}
+        return {"baseline": None, "rows": [], "noise_floor": None, "control": None, "sets": []}
+    base_name, base = named_steps[0]
+    sizes = list(set_sizes or [])
+    if sizes and sum(sizes) != len(base):
+        raise ValueError(f"the sets' rounds {sizes} do not add up to the {len(base)} rounds recorded")
+    several = len(sizes) > 1
+
+    def ratio_of(steps: Sequence[float], against: Sequence[float]) -> tuple[float | None, list[float]]:
+        if not several:
+            return median_round_ratio(steps, against), []
+        by_set = ratio_by_set(steps, against, sizes)
+        return (statistics.fmean(by_set) if by_set else None), by_set
+
     floor, control = None, None
     seen: dict[str, Sequence[float]] = {}
     for name, steps in named_steps:
         if name in seen and control is None:
-            floor, control = noise_floor(steps, seen[name]), name
+            ratio, _ = ratio_of(steps, seen[name])
+            floor, control = (None if ratio is None else abs(ratio - 1.0)), name
         seen.setdefault(name, steps)
-    base_name, base = named_steps[0]
     rows = []
     for name, steps in named_steps[1:]:
-        ratio = median_round_ratio(steps, base)
+        ratio, by_set = ratio_of(steps, base)
         won, rounds = rounds_won(steps, base)
         rows.append(
             {
                 "name": name,
                 "median_round_ratio": ratio,
+                "by_set": by_set,
                 "won": won,
                 "rounds": rounds,
                 "p": sign_test_p_value(won, rounds),
                 "within_noise": floor is not None and ratio is not None and abs(ratio - 1.0) <= floor,
             }
         )
-    return {"baseline": base_name, "rows": rows, "noise_floor": floor, "control": control}
+    return {"baseline": base_name, "rows": rows, "noise_floor": floor, "control": control, "sets": sizes}

@@ -49,6 +49,7 @@ from graphkit.measure.competing_load import (
     other_processes_warning,
     watching_other_processes,
 )
+from graphkit.measure import paired_rounds
 from graphkit.measure.costs import spec_costs
 from graphkit.measure.timing import busy_machine_warning, load_average
 from graphkit.models.specs import SpecError
@@ -80,16 +81,17 @@ from graphkit.pipelining.record_selection import (
     RecordingChoice,
     choose_recorded,
 )
-from graphkit.pipelining.recording import record_schedules
+from graphkit.pipelining.recording import following_rounds, record_schedules
 from graphkit.pipelining.remembered_error import remember_error, remembered_error, setup_key
 from graphkit.pipelining.schedule_plan import (
     BUILT_IN_SCHEDULES,
+    PROCESS_SETS,
     RUNOFF_MARGIN,
     PlannedSchedule,
     SchedulePlan,
     check_memory_limit,
     free_split_ratio,
-    runoff_set_sizes,
+    process_set_sizes,
     simulate_schedule,
 )
 from graphkit.pipelining.schedules import is_single_stage, schedule_name, stage_count
@@ -138,6 +140,7 @@ def plan_schedules(
     control: bool = True,
     weight_slowdown: float = 1.0,
     runoff: bool = True,
+    recording_sets: int = PROCESS_SETS,
 ) -> SchedulePlan:
     """Simulate every schedule that fits ``ranks`` from measured costs and rank them; optionally run the best.
 
@@ -187,7 +190,12 @@ def plan_schedules(
             schedules within ``prediction_error`` may take; None: no budget.
         control: with ``run``, record 1F1B a second time in the same rounds (an A/A control): the spread
             between the copies is the run's noise floor, and no smaller difference is called.
-        runoff: with ``run``, where one recording cannot decide (other schedules within 2%, or the noise
+        recording_sets: with ``run``, the first recording's rounds are recorded in this many sets of new
+            processes (new copies of the stages; :func:`~graphkit.pipelining.schedule_plan.process_set_sizes`,
+            at least 5 rounds a set), so that what one set's copies happen to get does not decide which
+            schedules reach the run-off (default :data:`~graphkit.pipelining.schedule_plan.PROCESS_SETS`;
+            a run-off always records in that many).
+        runoff: with ``run``, where one recording cannot decide (other schedules within 4%, or the noise
             floor, of the one that would be recommended; schedules that beat 1F1B in most rounds but not
             beyond chance; a splitting pick whose gain over its placement is not beyond chance), record
             those finalists again with 1F1B in new processes and recommend the best of them in those rounds
@@ -203,7 +211,8 @@ def plan_schedules(
         ValueError: neither a pipeline nor costs, costs for a number of stages that does not fit,
             ``run`` without a pipeline spec, ``pin_cores`` where the platform cannot pin (checked first),
             ``steps`` neither a whole number of at least 1 nor ``"auto"``,
-            ``prediction_error``, ``record_budget_s`` or ``top`` below 0, ``weight_slowdown`` not above 0.
+            ``prediction_error``, ``record_budget_s`` or ``top`` below 0, ``weight_slowdown`` not above 0,
+            ``recording_sets`` below 1.
         graphkit.pipelining.recording.TimelineError: with ``run``, a recorded rank failed or the run
             passed ``timeout_s``.
     """
@@ -224,6 +233,8 @@ def plan_schedules(
         )
     if not weight_slowdown > 0:
         raise ValueError(f"weight_slowdown must be above 0, got {weight_slowdown}")
+    if recording_sets < 1:
+        raise ValueError(f"recording_sets must be at least 1, got {recording_sets}")
     if run and steps != "auto" and not (isinstance(steps, int) and steps >= 1):
         raise ValueError(f"steps must be a whole number of at least 1 or 'auto', got {steps!r}")
     if run and pin_cores and ranks > 1:
@@ -309,6 +320,7 @@ def plan_schedules(
                 control=control,
             ),
             runoff=runoff,
+            recording_sets=recording_sets,
         )
         if plan.selection_error is not None:
             remember_error(key, plan.selection_error["worst"], plan.selection_error["schedule"])
@@ -567,6 +579,7 @@ def _run(
     pin_cores: bool,
     choice: RecordingChoice,
     runoff: bool = True,
+    recording_sets: int = PROCESS_SETS,
 ) -> None:
     """Record what ``choice`` chose (and 1F1B a second time, the A/A control, where it says so); fill in
     measured steps (every round's), recorded-fed predictions, the control's steps, what was left out and
@@ -583,12 +596,15 @@ def _run(
     rounds = AUTO_FIRST_ROUNDS if auto else int(steps)
     timelines: list[ScheduleTimeline] = []
     others = OtherProcesses()
+    plan.first_recording_sets = []
     while True:
-        recorded, watched = _record_watched(
-            plan, pipeline, runnables, rounds, batch_size, threads, timeout_s, pin_cores
-        )
-        others = _add_watched(others, watched)
-        timelines = _more_rounds(timelines, recorded)
+        for size in paired_rounds.process_set_sizes(rounds, recording_sets):  # each set in new processes
+            recorded, watched = _record_watched(
+                plan, pipeline, runnables, size, batch_size, threads, timeout_s, pin_cores
+            )
+            others = _add_watched(others, watched)
+            timelines = following_rounds(timelines, recorded)
+            plan.first_recording_sets.append(size)
         _fill_measured(plan, chosen, timelines, control)
         if not auto:
             break
@@ -696,7 +712,7 @@ def _record_runoff(
     """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), the non-splitting schedule of each
     splitting finalist's placement (:meth:`SchedulePlan.placement_baseline`, where it is not 1F1B), 1F1B and,
     with ``control``, 1F1B again, as many rounds as the first recording, split into sets
-    (:func:`runoff_set_sizes`), each in new processes (new copies of the stages, a new process group), and
+    (:func:`process_set_sizes`), each in new processes (new copies of the stages, a new process group), and
     add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow, the other
     schedules' keep the first recording's rounds (paired with 1F1B's first ones). The recommendation then
     orders the finalists by these rounds alone, each set alike (:attr:`SchedulePlan.recommended`).
@@ -722,9 +738,8 @@ def _record_runoff(
     recorded = [*finalists, *partners]
     recorded_seconds = sum(item.measured_seconds or 0.0 for item in recorded)
     recorded_seconds += (2 if control else 1) * (base.measured_seconds or 0.0)
-    estimate = (
-        rounds + len(runoff_set_sizes(rounds))
-    ) * recorded_seconds  # a round's worth to start each set
+    sets = process_set_sizes(rounds)
+    estimate = (rounds + len(sets)) * recorded_seconds  # a round's worth to start each set
     if budget_left_s is not None and estimate > budget_left_s:
         plan.runoff = {
             "finalists": names,
@@ -734,14 +749,13 @@ def _record_runoff(
         }
         return OtherProcesses()
     runnables = [item.runnable for item in recorded] + ["1F1B"] + (["1F1B"] if control else [])
-    sets = runoff_set_sizes(rounds)
     timelines: list[ScheduleTimeline] = []
     watched = OtherProcesses()
     for size in sets:  # each set in new processes: what one set adds to a ratio, the next may not
         more, seen = _record_watched(
             plan, pipeline, runnables, size, batch_size, threads, timeout_s, pin_cores
         )
-        timelines = _more_rounds(timelines, more)
+        timelines = following_rounds(timelines, more)
         watched = _add_watched(watched, seen)
     for item, timeline in zip([*recorded, base], timelines, strict=False):
         item.measured_steps = list(item.measured_steps) + list(timeline.ranks[0].step_times)
@@ -758,17 +772,6 @@ def _record_runoff(
         "placements": [item.name for item in partners],
     }
     return watched
-
-
-def _more_rounds(earlier: list[ScheduleTimeline], later: list[ScheduleTimeline]) -> list[ScheduleTimeline]:
-    """``later``'s timelines (the latest recorded steps, whose actions are kept), each rank's step times
-    preceded by ``earlier``'s: the rounds of several recordings of the same schedules, in order."""
-    if not earlier:
-        return later
-    for before, after in zip(earlier, later, strict=True):
-        for old, new in zip(before.ranks, after.ranks, strict=True):
-            new.step_times = list(old.step_times) + list(new.step_times)
-    return later
 
 
 def _fill_measured(

@@ -77,6 +77,7 @@ __all__ = [
     "STAGE_CLASSES",
     "ScheduleRecorder",
     "chained_stage_modules",
+    "following_rounds",
     "resolve_stage_class",
     "memory_probe",
     "record_rank_step",
@@ -623,6 +624,24 @@ def _record_spawned_rank(
         options["steps"],
         options["stages_per_rank"],
     )
+
+
+def following_rounds(
+    earlier: list[ScheduleTimeline], later: list[ScheduleTimeline]
+) -> list[ScheduleTimeline]:
+    """``later``'s timelines (the latest recorded steps, whose actions are kept), each rank's step times
+    preceded by ``earlier``'s: the rounds of several recordings of the same schedules (several sets of
+    processes), in order; ``later`` itself where ``earlier`` is empty.
+
+    Raises:
+        ValueError: the two recordings hold different numbers of schedules or ranks.
+    """
+    if not earlier:
+        return later
+    for before, after in zip(earlier, later, strict=True):
+        for old, new in zip(before.ranks, after.ranks, strict=True):
+            new.step_times = list(old.step_times) + list(new.step_times)
+    return later
 
 
 def record_schedules(

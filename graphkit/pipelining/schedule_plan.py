@@ -35,7 +35,7 @@ __all__ = [
     "free_split_ratio",
     "plan_html",
     "plan_table",
-    "runoff_set_sizes",
+    "process_set_sizes",
     "simulate_schedule",
     "what_if_table",
 ]
@@ -70,16 +70,15 @@ of 19 GPT-2 plans (4 and 8 microbatches, 21 rounds each) it moved a median 1.5 p
 at the 90th percentile, 8.3 at most. At 2% a plan left DualPipeV (3.7 points behind its pick in the first
 recording) out of its run-off, and a separate run measured DualPipeV 2.3% ahead of the pick."""
 
-RUNOFF_SETS = 3
-"""A run-off records its rounds in this many sets of processes, each one new (new processes, new copies of the
-stages), and orders its finalists by the mean over the sets of each set's median round ratio to 1F1B
-(:func:`runoff_set_sizes`). A schedule's ratio moves between sets of processes by more than the A/A
-control's does (GPT-2, five plans, sets of 7 rounds: a median 3.8 points of 1F1B's step against the
-control's 2.3): part of what a set adds stays for all of its rounds, which more rounds in one set cannot
-average out, and more sets do."""
-
-RUNOFF_LEAST_ROUNDS_PER_SET = 5
-"""A run-off set has at least this many rounds: fewer sets where the rounds are few (9 rounds: one set)."""
+PROCESS_SETS = 3
+"""A plan records its rounds in this many sets of processes, each one new (new processes, new copies of the
+stages): the first recording's rounds and, apart, a run-off's (:func:`process_set_sizes`). A run-off orders
+its finalists by the mean over its sets of each set's median round ratio to 1F1B. A schedule's ratio moves
+between sets of processes by more than the A/A control's does (GPT-2, five plans, sets of 7 rounds: a median
+3.8 points of 1F1B's step against the control's 2.3): part of what a set adds stays for all of its rounds,
+which more rounds in one set cannot average out, and more sets do. A model of 8 transformer blocks measured
+DualPipeV 1.03x 1F1B in one plan's first recording, a single set, and 0.95x in a separate run: the plan left
+it out of its run-off."""
 
 LEVEL_MARGIN = 0.01
 """Two run-off finalists are level when each was faster than the other in at least one of the run-off's sets
@@ -198,6 +197,9 @@ class SchedulePlan:
     # given where it was enough to move the figures (graphkit.measure.competing_load)
     other_processes_cores: float | None = None
     shared_cores_warning: str = ""
+    # with run: how many rounds each set of processes of the first recording recorded, in order
+    # (process_set_sizes; with --steps auto, each recording's); [] where they were one set
+    first_recording_sets: list[int] = field(default_factory=list)
     # with run: the A/A control, 1F1B recorded a second time in the same rounds (its steps, round by round)
     control_steps: list[float] = field(default_factory=list, repr=False)
     # with run: (name, why) for every schedule within the memory limit that was not recorded
@@ -302,21 +304,35 @@ class SchedulePlan:
 
     def process_sets(self) -> list[tuple[int, int]]:
         """The rounds each set of processes recorded, as ``(start, end)`` indices into 1F1B's (and every
-        finalist's) measured steps: the first recording's, then each of the run-off's sets
-        (:data:`RUNOFF_SETS`: new processes, new copies of the stages, each); one pair without a run-off."""
-        runoff = self.runoff or {}
-        sizes = list(runoff.get("sets") or ([runoff["rounds"]] if runoff.get("rounds") else []))
-        bounds = [(0, len(self.baseline.measured_steps) - sum(sizes))]
-        for size in sizes:
-            start = bounds[-1][1]
+        finalist's) measured steps: each of the first recording's sets (:attr:`first_recording_sets`, one
+        where it was one set), then each of the run-off's (:data:`PROCESS_SETS`: new processes, new copies
+        of the stages, each)."""
+        runoff_sizes = self.runoff_sets()
+        first_rounds = len(self.baseline.measured_steps) - sum(runoff_sizes)
+        first_sizes = list(self.first_recording_sets)
+        if sum(first_sizes) != first_rounds:  # no sets recorded (a plan from costs alone, a test's rounds)
+            first_sizes = [first_rounds]
+        bounds: list[tuple[int, int]] = []
+        start = 0
+        for size in [*first_sizes, *runoff_sizes]:
             bounds.append((start, start + size))
+            start += size
         return bounds
+
+    @property
+    def first_recording_set_count(self) -> int:
+        """How many sets of processes the first recording was recorded in (:meth:`process_sets`)."""
+        return len(self.process_sets()) - len(self.runoff_sets())
+
+    def runoff_sets(self) -> list[int]:
+        """How many rounds each of the run-off's sets of processes recorded, in order; [] without one."""
+        runoff = self.runoff or {}
+        return list(runoff.get("sets") or ([runoff["rounds"]] if runoff.get("rounds") else []))
 
     def ratio_by_process_set(self, item: PlannedSchedule, against: PlannedSchedule) -> list[float]:
         """``item``'s median round ratio to ``against`` in each set of processes that recorded both: the
-        first recording's, then each of the run-off's (new processes, new copies of the stages,
-        :meth:`process_sets`); one figure where they share the first recording alone, none where they
-        share no round.
+        first recording's sets, then each of the run-off's (new processes, new copies of the stages,
+        :meth:`process_sets`); none where they share no round.
 
         A ratio can move between sets of processes by more than the A/A control shows, since its two
         copies of 1F1B share their processes: GPT-2 at 8 microbatches measured DualPipeV 1.014x
@@ -333,10 +349,10 @@ class SchedulePlan:
     def runoff_ratios(self, item: PlannedSchedule) -> list[float]:
         """``item``'s median round ratio to 1F1B in each of the run-off's sets of processes, in order; []
         without a run-off or where ``item`` was not recorded in it."""
-        sets = self.process_sets()[1:]
-        if not sets or len(item.measured_steps) < sets[-1][1]:
+        runoff = len(self.runoff_sets())
+        if not runoff or len(item.measured_steps) < self.process_sets()[-1][1]:
             return []
-        return self.ratio_by_process_set(item, self.baseline)[-len(sets) :]
+        return self.ratio_by_process_set(item, self.baseline)[-runoff:]
 
     def level_with(self, item: PlannedSchedule, other: PlannedSchedule) -> bool:
         """Whether the run-off's sets of processes could not order ``item`` and ``other``: each was faster
@@ -511,7 +527,9 @@ class SchedulePlan:
             + (" --pin-cores" if self.recording.get("pin_cores") else "")
             + f" --microbatches {self.microbatches}"
             + (f" --batch-size {self.batch_size}" if self.batch_size else "")
-            + f" --steps {rounds} --control --schedules {names}"
+            + f" --steps {rounds}"
+            + (f" --process-sets {PROCESS_SETS}" if len(process_set_sizes(rounds)) > 1 else "")
+            + f" --control --schedules {names}"
             + (
                 f" (plan with -o DIR first: by name, {' and '.join(unwritten)} "
                 f"{'is' if len(unwritten) == 1 else 'are'} built anew from default costs, not the "
@@ -531,9 +549,9 @@ class SchedulePlan:
     def runoff_finalists(self) -> list[PlannedSchedule]:
         """The schedules to record again, in new processes, before recommending one (see :data:`RUNOFF_MARGIN`):
 
-        - where a schedule would be recommended: it and every other recorded one that beat 1F1B in most
-          rounds and beyond the noise floor and measured within the margin (the noise floor, at least
-          :data:`RUNOFF_MARGIN`) of it in the median round; [] when none is that close. One run's rounds
+        - where a schedule would be recommended: it and every other recorded one that measured faster than
+          1F1B and within the margin (the noise floor, at least :data:`RUNOFF_MARGIN`) of it in the median
+          round, beyond the noise floor or not; [] when none is that close. One run's rounds
           order schedules this close by chance about as often as not on a 2-core machine (GPT-2, 4
           microbatches: the pick measured 0.88x 1F1B in the plan and 0.91x in a separate run, 4% behind a
           schedule it had tied);
@@ -567,11 +585,21 @@ class SchedulePlan:
         if best is None:
             return []
         margin = max(self.noise_floor or 0.0, RUNOFF_MARGIN)
+        # close to the pick, a schedule need not have beaten 1F1B beyond the noise floor itself: the pick
+        # may not have beaten it by more than the margin either (a model of 8 transformer blocks: CostAware
+        # 0.98x 1F1B in the first recording, left out beside DualPipeV's 0.95x, measured best in a
+        # separate run)
         close = [
             item
-            for item in contenders
-            if item is not first and (self.round_ratio(item) or math.inf) <= best + margin
+            for item in self.schedules
+            if item is not first
+            and item is not base
+            and item.measured_steps
+            and item.fits_memory
+            and (self.round_ratio(item) or math.inf) < 1.0
+            and (self.round_ratio(item) or math.inf) <= best + margin
         ]
+        close.sort(key=lambda item: self.round_ratio(item) or math.inf)
         if close:
             return [first, *close]
         return [first] if self.splitting_undecided(first) else []
@@ -716,7 +744,7 @@ class SchedulePlan:
                 head_to_head = (
                     f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
                     f"round, faster in {split_won} of {split_rounds}, p = {split_p:.2g}"
-                ) + (f"; {_by_set(by_set)}" if len(by_set) > 1 else "")
+                ) + (f"; {_by_set(by_set, self.first_recording_set_count)}" if len(by_set) > 1 else "")
                 if placement is base:
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of "
@@ -748,12 +776,14 @@ class SchedulePlan:
                     and self.beyond_noise(placement_ratio)
                     and self.won_beyond_chance(placement)
                 )
-                if sets_disagree:  # whichever way the pooled rounds lean
+                # the sets' disagreement stops a "pays", and a "does not pay" where their mean leans to
+                # splitting (a tie, or slower in most sets, stays "does not pay")
+                if sets_disagree and (pays or statistics.fmean(by_set) < 1.0):
                     pays, undecided = False, True
                     reason = (
                         f"the {_count_word(len(by_set))} sets of processes disagree on what "
-                        f"splitting gains over its placement ({by_set[0]:.3f}x, then "
-                        f"{_listed([f'{ratio:.3f}x' for ratio in by_set[1:]])}): a difference that changes sign "
+                        f"splitting gains over its placement ({_by_set(by_set, self.first_recording_set_count)})"
+                        ": a difference that changes sign "
                         "from one set of processes to the next is not called; re-measure it in new processes "
                         "(the compare-schedules command the plan prints)"
                     )
@@ -847,6 +877,7 @@ class SchedulePlan:
             "rebuilt_cost_aware": self.rebuilt_cost_aware,
             "load_warning": self.load_warning,
             "runoff": self.runoff,
+            "first_recording_sets": list(self.first_recording_sets),
             "batch_size": self.batch_size,
             "remeasure_command": self.remeasure_command(),
             "other_processes_cores": self.other_processes_cores,
@@ -923,13 +954,12 @@ def peak_memory_bytes(item: PlannedSchedule) -> float:
     return float(max(item.simulation.peak_memory_bytes))
 
 
-def runoff_set_sizes(rounds: int) -> list[int]:
-    """How a run-off of ``rounds`` rounds is split into sets of processes: :data:`RUNOFF_SETS` sets, fewer
-    where a set would have under :data:`RUNOFF_LEAST_ROUNDS_PER_SET` rounds, as even as can be (21 rounds:
-    ``[7, 7, 7]``; 31: ``[11, 10, 10]``; 9: ``[9]``)."""
-    sets = max(1, min(RUNOFF_SETS, rounds // RUNOFF_LEAST_ROUNDS_PER_SET))
-    size, extra = divmod(rounds, sets)
-    return [size + (1 if index < extra else 0) for index in range(sets)]
+def process_set_sizes(rounds: int) -> list[int]:
+    """How ``rounds`` rounds of a plan (its first recording's, or a run-off's) are split into sets of
+    processes: :data:`PROCESS_SETS` sets, fewer where a set would have under
+    :data:`~graphkit.measure.paired_rounds.LEAST_ROUNDS_PER_SET` rounds (21 rounds: ``[7, 7, 7]``; 31:
+    ``[11, 10, 10]``; 9: ``[9]``; :func:`~graphkit.measure.paired_rounds.process_set_sizes`)."""
+    return paired_rounds.process_set_sizes(rounds, PROCESS_SETS)
 
 
 def _json_number(value: Any) -> Any:
@@ -1249,7 +1279,7 @@ def _runoff_note(plan: SchedulePlan) -> str:
     finalists = [plan.by_name(name) for name in names]
     rounds = runoff["rounds"]
 
-    sets = [end - start for start, end in plan.process_sets()[1:]]
+    sets = plan.runoff_sets()
 
     def figures(item: PlannedSchedule) -> str:
         won = "{} of {}".format(*plan.runoff_rounds_won(item))
@@ -1339,16 +1369,22 @@ def _sets_disagree(by_set: list[float]) -> bool:
     return len(by_set) > 1 and min(by_set) < 1.0 <= max(by_set)
 
 
-def _by_set(by_set: list[float]) -> str:
-    """The per-set figures of :meth:`SchedulePlan.ratio_by_process_set`, the first recording's first:
-    "1.011x in the first recording's processes, 0.979x in the run-off's" (or "... 0.98x, 0.97x and 0.99x
-    in the run-off's three")."""
-    runoff = by_set[1:]
-    return (
-        f"{by_set[0]:.3f}x in the first recording's processes, "
-        + _listed([f"{ratio:.3f}x" for ratio in runoff])
-        + (" in the run-off's" if len(runoff) == 1 else f" in the run-off's {_count_word(len(runoff))}")
+def _by_set(by_set: list[float], first_sets: int) -> str:
+    """The per-set figures of :meth:`SchedulePlan.ratio_by_process_set`, the first recording's
+    ``first_sets`` first: "1.011x in the first recording's processes, 0.979x in the run-off's" (or "0.99x,
+    1.01x and 0.98x in the first recording's three sets of processes, 0.98x, 0.97x and 0.99x in the
+    run-off's three")."""
+    first, runoff = by_set[:first_sets], by_set[first_sets:]
+    text = _listed([f"{ratio:.3f}x" for ratio in first]) + (
+        " in the first recording's processes"
+        if len(first) == 1
+        else f" in the first recording's {_count_word(len(first))} sets of processes"
     )
+    if runoff:
+        text += ", " + _listed([f"{ratio:.3f}x" for ratio in runoff]) + (
+            " in the run-off's" if len(runoff) == 1 else f" in the run-off's {_count_word(len(runoff))}"
+        )
+    return text
 
 
 def _count_word(count: int) -> str:
@@ -1397,6 +1433,13 @@ def _recording_notes(plan: SchedulePlan) -> str:
             text += "; left out: " + "; ".join(f"{name} ({why})" for name, why in plan.left_out)
     if plan.auto_steps is not None:
         text += f"\n--steps auto recorded {plan.auto_steps}"
+    sets = plan.first_recording_sets
+    if len(sets) > 1:
+        text += (
+            f"\nfirst recording: {sum(sets)} rounds in {_count_word(len(sets))} sets of new processes "
+            f"({_listed([str(size) for size in sets])} rounds), so that what one set's copies of the stages "
+            "happen to get (memory, a quieter core) does not decide which schedules reach the run-off"
+        )
     text += _runoff_note(plan)
     command = plan.remeasure_command()
     if command is not None:
