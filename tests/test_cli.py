@@ -266,7 +266,9 @@ def test_timeline_and_compare_schedules_timeout_reaches_the_recorder(
     assert passed["timeout_s"] == seconds
 
 
-def test_compare_schedules_records_each_set_of_processes_apart_and_prints_each_sets_ratio(capsys, monkeypatch):
+def test_compare_schedules_records_each_set_of_processes_apart_and_prints_each_sets_ratio(
+    capsys, monkeypatch
+):
     import graphkit.pipelining.recording as recording
     from graphkit.pipelining.planning.timelines import RankTimeline, ScheduleTimeline
 
@@ -305,8 +307,14 @@ def test_compare_schedules_records_each_set_of_processes_apart_and_prints_each_s
     )
     assert status == 0, out
     assert asked == [7, 7, 7]  # three recordings: three sets of new processes
-    assert "in 3 sets of new processes of 7, 7 and 7 rounds, each ratio the mean of the sets' median rounds" in out
-    assert "ZBVZeroBubble: 0.950x in the mean of the sets (0.900x, 0.960x, 0.990x), faster in 21 of 21 rounds" in out
+    assert (
+        "in 3 sets of new processes of 7, 7 and 7 rounds, each ratio the mean of the sets' median rounds"
+        in out
+    )
+    assert (
+        "ZBVZeroBubble: 0.950x in the mean of the sets (0.900x, 0.960x, 0.990x), faster in 21 of 21 rounds"
+        in out
+    )
     assert "noise floor: 1F1B recorded twice (A/A) measured 1.0% apart in the mean of the sets" in out
     status, _, err = run(capsys, "compare-schedules", "zoo-pipeline:mlp", "--process-sets", "0")
     assert status == 2 and "--process-sets must be at least 1" in err

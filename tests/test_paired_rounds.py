@@ -19,7 +19,7 @@ from graphkit.measure.paired_rounds import (
     ratio_by_set,
     rounds_won,
 )
-from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
+from graphkit.measure.timing import rounds_to_decide, sign_test_p_value, t_test_p_value
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 4, 5, 6, 7, 12])
@@ -140,7 +140,10 @@ def test_with_sets_of_processes_each_counts_alike_in_the_mean_of_their_median_ro
     summary = compare_rounds([("1F1B", base), ("ZBV", zbv), ("1F1B", copy)], [5, 5, 4])
     zbv_row, copy_row = summary["rows"]
     assert zbv_row["median_round_ratio"] == pytest.approx(0.95)
-    assert zbv_row["by_set"] == pytest.approx([0.9, 0.96, 0.99]) and (zbv_row["won"], zbv_row["rounds"]) == (14, 14)
+    assert zbv_row["by_set"] == pytest.approx([0.9, 0.96, 0.99]) and (zbv_row["won"], zbv_row["rounds"]) == (
+        14,
+        14,
+    )
     assert summary["noise_floor"] == pytest.approx(0.01) and summary["sets"] == [5, 5, 4]
     assert copy_row["within_noise"] and not zbv_row["within_noise"]
     # one set: as without sets
@@ -164,3 +167,40 @@ def test_rounds_to_decide_at_a_win_fraction_against_the_binomial_tails():
     assert rounds_to_decide(0.51, 0.05, most=200) is None  # more than `most` rounds
     with pytest.raises(ValueError, match="win_fraction"):
         rounds_to_decide(1.5, 0.05)
+
+
+@pytest.mark.parametrize(
+    ("freedom", "critical", "tail"),
+    # Student's t one-sided critical values, as printed in every table (Fisher and Yates)
+    [
+        (1, 6.314, 0.05),
+        (2, 2.920, 0.05),
+        (3, 2.353, 0.05),
+        (4, 2.132, 0.05),
+        (5, 2.015, 0.05),
+        (5, 3.365, 0.01),
+        (10, 1.812, 0.05),
+        (20, 2.528, 0.01),
+    ],
+)
+def test_the_t_test_meets_the_tables_critical_values(freedom, critical, tail):
+    # n values with mean -critical * se: two values +-1 around the mean give stdev sqrt(2) ... build
+    # n = freedom + 1 values with stdev s and mean m = -critical * s / sqrt(n)
+    count = freedom + 1
+    spread = [(-1.0) ** index for index in range(count)]
+    if count % 2:
+        spread[-1] = 0.0
+    import statistics as stats
+
+    scale = stats.stdev(spread)
+    values = [value - critical * scale / math.sqrt(count) for value in spread]
+    assert t_test_p_value(values) == pytest.approx(tail, abs=2e-4)
+    assert t_test_p_value([-value for value in values]) == pytest.approx(1 - tail, abs=2e-4)
+
+
+def test_the_t_test_on_too_few_or_identical_values():
+    assert t_test_p_value([-1.0]) == 1.0 and t_test_p_value([]) == 1.0
+    assert t_test_p_value([-0.1, -0.1]) == 0.0 and t_test_p_value([0.1, 0.1]) == 1.0
+    # the sets of a model of 8 transformer blocks: five of six ahead, one 0.6% behind
+    ratios = [0.912, 0.958, 0.931, 0.940, 1.006, 0.953]
+    assert t_test_p_value([math.log(ratio) for ratio in ratios]) == pytest.approx(0.0063, abs=1e-4)

@@ -786,8 +786,8 @@ def test_a_placement_recorded_again_in_the_run_off_stays_the_one_splitting_is_me
     assert verdict.startswith("zero bubble pays here (DualPipeV")
     # both sets of processes measured splitting faster than its placement, and the line says each
     assert (
-        "; 0.947x in the first recording's processes, 0.918x, 0.918x and 0.918x in the run-off's three)"
-        in verdict
+        "; 0.947x in the first recording's processes, 0.918x, 0.918x and 0.918x in the run-off's three; over "
+        "the four sets 0.925x, t-test p = 0.001)" in verdict
     )
     # a placement recorded in the first run only says its own 21 rounds
     plan = run_recorded(monkeypatch, {**first}, ["1F1B", "Interleaved1F1B", "DualPipeV"], runoff=False)
@@ -830,8 +830,8 @@ def test_splitting_that_changes_sign_between_sets_of_processes_is_not_shown_to_p
     verdict = plan.zero_bubble_verdict()
     assert verdict.startswith("zero bubble is not shown to pay here (DualPipeV"), verdict
     assert (
-        "; 1.011x in the first recording's processes, 0.979x, 0.979x and 0.979x in the run-off's three)"
-        in (verdict)
+        "; 1.011x in the first recording's processes, 0.979x, 0.979x and 0.979x in the run-off's three; over "
+        "the four sets 0.987x, t-test p = 0.096)" in (verdict)
     )
     assert (
         "the four sets of processes disagree on what splitting gains over its placement (1.011x in the first "
@@ -848,8 +848,24 @@ def test_splitting_that_changes_sign_between_sets_of_processes_is_not_shown_to_p
     assert plan.ratio_by_process_set(dual, interleaved) == pytest.approx([96 / 95] + [80 / 95] * 3)
     assert plan.rounds_won(dual, interleaved) == (31, 42)
     assert sign_test_p_value(31, 42) < plan.splitting_significance
-    assert plan.beyond_noise(plan.round_ratio(dual, interleaved))  # pooled, it would pay
-    assert plan.zero_bubble_verdict().startswith("zero bubble is not shown to pay here (DualPipeV")
+    assert plan.beyond_noise(plan.round_ratio(dual, interleaved))  # pooled, it pays
+    # the sets are the independent draws: three of four 16% ahead outweigh one 1% behind (a t-test over the
+    # sets' logarithms, p = 0.035, below the line's 0.05)
+    verdict = plan.zero_bubble_verdict()
+    assert verdict.startswith("zero bubble pays here (DualPipeV"), verdict
+    assert "; over the four sets 0.881x, t-test p = 0.035)" in verdict
+    # where the run-off's sets spread too (0.842x, 0.989x, 0.842x), the four sets' mean is not below 1
+    # beyond chance (p = 0.09), though the pooled rounds still pay (31 of 42): not shown to pay
+    runoff_sets = [{**runoff, "DualPipeV": [ms] * 7} for ms in (80.0, 94.0, 80.0)]
+    plan = run_recorded(
+        monkeypatch, {**first, "runoff": runoff_sets}, ["1F1B", "Interleaved1F1B", "DualPipeV"], runoff=True
+    )
+    dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
+    assert plan.ratio_by_process_set(dual, interleaved) == pytest.approx([96 / 95, 80 / 95, 94 / 95, 80 / 95])
+    assert plan.rounds_won(dual, interleaved) == (31, 42)
+    verdict = plan.zero_bubble_verdict()
+    assert verdict.startswith("zero bubble is not shown to pay here (DualPipeV"), verdict
+    assert "t-test p = 0.09" in verdict and "the four sets of processes disagree" in verdict
     # with one set of processes there is nothing to disagree: one figure, no per-set clause
     plan = run_recorded(monkeypatch, {**first}, ["1F1B", "Interleaved1F1B", "DualPipeV"], runoff=False)
     dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")

@@ -24,7 +24,7 @@ __all__ = ["add_plan_command"]
 
 
 def add_plan_command(commands: Any) -> None:
-    from graphkit.pipelining.schedule_plan import RUNOFF_MARGIN, PROCESS_SETS
+    from graphkit.pipelining.schedule_plan import PROCESS_SETS, RUNOFF_MARGIN
 
     plan = commands.add_parser(
         "plan",

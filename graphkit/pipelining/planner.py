@@ -44,12 +44,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from graphkit.measure import paired_rounds
 from graphkit.measure.competing_load import (
     OtherProcesses,
     other_processes_warning,
     watching_other_processes,
 )
-from graphkit.measure import paired_rounds
 from graphkit.measure.costs import spec_costs
 from graphkit.measure.timing import busy_machine_warning, load_average
 from graphkit.models.specs import SpecError

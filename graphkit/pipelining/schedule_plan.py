@@ -18,7 +18,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from graphkit.measure import paired_rounds
-from graphkit.measure.timing import fewest_wins_beyond_chance, rounds_to_decide, sign_test_p_value
+from graphkit.measure.timing import (
+    fewest_wins_beyond_chance,
+    rounds_to_decide,
+    sign_test_p_value,
+    t_test_p_value,
+)
 from graphkit.pipelining.planning.actions import ScheduleError, ScheduleOrder
 from graphkit.pipelining.planning.cost_model import CommModel, StageCost, free_split, mean_cost, scaled
 from graphkit.pipelining.planning.registry import built_from_costs, generated_order, is_generated
@@ -740,11 +745,23 @@ class SchedulePlan:
                 placement_ratio = self.round_ratio(placement) or math.inf
                 pays = self.beyond_noise(split_ratio) and split_p < self.splitting_significance
                 by_set = self.ratio_by_process_set(best, placement)
-                sets_disagree = _sets_disagree(by_set)
+                # the sets are the independent draws: a sign change among them is outweighed where their
+                # mean still lies below 1 beyond chance (a t-test over the sets, at the line's level)
+                sets_p = t_test_p_value([math.log(ratio) for ratio in by_set]) if len(by_set) > 2 else 1.0
+                sets_disagree = _sets_disagree(by_set) and not sets_p < self.splitting_significance
                 head_to_head = (
-                    f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
-                    f"round, faster in {split_won} of {split_rounds}, p = {split_p:.2g}"
-                ) + (f"; {_by_set(by_set, self.first_recording_set_count)}" if len(by_set) > 1 else "")
+                    (
+                        f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
+                        f"round, faster in {split_won} of {split_rounds}, p = {split_p:.2g}"
+                    )
+                    + (f"; {_by_set(by_set, self.first_recording_set_count)}" if len(by_set) > 1 else "")
+                    + (
+                        f"; over the {_count_word(len(by_set))} sets {_geometric_mean(by_set):.3f}x, "
+                        f"t-test p = {sets_p:.2g}"
+                        if len(by_set) > 2
+                        else ""
+                    )
+                )
                 if placement is base:
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of "
@@ -1381,14 +1398,21 @@ def _by_set(by_set: list[float], first_sets: int) -> str:
         else f" in the first recording's {_count_word(len(first))} sets of processes"
     )
     if runoff:
-        text += ", " + _listed([f"{ratio:.3f}x" for ratio in runoff]) + (
-            " in the run-off's" if len(runoff) == 1 else f" in the run-off's {_count_word(len(runoff))}"
+        text += (
+            ", "
+            + _listed([f"{ratio:.3f}x" for ratio in runoff])
+            + (" in the run-off's" if len(runoff) == 1 else f" in the run-off's {_count_word(len(runoff))}")
         )
     return text
 
 
 def _count_word(count: int) -> str:
-    return {2: "two", 3: "three", 4: "four", 5: "five"}.get(count, str(count))
+    return {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"}.get(count, str(count))
+
+
+def _geometric_mean(ratios: list[float]) -> float:
+    """The ratios' geometric mean (what the t-test over their logarithms centres on)."""
+    return math.exp(statistics.fmean(math.log(ratio) for ratio in ratios))
 
 
 def _listed(names: list[str]) -> str:
