@@ -529,6 +529,7 @@ def test_schedules_too_close_to_the_pick_are_recorded_again_and_the_run_off_deci
     assert plan.runoff == {
         "finalists": ["ZBVZeroBubble", "DualPipeV"],
         "rounds": 15,
+        "sized": "",  # as many as the first recording: the run-off orders, it need not decide against 1F1B
         "sets": [5, 5, 5],
         "first_pick": "ZBVZeroBubble",
         "margin": pytest.approx(0.04),
@@ -595,11 +596,13 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
         "ZBH2": [97.0] * 10 + [101.0] * 5,
         "CostAware": [102.0] * 15,
     }
+    # GPipe's and ZBH1's 11 of 15 need 26 rounds at 0.05 / 3: the run-off records 26
+    assert rounds_to_decide(11 / 15, 0.05 / 3) == 26
     runoff = {
-        "1F1B": [100.0] * 15,
-        "GPipe": [99.0] * 8 + [101.0] * 7,
-        "ZBH1": [95.0] * 14 + [101.0],
-        "ZBH2": [98.0] * 15,
+        "1F1B": [100.0] * 26,
+        "GPipe": [99.0] * 14 + [101.0] * 12,
+        "ZBH1": [95.0] * 25 + [101.0],
+        "ZBH2": [98.0] * 26,
     }
     calls: list[list[str]] = []
     names = ["1F1B", "GPipe", "ZBH1", "ZBH2", "CostAware"]  # (Adaptive comes out as ZBH1's order here)
@@ -613,7 +616,7 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
     plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True, calls=calls)
     assert calls[1] == ["GPipe", "ZBH1", "ZBH2", "1F1B", "1F1B"]  # ZBH1's placement is 1F1B's own
     assert plan.runoff_significance == pytest.approx(0.05 / 3)
-    # ZBH1: 14 of 15 in the run-off (p = 0.00049 < 0.017); ZBH2 15 of 15 but slower there; GPipe 8 of 15
+    # ZBH1: 25 of 26 in the run-off (p < 0.017); ZBH2 26 of 26 but slower there; GPipe 14 of 26
     assert plan.won_runoff_beyond_chance(plan.by_name("ZBH2")) and not plan.won_runoff_beyond_chance(
         plan.by_name("GPipe")
     )
@@ -622,21 +625,22 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
     assert line.startswith(
         "run-off: GPipe, ZBH1 and ZBH2 beat 1F1B in most rounds and beyond the noise floor, but not beyond "
         "chance at the level every recorded schedule shares: tested again on rounds of their own at 0.05 split "
-        "among them (0.017); recorded again with 1F1B in three sets of new processes (5, 5 and 5 rounds: 15 "
-        "more rounds"
+        "among them (0.017); recorded again with 1F1B in three sets of new processes (9, 9 and 8 rounds: 26 "
+        "more rounds, as many as a sign test at 0.017 needs at GPipe's win fraction in the first recording (11 "
+        "of 15), 1F1B's and theirs now count 41)"
     )
     assert (
         "in those alone against 1F1B, the mean of each set's median round (the rounds won; each set's): ZBH1 "
-        "0.950x (14 of 15; 0.950x, 0.950x, 0.950x), ZBH2 0.980x (15 of 15; 0.980x, 0.980x, 0.980x), GPipe "
-        "0.997x (8 of 15; 0.990x, 0.990x, 1.010x)" in line
+        "0.950x (25 of 26; 0.950x, 0.950x, 0.950x), ZBH2 0.980x (26 of 26; 0.980x, 0.980x, 0.980x), GPipe "
+        "0.997x (14 of 26; 0.990x, 0.990x, 1.010x)" in line
     )
     assert line.endswith("ZBH1 is recommended (the first run picked 1F1B)")
     # the run-off confirms none: 1F1B is kept
     runoff = {
-        "1F1B": [100.0] * 15,
-        "GPipe": [101.0] * 15,
-        "ZBH1": [99.0] * 9 + [101.0] * 6,
-        "ZBH2": [102.0] * 15,
+        "1F1B": [100.0] * 26,
+        "GPipe": [101.0] * 26,
+        "ZBH1": [99.0] * 9 + [101.0] * 17,
+        "ZBH2": [102.0] * 26,
     }
     plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True)
     assert plan.recommended is plan.baseline
@@ -921,10 +925,11 @@ def test_finalists_the_sets_of_processes_cannot_order_are_level_and_the_one_hold
     assert plan.recommended is zbv
     line = next(line for line in plan.table().splitlines() if line.startswith("run-off"))
     assert line.endswith(
-        "ZBVZeroBubble is recommended (as in the first run); ZBVZeroBubble and DualPipeV are level: each was "
-        "faster than the other in some of the run-off's sets of processes, and their means lie within 1%, so "
-        "which is faster changes from one set of processes to the next; ZBVZeroBubble holds the least memory "
-        "(predicted peak on the busiest rank 1.0 MiB, against DualPipeV 1.2 MiB)"
+        "ZBVZeroBubble is recommended (as in the first run); ZBVZeroBubble and DualPipeV are level: the "
+        "run-off's sets of processes cannot tell them apart (t-test over the sets, p >= 0.05) and their means "
+        "lie within 2%, so which is faster can change from one set of processes, or one run, to the next; "
+        "ZBVZeroBubble holds the least memory (predicted peak on the busiest rank 1.0 MiB, against DualPipeV "
+        "1.2 MiB)"
     )
     assert "DualPipeV 0.904x (21 of 21; 0.910x, 0.900x, 0.902x)" in line
 
@@ -939,6 +944,13 @@ def test_finalists_are_not_level_where_every_set_orders_them_alike_or_the_means_
     zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
     assert plan.runoff_ratio(zbv) - plan.runoff_ratio(dual) == pytest.approx(0.07 / 3)
     assert not plan.level_with(zbv, dual) and plan.recommended is dual
+    # as a GPT-2 run-off measured: DualPipeV 2.6 points behind ZBVZeroBubble in one set, 4.3 and 2.8 ahead
+    # in the others, 1.5 ahead in the mean; the sets cannot tell them apart (t-test p = 0.55): level, and
+    # ZBVZeroBubble, holding less memory, is recommended (15 of 17 comparisons measured it ahead)
+    plan = _level_runoff(monkeypatch, zbv=[87.2, 90.0, 91.6], dual=[89.8, 85.7, 88.8])
+    zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
+    assert plan.runoff_ratio(dual) < plan.runoff_ratio(zbv) and plan.level_with(zbv, dual)
+    assert plan.recommended is zbv
 
 
 def test_the_first_recording_runs_in_sets_of_processes_and_a_schedule_close_to_the_pick_reaches_the_run_off(
@@ -984,3 +996,41 @@ def test_the_first_recording_runs_in_sets_of_processes_and_a_schedule_close_to_t
     assert plan.first_recording_sets == [9] and "first recording:" not in plan.table()
     with pytest.raises(ValueError, match="recording_sets must be at least 1"):
         run_recorded(monkeypatch, first, ["1F1B", "ZBH1"], recording_sets=0)
+
+
+def test_a_run_off_that_is_to_decide_against_1f1b_records_as_many_rounds_as_would_decide_it(monkeypatch):
+    # GPipe won 14 of 21 rounds (p = 0.095): 1F1B would be kept, and a run-off of 21 rounds more would
+    # decide a side that wins two thirds of them only by luck. A sign test at 0.05 (GPipe the one
+    # finalist) needs 30 rounds at 14 of 21, so the run-off records 30, in three sets of 10
+    first = {"1F1B": [100.0] * 21, "GPipe": [98.0] * 14 + [102.0] * 7}
+    assert sign_test_p_value(14, 21) > 0.05 and rounds_to_decide(14 / 21, 0.05) == 30
+    runoff = {"1F1B": [100.0] * 30, "GPipe": [98.0] * 20 + [102.0] * 10}  # 20 of 30: p = 0.049
+    asked: list[list[str]] = []
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, ["1F1B", "GPipe"], runoff=True, calls=asked)
+    assert plan.runoff["finalists"] == ["GPipe"] and plan.runoff["first_pick"] == "1F1B"
+    assert plan.runoff["rounds"] == 30 and plan.runoff["sets"] == [10, 10, 10]
+    assert len(plan.baseline.measured_steps) == 51 and plan.runoff_rounds_won(plan.by_name("GPipe")) == (
+        20,
+        30,
+    )
+    assert plan.recommended.name == "GPipe"  # 20 of 30 in the run-off's rounds alone
+    table = plan.table()
+    assert (
+        "(10, 10 and 10 rounds: 30 more rounds, as many as a sign test at 0.05 needs at GPipe's win fraction in "
+        "the first recording (14 of 21), 1F1B's and theirs now count 51)"
+    ) in table
+    # a --record-budget that leaves fewer: as many as it leaves (1F1B twice and GPipe: 0.3 s a round, 3 sets
+    # to start), never fewer than the first recording's
+    plan = run_recorded(
+        monkeypatch,
+        {**first, "runoff": runoff},
+        ["1F1B", "GPipe"],
+        runoff=True,
+        record_budget_s=8.0,
+    )
+    assert plan.runoff["rounds"] == 23
+    assert "as many as the --record-budget leaves (a sign test at 0.05 would need about 30" in plan.table()
+    # where the pick stands (a schedule would be recommended), a run-off keeps the first recording's count
+    decided = {"1F1B": [100.0] * 21, "GPipe": [98.0] * 21, "ZBH1": [97.5] * 21}
+    plan = run_recorded(monkeypatch, decided, ["1F1B", "GPipe", "ZBH1"], runoff=True)
+    assert plan.runoff["rounds"] == 21 and not plan.runoff["sized"]

@@ -51,7 +51,7 @@ from graphkit.measure.competing_load import (
     watching_other_processes,
 )
 from graphkit.measure.costs import spec_costs
-from graphkit.measure.timing import busy_machine_warning, load_average
+from graphkit.measure.timing import busy_machine_warning, load_average, rounds_to_decide
 from graphkit.models.specs import SpecError
 from graphkit.pipelining.launcher import LaunchError, usable_cores
 from graphkit.pipelining.planning import calibration, cost_model
@@ -87,6 +87,7 @@ from graphkit.pipelining.schedule_plan import (
     BUILT_IN_SCHEDULES,
     PROCESS_SETS,
     RUNOFF_MARGIN,
+    SIGNIFICANCE,
     PlannedSchedule,
     SchedulePlan,
     check_memory_limit,
@@ -719,7 +720,7 @@ def _record_runoff(
     Skipped, and said in ``plan.runoff``, where its estimate (the measured steps) passes ``budget_left_s``.
     Returns what other processes used of the CPU meanwhile."""
     base = plan.baseline
-    rounds = len(base.measured_steps)
+    first_rounds = len(base.measured_steps)
     names = [item.name for item in finalists]
     first_pick = plan.recommended.name
     margin = max(plan.noise_floor or 0.0, RUNOFF_MARGIN)
@@ -738,6 +739,7 @@ def _record_runoff(
     recorded = [*finalists, *partners]
     recorded_seconds = sum(item.measured_seconds or 0.0 for item in recorded)
     recorded_seconds += (2 if control else 1) * (base.measured_seconds or 0.0)
+    rounds, sized = _runoff_rounds(plan, finalists, first_rounds, recorded_seconds, budget_left_s)
     sets = process_set_sizes(rounds)
     estimate = (rounds + len(sets)) * recorded_seconds  # a round's worth to start each set
     if budget_left_s is not None and estimate > budget_left_s:
@@ -766,12 +768,57 @@ def _record_runoff(
     plan.runoff = {
         "finalists": names,
         "rounds": rounds,
+        "sized": sized,
         "sets": sets,
         "first_pick": first_pick,
         "margin": margin,
         "placements": [item.name for item in partners],
     }
     return watched
+
+
+def _runoff_rounds(
+    plan: SchedulePlan,
+    finalists: Sequence[PlannedSchedule],
+    first_rounds: int,
+    recorded_seconds: float,
+    budget_left_s: float | None,
+) -> tuple[int, str]:
+    """How many rounds a run-off records, and why: as many as the first recording; where 1F1B would be
+    kept (the run-off is to decide whether any finalist beats it), as many as a sign test at the run-off's
+    level would need at the win fraction of the finalist that won the largest share of the first
+    recording's rounds (:func:`~graphkit.measure.timing.rounds_to_decide`), as far as ``budget_left_s``
+    leaves at ``recorded_seconds`` a round, never fewer than the first recording's; where more than
+    :data:`AUTO_MOST_ROUNDS` would be needed (a coin, nearly), as many as the first recording's. Fixed before the run-off records anything, from rounds it does not
+    test again: one look at its rounds, not a test repeated until it passes."""
+    if plan.recommended is not plan.baseline or not finalists:
+        return first_rounds, ""
+    level = SIGNIFICANCE / len(finalists)
+    best = max(finalists, key=lambda item: _win_fraction(plan.rounds_won(item)))
+    won, total = plan.rounds_won(best)
+    needed = rounds_to_decide(won / total, level) if total else None
+    if needed is None or needed <= first_rounds or needed > AUTO_MOST_ROUNDS:  # decided, or a coin
+        return first_rounds, ""
+    rounds = needed
+    if budget_left_s is not None and recorded_seconds > 0:
+        fits = int(budget_left_s / recorded_seconds) - PROCESS_SETS  # a round's worth to start each set
+        rounds = min(rounds, fits)
+    if rounds <= first_rounds:
+        return first_rounds, ""
+    if rounds == needed:
+        return rounds, (
+            f"as many as a sign test at {level:.2g} needs at {best.name}'s win fraction in the first "
+            f"recording ({won} of {total})"
+        )
+    return rounds, (
+        f"as many as the --record-budget leaves (a sign test at {level:.2g} would need about {needed} at "
+        f"{best.name}'s win fraction in the first recording, {won} of {total})"
+    )
+
+
+def _win_fraction(won_of: tuple[int, int]) -> float:
+    won, total = won_of
+    return won / total if total else 0.0
 
 
 def _fill_measured(
