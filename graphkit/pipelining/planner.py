@@ -712,8 +712,8 @@ def _record_runoff(
 ) -> OtherProcesses:
     """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), the non-splitting schedule of each
     splitting finalist's placement (:meth:`SchedulePlan.placement_baseline`, where it is not 1F1B), 1F1B and,
-    with ``control``, 1F1B again, as many rounds as the first recording, split into sets
-    (:func:`process_set_sizes`), each in new processes (new copies of the stages, a new process group), and
+    with ``control``, 1F1B again, as many rounds as :func:`_runoff_rounds` says (the first recording's,
+    or what deciding against 1F1B needs), split into sets (:func:`process_set_sizes`), each in new processes (new copies of the stages, a new process group), and
     add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow, the other
     schedules' keep the first recording's rounds (paired with 1F1B's first ones). The recommendation then
     orders the finalists by these rounds alone, each set alike (:attr:`SchedulePlan.recommended`).
@@ -789,8 +789,9 @@ def _runoff_rounds(
     level would need at the win fraction of the finalist that won the largest share of the first
     recording's rounds (:func:`~graphkit.measure.timing.rounds_to_decide`), as far as ``budget_left_s``
     leaves at ``recorded_seconds`` a round, never fewer than the first recording's; where more than
-    :data:`AUTO_MOST_ROUNDS` would be needed (a coin, nearly), as many as the first recording's. Fixed before the run-off records anything, from rounds it does not
-    test again: one look at its rounds, not a test repeated until it passes."""
+    :data:`AUTO_MOST_ROUNDS` would be needed (a coin, nearly), as many as the first recording's. Fixed
+    before the run-off records anything, from rounds it does not test again: one look at its rounds, not a
+    test repeated until it passes."""
     if plan.recommended is not plan.baseline or not finalists:
         return first_rounds, ""
     level = SIGNIFICANCE / len(finalists)
