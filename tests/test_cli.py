@@ -316,6 +316,8 @@ def test_compare_schedules_records_each_set_of_processes_apart_and_prints_each_s
         in out
     )
     assert "noise floor: 1F1B recorded twice (A/A) measured 1.0% apart in the mean of the sets" in out
+    # every round of a set alike: nothing strays from round to round
+    assert "precision: a round's difference between two schedules strayed by 0.0% of a step" in out
     status, _, err = run(capsys, "compare-schedules", "zoo-pipeline:mlp", "--process-sets", "0")
     assert status == 2 and "--process-sets must be at least 1" in err
 

@@ -5,6 +5,8 @@ against values computed by hand (binomial tails written out as fractions)."""
 from __future__ import annotations
 
 import math
+import random
+import statistics
 from collections import Counter
 from types import SimpleNamespace
 
@@ -17,6 +19,8 @@ from graphkit.measure.paired_rounds import (
     noise_floor,
     process_set_sizes,
     ratio_by_set,
+    round_spread,
+    rounds_for_standard_error,
     rounds_won,
 )
 from graphkit.measure.timing import rounds_to_decide, sign_test_p_value, t_test_p_value
@@ -204,3 +208,67 @@ def test_the_t_test_on_too_few_or_identical_values():
     # the sets of a model of 8 transformer blocks: five of six ahead, one 0.6% behind
     ratios = [0.912, 0.958, 0.931, 0.940, 1.006, 0.953]
     assert t_test_p_value([math.log(ratio) for ratio in ratios]) == pytest.approx(0.0063, abs=1e-4)
+
+
+def test_round_spread_is_the_scaled_median_absolute_deviation_of_each_sets_differences_about_its_own_median():
+    # two candidates, two sets of 5 rounds: log differences -0.1, -0.05, 0, 0.05, 0.1 in the first set and
+    # the same 0.3 higher in the second (what a set adds to all of its rounds is not round-to-round spread);
+    # absolute deviations about each set's median: 0.1, 0.05, 0, 0.05, 0.1 twice, their median 0.05
+    base = [100.0] * 10
+    deltas = [-0.1, -0.05, 0.0, 0.05, 0.1]
+    other = [100.0 * math.exp(d) for d in deltas] + [100.0 * math.exp(d + 0.3) for d in deltas]
+    assert round_spread([base, other], [5, 5]) == pytest.approx(1.4826 * 0.05)
+    # a third candidate equal to the first: pairs (base, other) and (other, copy) stray by 0.0741, (base, copy)
+    # not at all; the root of their mean square
+    assert round_spread([base, other, list(base)], [5, 5]) == pytest.approx(1.4826 * 0.05 * math.sqrt(2 / 3))
+    # one stall of half a step is one deviation, not its square: the spread stays as it was
+    stalled = list(other)
+    stalled[0] *= 1.5
+    assert round_spread([base, stalled], [5, 5]) == pytest.approx(1.4826 * 0.05)
+    assert round_spread([base], [10]) is None  # nothing to pair
+    assert round_spread([base[:2], other[:2]], [1, 1]) is None  # no set of two rounds
+    with pytest.raises(ValueError, match="do not add up"):
+        round_spread([base, other], [5, 4])
+
+
+def test_round_spread_of_normal_draws_is_their_standard_deviation():
+    # oracle: independent normal log steps of spread 0.05 each; a difference of two strays by 0.05 sqrt(2)
+    draw = random.Random(7)
+    first = [100.0 * math.exp(draw.gauss(0.0, 0.05)) for _ in range(3000)]
+    second = [100.0 * math.exp(draw.gauss(0.0, 0.05)) for _ in range(3000)]
+    assert round_spread([first, second], [1000, 1000, 1000]) == pytest.approx(0.05 * math.sqrt(2), rel=0.05)
+
+
+def test_rounds_for_standard_error_is_the_large_sample_variance_of_the_median():
+    assert rounds_for_standard_error(0.08, 0.01) == 101  # pi / 2 x 64 = 100.5
+    assert rounds_for_standard_error(0.08, 0.02) == 26  # 25.1
+    assert rounds_for_standard_error(0.0, 0.01) == 1
+    # oracle: the spread of the median of that many normal draws, over 2,000 samples
+    draw = random.Random(11)
+    rounds = rounds_for_standard_error(0.08, 0.01)
+    medians = [statistics.median(draw.gauss(0.0, 0.08) for _ in range(rounds)) for _ in range(2000)]
+    assert statistics.stdev(medians) == pytest.approx(0.01, rel=0.08)
+    with pytest.raises(ValueError, match="standard_error above 0"):
+        rounds_for_standard_error(0.08, 0.0)
+    with pytest.raises(ValueError, match="spread must be at least 0"):
+        rounds_for_standard_error(-0.01, 0.01)
+
+
+def test_compare_rounds_gives_the_standard_error_its_rounds_stray_by():
+    # ZBV's rounds stray about 1F1B's by log differences of -0.1, -0.05, 0, 0.05 and 0.1 in each of two sets
+    # of 5 (about each set's own median): a spread of 1.4826 x 0.05 a round; the A/A copy does not stray,
+    # nor does 1F1B from it, so the three pairs give sqrt(2 / 3) of it; over 10 rounds the standard error
+    # of a difference is sqrt(pi / 2) x spread / sqrt(10)
+    strays = [-0.1, -0.05, 0.0, 0.05, 0.1]
+    base = [10.0] * 10
+    zbv = [9.0 * math.exp(stray) for stray in strays] + [9.5 * math.exp(stray) for stray in strays]
+    summary = compare_rounds([("1F1B", base), ("ZBV", zbv), ("1F1B", list(base))], [5, 5])
+    spread = 1.4826 * 0.05 * math.sqrt(2 / 3)
+    assert summary["round_spread"] == pytest.approx(spread)
+    assert summary["standard_error"] == pytest.approx(math.sqrt(math.pi / 2) * spread / math.sqrt(10))
+    # the inverse of rounds_for_standard_error: the rounds it asks for give that standard error, or less
+    needed = rounds_for_standard_error(spread, summary["standard_error"])
+    assert needed in (10, 11)
+    # one candidate, or candidates of different lengths: no spread is taken
+    assert compare_rounds([("1F1B", base)])["standard_error"] is None
+    assert compare_rounds([("1F1B", base), ("ZBV", zbv[:9])])["round_spread"] is None

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from graphkit.cli import build_parser
 from graphkit.measure.competing_load import OtherProcesses
 from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
 from graphkit.pipelining import planner
@@ -29,7 +30,7 @@ from graphkit.pipelining.remembered_error import (
     remembered_error,
     setup_key,
 )
-from graphkit.pipelining.schedule_plan import PlannedSchedule, process_set_sizes
+from graphkit.pipelining.schedule_plan import COMPARE_TIMEOUT_S, PlannedSchedule, process_set_sizes
 from graphkit.pipelining.schedules import schedule_name, schedule_order, stage_count
 
 MS = 1e-3
@@ -696,14 +697,20 @@ def test_the_plan_gives_the_batch_and_the_command_that_checks_its_pick(monkeypat
     # generated schedules without a written order run by name (plan -o DIR writes their CSVs)
     assert command == (
         "graphkit compare-schedules zoo-pipeline:mlp --ranks 2 --microbatches 4 --batch-size 32 --steps 15 "
-        "--process-sets 3 --control --schedules 1F1B,GPipe,ZBH1,CostAware (plan with -o DIR first: by name, CostAware is built "
-        "anew from default costs, not the order recorded here)"
+        "--process-sets 3 --control --schedules 1F1B,GPipe,ZBH1,CostAware --timeout 600 (plan with -o DIR first: by "
+        "name, CostAware is built anew from default costs, not the order recorded here)"
     )
     assert (
-        f"\nto check the pick in a separate run (new processes, the pick within the noise floor of the best): {command}"
+        f"\nto check the pick in a separate run (new processes; the pick holds where it measures within its precision line of the best, twice the comparison's standard error): {command}"
         in table
     )
     assert plan.to_dict()["remeasure_command"] == command and plan.to_dict()["batch_size"] == 32
+    # the plan's recordings ran under the plan's --timeout (600 s by default), each set of them with more
+    # schedules than the check's: the check gets the same limit, named where it is not compare-schedules' own
+    plan = run_recorded(monkeypatch, rounds, ["1F1B", "GPipe", "ZBH1", "CostAware"], timeout_s=120.0)
+    assert " --timeout" not in plan.remeasure_command()
+    parsed = build_parser().parse_args(["compare-schedules", "zoo-pipeline:mlp"])
+    assert parsed.timeout == COMPARE_TIMEOUT_S == 120.0
 
 
 def test_splitting_that_gains_over_a_winning_placement_but_not_beyond_chance_is_undecided(monkeypatch):
@@ -927,7 +934,7 @@ def test_finalists_the_sets_of_processes_cannot_order_are_level_and_the_one_hold
     assert line.endswith(
         "ZBVZeroBubble is recommended (as in the first run); ZBVZeroBubble and DualPipeV are level: the "
         "run-off's sets of processes cannot tell them apart (t-test over the sets, p >= 0.05) and their means "
-        "lie within 2%, so which is faster can change from one set of processes, or one run, to the next; "
+        "lie within 1%, so which is faster can change from one set of processes, or one run, to the next; "
         "ZBVZeroBubble holds the least memory (predicted peak on the busiest rank 1.0 MiB, against DualPipeV "
         "1.2 MiB)"
     )
@@ -944,13 +951,20 @@ def test_finalists_are_not_level_where_every_set_orders_them_alike_or_the_means_
     zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
     assert plan.runoff_ratio(zbv) - plan.runoff_ratio(dual) == pytest.approx(0.07 / 3)
     assert not plan.level_with(zbv, dual) and plan.recommended is dual
-    # as a GPT-2 run-off measured: DualPipeV 2.6 points behind ZBVZeroBubble in one set, 4.3 and 2.8 ahead
-    # in the others, 1.5 ahead in the mean; the sets cannot tell them apart (t-test p = 0.55): level, and
-    # ZBVZeroBubble, holding less memory, is recommended (15 of 17 comparisons measured it ahead)
+    # as a GPT-2 run-off of 21 rounds measured: DualPipeV 2.6 points behind ZBVZeroBubble in one set, 4.3 and
+    # 2.8 ahead in the others, 1.5 ahead in the mean; the sets cannot tell them apart (t-test p = 0.55), but
+    # the means lie 1.5 points apart, beyond the 1% margin: not level, the faster one is recommended (a
+    # run-off now records the rounds that ordering them needs, RUNOFF_STANDARD_ERROR)
     plan = _level_runoff(monkeypatch, zbv=[87.2, 90.0, 91.6], dual=[89.8, 85.7, 88.8])
     zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
-    assert plan.runoff_ratio(dual) < plan.runoff_ratio(zbv) and plan.level_with(zbv, dual)
-    assert plan.recommended is zbv
+    assert plan.runoff_ratio(zbv) - plan.runoff_ratio(dual) == pytest.approx(0.015)
+    assert not plan.level_with(zbv, dual) and plan.recommended is dual
+    # the same disagreement between the sets, the means 0.8 points apart: level, and ZBVZeroBubble, holding
+    # less memory, is recommended
+    plan = _level_runoff(monkeypatch, zbv=[87.2, 90.0, 91.6], dual=[89.8, 87.8, 88.8])
+    zbv, dual = plan.by_name("ZBVZeroBubble"), plan.by_name("DualPipeV")
+    assert plan.runoff_ratio(zbv) - plan.runoff_ratio(dual) == pytest.approx(0.008)
+    assert plan.level_with(zbv, dual) and plan.recommended is zbv
 
 
 def test_the_first_recording_runs_in_sets_of_processes_and_a_schedule_close_to_the_pick_reaches_the_run_off(
@@ -1033,4 +1047,54 @@ def test_a_run_off_that_is_to_decide_against_1f1b_records_as_many_rounds_as_woul
     # where the pick stands (a schedule would be recommended), a run-off keeps the first recording's count
     decided = {"1F1B": [100.0] * 21, "GPipe": [98.0] * 21, "ZBH1": [97.5] * 21}
     plan = run_recorded(monkeypatch, decided, ["1F1B", "GPipe", "ZBH1"], runoff=True)
+    assert plan.runoff["rounds"] == 21 and not plan.runoff["sized"]
+
+
+def test_a_run_off_records_as_many_rounds_as_ordering_its_finalists_needs(monkeypatch):
+    # ZBH1 and ZBH2 both 0.95x 1F1B in the median round, too close to order; ZBH2's rounds stray about
+    # ZBH1's by log differences of -0.1, -0.05, 0, 0, 0, 0.05 and 0.1 in each set of 7: their median
+    # absolute deviation 0.05, a spread of 1.4826 x 0.05 = 0.0741 a round, and a standard error of 1%
+    # between the two needs ceil(pi / 2 x 7.41^2) = 87 rounds, three sets of 29
+    strays = [-0.1, -0.05, 0.0, 0.0, 0.0, 0.05, 0.1]
+    first = {
+        "1F1B": [100.0] * 21,
+        "ZBH1": [95.0] * 21,
+        "ZBH2": [95.0 * math.exp(stray) for stray in strays] * 3,
+    }
+    assert planner.RUNOFF_STANDARD_ERROR == 0.01
+    runoff = {"1F1B": [100.0] * 87, "ZBH1": [96.0] * 87, "ZBH2": [94.0] * 87}
+    calls: list[list[str]] = []
+    plan = run_recorded(
+        monkeypatch, {**first, "runoff": runoff}, list(first), runoff=True, recording_sets=3, calls=calls
+    )
+    assert plan.runoff["finalists"] == ["ZBH1", "ZBH2"] and plan.runoff["first_pick"] == "ZBH1"
+    assert plan.runoff["rounds"] == 87 and plan.runoff["sets"] == [29, 29, 29]
+    assert len(calls) == 6 and len(plan.baseline.measured_steps) == 21 + 87
+    assert plan.recommended.name == "ZBH2"  # 0.94x in the run-off against ZBH1's 0.96x
+    line = next(line for line in plan.table().splitlines() if line.startswith("run-off"))
+    assert (
+        "(29, 29 and 29 rounds: 87 more rounds, as many as a standard error of 1% between two finalists needs at "
+        "the 7.4% by which a round's difference between them strayed in the first recording"
+    ) in line
+    # the check command the plan prints re-measures as many rounds as the run-off recorded
+    assert "--steps 87 --process-sets 3 --control" in plan.table()
+    # a --record-budget that leaves fewer (1F1B twice, ZBH1 and ZBH2: 0.39 s a round; 25 s leave 64 rounds,
+    # less a round's worth to start each of the 3 sets): as many as it leaves, and it says what ordering
+    # them would need
+    plan = run_recorded(
+        monkeypatch,
+        {**first, "runoff": runoff},
+        list(first),
+        runoff=True,
+        recording_sets=3,
+        record_budget_s=25.0,
+    )
+    assert plan.runoff["rounds"] == 61
+    assert (
+        "as many as the --record-budget leaves (a standard error of 1% between two finalists would need about "
+        "87 at the 7.4%"
+    ) in plan.table()
+    # rounds that do not stray (every round alike): the first recording's count is enough
+    steady = {"1F1B": [100.0] * 21, "ZBH1": [95.0] * 21, "ZBH2": [95.5] * 21}
+    plan = run_recorded(monkeypatch, {**steady, "runoff": runoff}, list(first), runoff=True, recording_sets=3)
     assert plan.runoff["rounds"] == 21 and not plan.runoff["sized"]

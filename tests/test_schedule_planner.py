@@ -364,6 +364,7 @@ def test_a_run_plan_predicts_every_schedule_from_costs_and_the_recorded_1f1b_alo
         "steps": 15,
         "threads": 1,
         "pin_cores": False,
+        "timeout_s": 600.0,
     }
     recorded_names.clear()
     # --top caps the schedules recorded from the band, wherever 1F1B ranks; the best zero-bubble one and

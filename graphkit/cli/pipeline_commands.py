@@ -342,6 +342,14 @@ def rounds_lines(timelines: list[Any], sets: list[int] | None = None) -> str:
         )
     else:
         lines.append("no noise floor: list a schedule twice, or add --control, to measure one")
+    error = summary["standard_error"]
+    if error is not None:
+        lines.append(
+            f"precision: a round's difference between two schedules strayed by {summary['round_spread']:.1%} "
+            f"of a step, so over {rounds} rounds two ratios differ by about {error:.1%} (one standard error) "
+            f"by chance: differences within {2 * error:.1%} are not told apart; more --steps narrow it (four "
+            "times the rounds halve it)"
+        )
     return "\n".join(lines)
 
 

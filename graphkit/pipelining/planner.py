@@ -101,6 +101,7 @@ __all__ = [
     "AUTO_FIRST_ROUNDS",
     "AUTO_MOST_ROUNDS",
     "BUILT_IN_SCHEDULES",
+    "RUNOFF_STANDARD_ERROR",
     "PlannedSchedule",
     "SchedulePlan",
     "plan_schedules",
@@ -115,6 +116,14 @@ pipeline with 150 ms steps and six schedules: about 10 minutes)."""
 
 AUTO_LEAST_ROUNDS = 5
 """With ``steps="auto"``, the fewest rounds recorded at once (each recording starts the ranks anew)."""
+
+RUNOFF_STANDARD_ERROR = 0.01
+"""A run-off records enough rounds (:func:`_runoff_rounds`) that the standard error of the difference
+between two finalists' ratios to 1F1B comes down to this fraction of 1F1B's step: a finalist 2% faster
+than the one the run-off puts first is then put behind it by chance about one time in 40. A model of 8
+transformer blocks on 2 pinned ranks (150 ms steps) strays by about 8% of a step from round to round
+between two finalists, so a run-off of 21 rounds (a standard error of 2.2%) picked schedules that a
+separate run measured 2.4 and 2.8% behind the best: 101 rounds bring it to 1%."""
 
 
 def plan_schedules(
@@ -643,6 +652,7 @@ def _run(
         "steps": len(plan.baseline.measured_steps) if auto else steps,
         "threads": threads,
         "pin_cores": pin_cores,
+        "timeout_s": timeout_s,
     }
     if auto:
         plan.recording["auto"] = plan.auto_steps
@@ -712,8 +722,8 @@ def _record_runoff(
 ) -> OtherProcesses:
     """Record ``finalists`` (:meth:`SchedulePlan.runoff_finalists`), the non-splitting schedule of each
     splitting finalist's placement (:meth:`SchedulePlan.placement_baseline`, where it is not 1F1B), 1F1B and,
-    with ``control``, 1F1B again, as many rounds as :func:`_runoff_rounds` says (the first recording's,
-    or what deciding against 1F1B needs), split into sets (:func:`process_set_sizes`), each in new processes (new copies of the stages, a new process group), and
+    with ``control``, 1F1B again, as many rounds as :func:`_runoff_rounds` says (what ordering the
+    finalists, or deciding against 1F1B, needs), split into sets (:func:`process_set_sizes`), each in new processes (new copies of the stages, a new process group), and
     add their rounds after the first ones: 1F1B's, the control's and the finalists' lists grow, the other
     schedules' keep the first recording's rounds (paired with 1F1B's first ones). The recommendation then
     orders the finalists by these rounds alone, each set alike (:attr:`SchedulePlan.recommended`).
@@ -784,37 +794,62 @@ def _runoff_rounds(
     recorded_seconds: float,
     budget_left_s: float | None,
 ) -> tuple[int, str]:
-    """How many rounds a run-off records, and why: as many as the first recording; where 1F1B would be
-    kept (the run-off is to decide whether any finalist beats it), as many as a sign test at the run-off's
-    level would need at the win fraction of the finalist that won the largest share of the first
-    recording's rounds (:func:`~graphkit.measure.timing.rounds_to_decide`), as far as ``budget_left_s``
-    leaves at ``recorded_seconds`` a round, never fewer than the first recording's; where more than
-    :data:`AUTO_MOST_ROUNDS` would be needed (a coin, nearly), as many as the first recording's. Fixed
-    before the run-off records anything, from rounds it does not test again: one look at its rounds, not a
-    test repeated until it passes."""
-    if plan.recommended is not plan.baseline or not finalists:
+    """How many rounds a run-off records, and why: the most of
+
+    - the first recording's rounds;
+    - with two finalists or more, as many as bring the standard error of two finalists' difference down to
+      :data:`RUNOFF_STANDARD_ERROR` at the spread the first recording measured between them round by round
+      (:func:`~graphkit.measure.paired_rounds.round_spread`,
+      :func:`~graphkit.measure.paired_rounds.rounds_for_standard_error`), at most :data:`AUTO_MOST_ROUNDS`;
+    - where 1F1B would be kept (the run-off is to decide whether any finalist beats it), as many as a sign
+      test at the run-off's level would need at the win fraction of the finalist that won the largest
+      share of the first recording's rounds (:func:`~graphkit.measure.timing.rounds_to_decide`), unless
+      more than :data:`AUTO_MOST_ROUNDS` would (a coin, nearly);
+
+    as far as ``budget_left_s`` leaves at ``recorded_seconds`` a round. Fixed before the run-off records
+    anything, from rounds it does not test again: one look at its rounds, not a test repeated until it
+    passes."""
+    needs: list[tuple[int, str]] = []  # (rounds needed, what needs them, "{needs}" where the verb goes)
+    spread = (
+        paired_rounds.round_spread([item.measured_steps for item in finalists], plan.first_recording_sets)
+        if len(finalists) >= 2 and sum(plan.first_recording_sets) == first_rounds
+        else None
+    )
+    if spread is not None:
+        needs.append(
+            (
+                paired_rounds.rounds_for_standard_error(spread, RUNOFF_STANDARD_ERROR),
+                f"a standard error of {RUNOFF_STANDARD_ERROR:.0%} between two finalists {{needs}} at the "
+                f"{spread:.1%} by which a round's difference between them strayed in the first recording",
+            )
+        )
+    if plan.recommended is plan.baseline and finalists:
+        level = SIGNIFICANCE / len(finalists)
+        best = max(finalists, key=lambda item: _win_fraction(plan.rounds_won(item)))
+        won, total = plan.rounds_won(best)
+        decide = rounds_to_decide(won / total, level) if total else None
+        if decide is not None and decide <= AUTO_MOST_ROUNDS:
+            needs.append(
+                (
+                    decide,
+                    f"a sign test at {level:.2g} {{needs}} at {best.name}'s win fraction in the first "
+                    f"recording ({won} of {total})",
+                )
+            )
+    if not needs:
         return first_rounds, ""
-    level = SIGNIFICANCE / len(finalists)
-    best = max(finalists, key=lambda item: _win_fraction(plan.rounds_won(item)))
-    won, total = plan.rounds_won(best)
-    needed = rounds_to_decide(won / total, level) if total else None
-    if needed is None or needed <= first_rounds or needed > AUTO_MOST_ROUNDS:  # decided, or a coin
-        return first_rounds, ""
-    rounds = needed
+    needed, why = max(needs)
+    rounds = min(needed, AUTO_MOST_ROUNDS)
+    limit = f"at most {AUTO_MOST_ROUNDS}"
     if budget_left_s is not None and recorded_seconds > 0:
         fits = int(budget_left_s / recorded_seconds) - PROCESS_SETS  # a round's worth to start each set
-        rounds = min(rounds, fits)
+        if fits < rounds:
+            rounds, limit = fits, "as many as the --record-budget leaves"
     if rounds <= first_rounds:
         return first_rounds, ""
     if rounds == needed:
-        return rounds, (
-            f"as many as a sign test at {level:.2g} needs at {best.name}'s win fraction in the first "
-            f"recording ({won} of {total})"
-        )
-    return rounds, (
-        f"as many as the --record-budget leaves (a sign test at {level:.2g} would need about {needed} at "
-        f"{best.name}'s win fraction in the first recording, {won} of {total})"
-    )
+        return rounds, "as many as " + why.format(needs="needs")
+    return rounds, f"{limit} (" + why.format(needs=f"would need about {needed}") + ")"
 
 
 def _win_fraction(won_of: tuple[int, int]) -> float:

@@ -85,14 +85,21 @@ which more rounds in one set cannot average out, and more sets do. A model of 8 
 DualPipeV 1.03x 1F1B in one plan's first recording, a single set, and 0.95x in a separate run: the plan left
 it out of its run-off."""
 
-LEVEL_MARGIN = 0.02
+COMPARE_TIMEOUT_S = 120.0
+"""``graphkit compare-schedules``' own default ``--timeout``: the check command names another only."""
+
+LEVEL_MARGIN = 0.01
 """Two run-off finalists are level when the run-off's sets of processes cannot tell them apart (a two-sided
 t-test over the sets' paired differences is not below :data:`SIGNIFICANCE`) and their mean ratios to 1F1B
 lie within this fraction of 1F1B's step; of level finalists the one that holds less memory is recommended
 (:attr:`SchedulePlan.recommended`): which of them is faster changes from one set of processes, and one
-run, to the next, so no run can promise the order. GPT-2 on 2 pinned ranks: ZBVZeroBubble measured ahead
-of DualPipeV in 15 of 17 separate comparisons, by up to 3.9 points of 1F1B's step, while one plan's
-run-off measured DualPipeV 1.5 points ahead (its sets: 2.6 points behind, then 4.3 and 2.8 ahead)."""
+run, to the next, so no run can promise the order. A wider margin trades speed the run-off did measure
+for memory: at 2% a model of 8 transformer blocks was recommended ZBH1 over DualPipeV, level with it by
+the t-test over three sets, and a separate run measured ZBH1 2.4% behind. GPT-2 on 2 pinned ranks:
+ZBVZeroBubble measured ahead of DualPipeV in 15 of 17 separate comparisons, by up to 3.9 points of 1F1B's
+step, while one plan's run-off of 21 rounds measured DualPipeV 1.5 points ahead (its sets: 2.6 points
+behind, then 4.3 and 2.8 ahead): a run-off now records as many rounds as ordering them needs
+(:data:`~graphkit.pipelining.planner.RUNOFF_STANDARD_ERROR`)."""
 
 RUNOFF_MOST = 3
 """Where 1F1B would be kept, at most this many contenders go to a run-off (the best in the median round)."""
@@ -504,7 +511,7 @@ class SchedulePlan:
         1F1B first (the baseline) and again (``--control``), the recommended schedule, and the next three
         recorded schedules that measured fastest against 1F1B, with this plan's ranks, microbatches, batch,
         rounds and pinning; None without recorded steps or a pipeline spec. A pick holds when it measures
-        there within the noise floor of the best."""
+        there within twice the comparison's standard error of the best (its ``precision:`` line)."""
         if self.spec is None or not self.baseline.measured_steps or self.recording is None:
             return None
         base = self.baseline
@@ -530,6 +537,9 @@ class SchedulePlan:
             else f"'{self.spec}'"
         )
         unwritten = [item.name for item in picked if built_from_costs(item.name) and not item.csv]
+        # each set of processes of the check records no more rounds of fewer schedules than the plan's did:
+        # the limit the plan's recordings ran under is enough for it
+        timeout = self.recording.get("timeout_s")
         return (
             f"graphkit compare-schedules {spec} --ranks {self.ranks}"
             + (" --pin-cores" if self.recording.get("pin_cores") else "")
@@ -538,6 +548,7 @@ class SchedulePlan:
             + f" --steps {rounds}"
             + (f" --process-sets {PROCESS_SETS}" if len(process_set_sizes(rounds)) > 1 else "")
             + f" --control --schedules {names}"
+            + (f" --timeout {timeout:g}" if timeout is not None and timeout != COMPARE_TIMEOUT_S else "")
             + (
                 f" (plan with -o DIR first: by name, {' and '.join(unwritten)} "
                 f"{'is' if len(unwritten) == 1 else 'are'} built anew from default costs, not the "
@@ -1472,7 +1483,7 @@ def _recording_notes(plan: SchedulePlan) -> str:
     text += _runoff_note(plan)
     command = plan.remeasure_command()
     if command is not None:
-        text += f"\nto check the pick in a separate run (new processes, the pick within the noise floor of the best): {command}"
+        text += f"\nto check the pick in a separate run (new processes; the pick holds where it measures within its precision line of the best, twice the comparison's standard error): {command}"
     floor = plan.noise_floor
     if floor is not None:
         copy = PlannedSchedule("1F1B", 1, None, measured_steps=plan.control_steps)
