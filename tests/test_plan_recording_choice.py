@@ -15,7 +15,7 @@ import pytest
 
 from graphkit.cli import build_parser
 from graphkit.measure.competing_load import OtherProcesses
-from graphkit.measure.timing import rounds_to_decide, sign_test_p_value
+from graphkit.measure.timing import rounds_to_decide, sign_test_p_value, t_test_p_value
 from graphkit.pipelining import planner
 from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import CommModel, StageCost, simulate
@@ -1098,3 +1098,49 @@ def test_a_run_off_records_as_many_rounds_as_ordering_its_finalists_needs(monkey
     steady = {"1F1B": [100.0] * 21, "ZBH1": [95.0] * 21, "ZBH2": [95.5] * 21}
     plan = run_recorded(monkeypatch, {**steady, "runoff": runoff}, list(first), runoff=True, recording_sets=3)
     assert plan.runoff["rounds"] == 21 and not plan.runoff["sized"]
+
+
+def test_after_a_run_off_longer_than_the_first_recording_its_sets_decide_whether_splitting_pays(monkeypatch):
+    # as a model of 8 transformer blocks measured: DualPipeV against Interleaved1F1B, its placement, 0.99x,
+    # 1.04x and 1.03x in the first recording's three sets of 7 rounds (their rounds straying by 7.4% a round,
+    # so the run-off records 87), then 0.968x in each of the run-off's three sets of 29
+    strays = [-0.1, -0.05, 0.0, 0.0, 0.0, 0.05, 0.1]
+    first = {
+        "1F1B": [100.0] * 21,
+        "Interleaved1F1B": [
+            93.0 / ratio * math.exp(stray) for ratio in (0.99, 1.04, 1.03) for stray in strays
+        ],
+        "DualPipeV": [93.0] * 21,
+    }
+    runoff = {"1F1B": [100.0] * 87, "Interleaved1F1B": [93.0] * 87, "DualPipeV": [90.0] * 87}
+    plan = run_recorded(
+        monkeypatch,
+        {**first, "runoff": runoff},
+        ["1F1B", "Interleaved1F1B", "DualPipeV"],
+        runoff=True,
+        recording_sets=3,
+    )
+    dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
+    assert plan.runoff["finalists"] == ["Interleaved1F1B", "DualPipeV"] and plan.runoff["rounds"] == 87
+    by_set = plan.ratio_by_process_set(dual, interleaved)
+    assert by_set == pytest.approx([0.99, 1.04, 1.03] + [90 / 93] * 3)
+    # all six sets, each one draw, would disagree (t-test p = 0.33); the run-off's three, each of 29 rounds
+    # against the first's 7, decide
+    assert t_test_p_value([math.log(ratio) for ratio in by_set]) > 0.3
+    assert plan.deciding_sets(by_set) == (pytest.approx([90 / 93] * 3), "the run-off's three sets")
+    verdict = plan.zero_bubble_verdict()
+    assert verdict.startswith("zero bubble pays here (DualPipeV"), verdict
+    assert "; over the run-off's three sets 0.968x, t-test p = 0)" in verdict
+    # a run-off of as many rounds as the first recording (rounds that do not stray): all six sets decide
+    steady = {"1F1B": [100.0] * 21, "Interleaved1F1B": [93.0 / 0.99] * 21, "DualPipeV": [93.0] * 21}
+    plan = run_recorded(
+        monkeypatch,
+        {**steady, "runoff": runoff},
+        ["1F1B", "Interleaved1F1B", "DualPipeV"],
+        runoff=True,
+        recording_sets=3,
+    )
+    dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
+    assert plan.runoff["rounds"] == 21
+    by_set = plan.ratio_by_process_set(dual, interleaved)
+    assert plan.deciding_sets(by_set) == (by_set, "the six sets") and len(by_set) == 6

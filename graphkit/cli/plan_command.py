@@ -130,7 +130,8 @@ def add_plan_command(commands: Any) -> None:
         default=600.0,
         metavar="S",
         help="with --run, seconds of recording (estimated from the predicted steps) the schedules within "
-        "--prediction-error may take; those it leaves out are named (default 600)",
+        "--prediction-error may take; those it leaves out are named; a run-off records as many rounds as "
+        "ordering its finalists to a 1%% standard error needs, within what is left of it (default 600)",
     )
     plan.add_argument(
         "--no-runoff",
