@@ -552,8 +552,8 @@ class SchedulePlan:
             else f"'{self.spec}'"
         )
         unwritten = [item.name for item in picked if built_from_costs(item.name) and not item.csv]
-        # each set of processes of the check records no more rounds of fewer schedules than the plan's did:
-        # the limit the plan's recordings ran under is enough for it
+        # the check's sets record as many rounds as the run-off's: the limit the plan's recordings ran under
+        # (the user's --timeout, 600 s by default), not compare-schedules' own 120 s
         timeout = self.recording.get("timeout_s")
         return (
             f"graphkit compare-schedules {spec} --ranks {self.ranks}"
