@@ -810,9 +810,7 @@ def _runoff_rounds(
     anything, from rounds it does not test again: one look at its rounds, not a test repeated until it
     passes."""
     needs: list[tuple[int, str]] = []  # (rounds needed, what needs them, "{needs}" where the verb goes)
-    first_sets = list(plan.first_recording_sets)
-    if sum(first_sets) != first_rounds:  # no sets recorded: the first recording is one set (as process_sets)
-        first_sets = [first_rounds]
+    first_sets = [end - start for start, end in plan.process_sets()]  # no run-off yet: the first recording's
     spread = (
         paired_rounds.round_spread([item.measured_steps[:first_rounds] for item in finalists], first_sets)
         if len(finalists) >= 2
