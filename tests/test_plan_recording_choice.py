@@ -648,6 +648,30 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
     assert next(line for line in plan.table().splitlines() if line.startswith("run-off")).endswith(
         "none of them did: keep 1F1B"
     )
+    # the closest is named from the run-off's rounds alone (sets of 9, 9 and 8: ZBH1 0.99x, 1.01x and 1.01x,
+    # a mean of 1.003x): over all 41 rounds ZBH1 won 11 + 9, in the run-off it lost most, 9 of 26, still
+    # the most of the finalists
+    assert plan.rounds_won(plan.by_name("ZBH1")) == (20, 41)
+    assert plan.closest_contender().name == "ZBH1"
+    assert (
+        "; closest in the run-off (most of its rounds won): ZBH1, faster in 9 of its 26 rounds (p = 0.96), "
+        "1.00x in the mean of its sets' median rounds"
+    ) in plan.table()
+    assert "rounds to decide" not in plan.table()  # it lost most of them: no power estimate
+    # a finalist that won most of the run-off's rounds, not enough of them: the power estimate is at the
+    # run-off's level (0.05 / 3) and win fraction (16 of 26), not over the first recording's rounds too
+    runoff["ZBH2"] = [99.0] * 16 + [101.0] * 10
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True)
+    assert plan.recommended is plan.baseline and plan.closest_contender().name == "ZBH2"
+    needed = rounds_to_decide(16 / 26, 0.05 / 3)
+    assert needed is not None and needed > 26
+    assert (
+        "; closest in the run-off (most of its rounds won): ZBH2, faster in 16 of its 26 rounds (p = 0.16)"
+    ) in plan.table()
+    assert (
+        f"at its win fraction (16 of 26, 62%) a sign test at p < 0.017 would need about {needed} rounds to "
+        f"decide (--steps {needed})"
+    ) in plan.table()
 
 
 def test_a_run_off_past_the_budget_is_named_not_recorded(monkeypatch):

@@ -659,13 +659,33 @@ class SchedulePlan:
 
     def closest_contender(self) -> PlannedSchedule | None:
         """The recorded schedule other than 1F1B that won most rounds against it (ties: the lower median
-        round ratio), or None."""
-        others = [item for item in self.schedules if item.measured_steps and item is not self.baseline]
-        return min(
-            others,
-            key=lambda item: (-self.rounds_won(item)[0], self.round_ratio(item) or math.inf),
-            default=None,
-        )
+        round ratio), or None. After a run-off, the finalist that won most of the run-off's rounds alone
+        (:meth:`contest_rounds_won`; ties: the lower :meth:`runoff_ratio`): the first recording chose the
+        finalists, so its rounds flatter them, and a finalist's rounds outnumber those of a schedule that
+        was recorded once."""
+        others = [item for item in self.schedules if self.recorded_in_runoff(item)] or [
+            item for item in self.schedules if item.measured_steps and item is not self.baseline
+        ]
+
+        def closeness(item: PlannedSchedule) -> tuple[int, float]:
+            (won, _), ratio, _ = self.contest_rounds_won(item)
+            return -won, ratio or math.inf
+
+        return min(others, key=closeness, default=None)
+
+    def contest_rounds_won(self, item: PlannedSchedule) -> tuple[tuple[int, int], float | None, float]:
+        """``((won, rounds), ratio, level)``: the rounds that decide whether ``item`` beats 1F1B, its ratio to
+        1F1B over them, and the sign test's level there. After a run-off that recorded ``item`` again: the
+        run-off's rounds alone, :meth:`runoff_ratio` and :attr:`runoff_significance`; else every recorded
+        round, :meth:`round_ratio` and :attr:`significance`."""
+        if self.recorded_in_runoff(item):
+            return self.runoff_rounds_won(item), self.runoff_ratio(item), self.runoff_significance or 0.0
+        return self.rounds_won(item), self.round_ratio(item), self.significance
+
+    def recorded_in_runoff(self, item: PlannedSchedule) -> bool:
+        """Whether a run-off recorded ``item`` again (one of its finalists, with rounds recorded)."""
+        runoff = self.runoff or {}
+        return bool(self.runoff_rounds_won(self.baseline)[1]) and item.name in runoff.get("finalists", ())
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per schedule (JSON-ready): name, predicted and measured step, bubble, peak memory, ..."""
@@ -1240,12 +1260,18 @@ def _verdict(plan: SchedulePlan) -> str:
             )
             contender = plan.closest_contender()
             if contender is not None:
-                won, rounds = plan.rounds_won(contender)
-                text += (
-                    f"; closest (most rounds won): {contender.name}, faster in {won} of {rounds} rounds "
-                    f"(p = {sign_test_p_value(won, rounds):.2g}), {_ratio(plan.round_ratio(contender))} in the "
-                    "median round"
-                )
+                (won, rounds), ratio, _ = plan.contest_rounds_won(contender)
+                if plan.recorded_in_runoff(contender):  # the run-off's rounds alone
+                    text += (
+                        f"; closest in the run-off (most of its rounds won): {contender.name}, faster in {won} "
+                        f"of its {rounds} rounds (p = {sign_test_p_value(won, rounds):.2g}), {_ratio(ratio)} "
+                        "in the mean of its sets' median rounds"
+                    )
+                else:
+                    text += (
+                        f"; closest (most rounds won): {contender.name}, faster in {won} of {rounds} rounds "
+                        f"(p = {sign_test_p_value(won, rounds):.2g}), {_ratio(ratio)} in the median round"
+                    )
                 text += _power_note(plan, contender)
         else:
             if is_generated(recommended.name) and recommended.csv is None:
@@ -1455,10 +1481,10 @@ def _listed(names: list[str]) -> str:
 def _power_note(plan: SchedulePlan, contender: PlannedSchedule) -> str:
     """Where 1F1B is kept but ``contender`` measured faster in most rounds: how many rounds a sign test
     would need, at the win fraction measured, to decide; empty otherwise."""
-    won, rounds = plan.rounds_won(contender)
+    (won, rounds), _, level = plan.contest_rounds_won(contender)
     if not rounds or 2 * won <= rounds:
         return ""
-    needed = plan.rounds_to_decide(contender)
+    needed = rounds_to_decide(won / rounds, level)
     if needed is None:
         return (
             f"; at its win fraction ({won} of {rounds}, {won / rounds:.0%}) more than 5,000 rounds would be "
@@ -1466,7 +1492,7 @@ def _power_note(plan: SchedulePlan, contender: PlannedSchedule) -> str:
         )
     return (
         f"; at its win fraction ({won} of {rounds}, {won / rounds:.0%}) a sign test at p < "
-        f"{plan.significance:.2g} would need about {needed} rounds to decide (--steps {needed})"
+        f"{level:.2g} would need about {needed} rounds to decide (--steps {needed})"
     )
 
 
