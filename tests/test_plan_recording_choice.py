@@ -609,6 +609,7 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
     names = ["1F1B", "GPipe", "ZBH1", "ZBH2", "CostAware"]  # (Adaptive comes out as ZBH1's order here)
     before = run_recorded(monkeypatch, {**first}, names)
     assert before.recommended is before.baseline and before.significance == 0.0125
+    assert "in the table, measured ms" not in before.table()  # no run-off: every row counts 15 rounds
     assert [item.name for item in before.runoff_finalists()] == [
         "GPipe",
         "ZBH1",
@@ -636,6 +637,13 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
         "0.997x (14 of 26; 0.990x, 0.990x, 1.010x)" in line
     )
     assert line.endswith("ZBH1 is recommended (the first run picked 1F1B)")
+    # the table's measured columns count 41 rounds for the finalists and 1F1B, 15 for CostAware
+    assert len(plan.by_name("CostAware").measured_steps) == 15
+    assert (
+        "\nin the table, measured ms, median round and won are over each schedule's own rounds: 41 for 1F1B, "
+        "GPipe, ZBH1 and ZBH2 (recorded again in the run-off), 15 for the others (the first recording's alone); "
+        "the run-off line compares its finalists on its rounds alone\n"
+    ) in plan.table()
     # the run-off confirms none: 1F1B is kept
     runoff = {
         "1F1B": [100.0] * 26,

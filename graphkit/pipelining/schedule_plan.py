@@ -1522,7 +1522,7 @@ def _recording_notes(plan: SchedulePlan) -> str:
             f"({_listed([str(size) for size in sets])} rounds), so that what one set's copies of the stages "
             "happen to get (memory, a quieter core) does not decide which schedules reach the run-off"
         )
-    text += _runoff_note(plan)
+    text += _runoff_note(plan) + _table_rounds_note(plan)
     command = plan.remeasure_command()
     if command is not None:
         text += f"\nto check the pick in a separate run (new processes; the pick holds where it measures within its precision line of the best, twice the comparison's standard error): {command}"
@@ -1572,6 +1572,24 @@ def _recording_notes(plan: SchedulePlan) -> str:
                     "for the order recorded)"
                 )
     return text
+
+
+def _table_rounds_note(plan: SchedulePlan) -> str:
+    """After a run-off: which rows of the table count which rounds (its measured ms, median round and won
+    cover each schedule's own rounds, more for those recorded again); a line starting a line, else ""."""
+    total = len(plan.baseline.measured_steps)
+    again = [
+        item.name for item in plan.schedules if item.measured_steps and len(item.measured_steps) == total
+    ]
+    first = {len(item.measured_steps) for item in plan.schedules if 0 < len(item.measured_steps) < total}
+    if not plan.runoff_sets() or not first:
+        return ""
+    counts = _listed([str(count) for count in sorted(first)])
+    return (
+        f"\nin the table, measured ms, median round and won are over each schedule's own rounds: {total} for "
+        f"{_listed(again)} (recorded again in the run-off), {counts} for the others (the first recording's "
+        "alone); the run-off line compares its finalists on its rounds alone"
+    )
 
 
 def _memory_note(plan: SchedulePlan, item: PlannedSchedule) -> str:
