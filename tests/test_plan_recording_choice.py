@@ -1147,14 +1147,18 @@ def test_after_a_run_off_longer_than_the_first_recording_its_sets_decide_whether
         "DualPipeV": [93.0] * 21,
     }
     runoff = {"1F1B": [100.0] * 87, "Interleaved1F1B": [93.0] * 87, "DualPipeV": [90.0] * 87}
-    plan = run_recorded(
-        monkeypatch,
-        {**first, "runoff": runoff},
-        ["1F1B", "Interleaved1F1B", "DualPipeV"],
-        runoff=True,
-        recording_sets=3,
-    )
-    dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
+
+    def planned_v_placement(first_rounds):
+        plan = run_recorded(
+            monkeypatch,
+            {**first_rounds, "runoff": runoff},
+            ["1F1B", "Interleaved1F1B", "DualPipeV"],
+            runoff=True,
+            recording_sets=3,
+        )
+        return plan, plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
+
+    plan, dual, interleaved = planned_v_placement(first)
     assert plan.runoff["finalists"] == ["Interleaved1F1B", "DualPipeV"] and plan.runoff["rounds"] == 87
     by_set = plan.ratio_by_process_set(dual, interleaved)
     assert by_set == pytest.approx([0.99, 1.04, 1.03] + [90 / 93] * 3)
@@ -1167,14 +1171,7 @@ def test_after_a_run_off_longer_than_the_first_recording_its_sets_decide_whether
     assert "; over the run-off's three sets 0.968x, t-test p = 0)" in verdict
     # a run-off of as many rounds as the first recording (rounds that do not stray): all six sets decide
     steady = {"1F1B": [100.0] * 21, "Interleaved1F1B": [93.0 / 0.99] * 21, "DualPipeV": [93.0] * 21}
-    plan = run_recorded(
-        monkeypatch,
-        {**steady, "runoff": runoff},
-        ["1F1B", "Interleaved1F1B", "DualPipeV"],
-        runoff=True,
-        recording_sets=3,
-    )
-    dual, interleaved = plan.by_name("DualPipeV"), plan.by_name("Interleaved1F1B")
+    plan, dual, interleaved = planned_v_placement(steady)
     assert plan.runoff["rounds"] == 21
     by_set = plan.ratio_by_process_set(dual, interleaved)
     assert plan.deciding_sets(by_set) == (by_set, "the six sets") and len(by_set) == 6
