@@ -96,7 +96,10 @@ def test_when_1f1b_measured_fastest_the_plan_says_keep_1f1b_and_best_csv_holds_i
     assert plan.recommended is plan.baseline
     assert "recommended: keep 1F1B" in plan.table()
     assert read_schedule_csv(tmp_path / "best.csv") == plan.baseline.order.actions()
-    assert json.loads((tmp_path / "plan.json").read_text())["recommended"] == "1F1B"
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written["recommended"] == "1F1B" and written["best_measured"] == "1F1B"
+    # what the prediction put first stays apart from what to run
+    assert written["best_predicted"] == written["best"] == plan.best.run_name
 
 
 def test_a_schedule_is_recommended_only_when_it_beat_1f1b_in_more_rounds_than_chance(monkeypatch, tmp_path):

@@ -928,7 +928,10 @@ class SchedulePlan:
             },
             "overhead_seconds": self.overhead,
             "overhead_source": self.overhead_source,
+            # "best" (the best predicted) stays for scripts that read it; "recommended" is what to run
             "best": self.best.run_name,
+            "best_predicted": self.best.run_name,
+            "best_measured": None if self.measured_best is None else self.measured_best.run_name,
             "recommended": self.recommended.run_name,
             "zero_bubble": self.zero_bubble_verdict(),
             "free_split_vs_1f1b": self.free_split_vs_1f1b,
