@@ -21,7 +21,7 @@
 #      that (the registry's build: on Linux a CUDA build of several GB, which runs on CPU too). pip runs
 #      without its configuration files (PIP_CONFIG_FILE=/dev/null) for that environment's installs, as a
 #      machine's pip configuration may cap torch's version; /etc/xdg/pip and the other environments keep it.
-#      With under 10 GB free on the environment's disk it warns first (pip would end with "No space left on
+#      With under 10 GiB free on the environment's disk it warns first (pip would end with "No space left on
 #      device" alone).
 #   4. `pip install -e ".[EXTRAS]"`, skipped when the stamp (.setup-stamp for .venv, DIR/.setup-stamp for
 #      --venv DIR) records the same pyproject.toml, extras, torch requirement and folder.
@@ -170,11 +170,12 @@ else
     if [[ "$requested_torch_spec" == newest ]]; then
         # the index's build of torch is a CUDA one: 6 GB in the environment, and its wheels beside it while
         # pip unpacks them; short of space, pip ends with "No space left on device" alone
-        free_kib="$(df -Pk "$venv" 2>/dev/null | awk 'NR == 2 { print $4 }' 2>/dev/null)" || free_kib=""
-        if [[ "$free_kib" =~ ^[0-9]+$ ]] && ((free_kib < 10 * 1024 * 1024)); then
-            say "warning: $((free_kib / 1024 / 1024)) GB free on the disk of $venv; $torch_spec from the" \
-                "index (a CUDA build) takes about 10 GB while it installs: free some, or give --venv a" \
-                "folder on a larger disk"
+        free_kib="$(df --output=avail -k "$venv" 2>/dev/null | awk 'NR == 2 { print $1 }' 2>/dev/null)" ||
+            free_kib=""
+        if [[ "$free_kib" =~ ^[0-9]+$ ]] && ((10#$free_kib < 10 * 1024 * 1024)); then
+            free_gib="$(awk -v kib="$free_kib" 'BEGIN { printf "%.1f", kib / 1048576 }')"
+            say "warning: $free_gib GiB free on the disk of $venv; $torch_spec from the index (a CUDA build)" \
+                "takes about 10 GiB while it installs: free some, or give --venv a folder on a larger disk"
         fi
     fi
     say "pip install $torch_spec"

@@ -15,7 +15,12 @@ import pytest
 
 from graphkit.cli import build_parser
 from graphkit.measure.competing_load import OtherProcesses
-from graphkit.measure.timing import rounds_to_decide, sign_test_p_value, t_test_p_value
+from graphkit.measure.timing import (
+    fewest_wins_beyond_chance,
+    rounds_to_decide,
+    sign_test_p_value,
+    t_test_p_value,
+)
 from graphkit.pipelining import planner
 from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import CommModel, StageCost, simulate
@@ -656,30 +661,91 @@ def test_contenders_the_first_run_could_not_call_are_confirmed_on_rounds_of_thei
     assert next(line for line in plan.table().splitlines() if line.startswith("run-off")).endswith(
         "none of them did: keep 1F1B"
     )
-    # the closest is named from the run-off's rounds alone (sets of 9, 9 and 8: ZBH1 0.99x, 1.01x and 1.01x,
-    # a mean of 1.003x): over all 41 rounds ZBH1 won 11 + 9, in the run-off it lost most, 9 of 26, still
-    # the most of the finalists
+
+
+def test_keep_1f1b_after_a_run_off_names_the_closest_by_its_share_of_the_rounds_that_decide_it(monkeypatch):
+    # the first recording of the test above (15 rounds, four schedules against 1F1B: each tested at 0.0125);
+    # its run-off records GPipe, ZBH1 and ZBH2 again, 26 rounds in sets of 9, 9 and 8
+    first = {
+        "1F1B": [100.0] * 15,
+        "GPipe": [95.0] * 11 + [101.0] * 4,
+        "ZBH1": [96.0] * 11 + [101.0] * 4,
+        "ZBH2": [97.0] * 10 + [101.0] * 5,
+        "CostAware": [102.0] * 15,
+    }
+    names = list(first)
+    runoff = {
+        "1F1B": [100.0] * 26,
+        "GPipe": [101.0] * 26,
+        "ZBH1": [99.0] * 9 + [101.0] * 17,
+        "ZBH2": [102.0] * 26,
+    }
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True)
+    assert plan.recommended is plan.baseline and plan.significance == 0.0125
+    # over all 41 rounds ZBH1 won 11 + 9, but the first recording chose it: in the run-off alone it won 9 of
+    # 26, still the largest share (CostAware 0 of 15); its sets measured 0.99x, 1.01x and 1.01x
     assert plan.rounds_won(plan.by_name("ZBH1")) == (20, 41)
     assert plan.closest_contender().name == "ZBH1"
+    table = plan.table()
     assert (
-        "; closest in the run-off (most of its rounds won): ZBH1, faster in 9 of its 26 rounds (p = 0.96), "
-        "1.00x in the mean of its sets' median rounds"
-    ) in plan.table()
-    assert "rounds to decide" not in plan.table()  # it lost most of them: no power estimate
-    # a finalist that won most of the run-off's rounds, not enough of them: the power estimate is at the
-    # run-off's level (0.05 / 3) and win fraction (16 of 26), not over the first recording's rounds too
-    runoff["ZBH2"] = [99.0] * 16 + [101.0] * 10
-    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, names, runoff=True)
+        "; closest (the largest share of rounds won, the run-off's alone for its finalists): ZBH1, faster in 9 "
+        "of the run-off's 26 rounds (p = 0.96), 1.00x in the run-off (the mean of its sets' median rounds)"
+    ) in table
+    assert "rounds to decide" not in table  # it lost most of them: no power estimate
+    # what keeping 1F1B means, for each count of rounds recorded: 41 for the finalists, 15 for CostAware
+    wins = fewest_wins_beyond_chance(41, 0.0125), fewest_wins_beyond_chance(15, 0.0125)
+    assert (
+        f"recommended: keep 1F1B - no schedule measured faster than 1F1B in the median round and in at least "
+        f"{wins[0]} of 41, {wins[1]} of 15 rounds (1F1B's and the run-off's finalists, then the others') (fewer "
+        "wins could be chance"
+    ) in table
+
+    # a finalist that won most of the run-off's rounds, not enough of them: its win fraction there, and the
+    # rounds --steps would need at the first recording's level (--steps sets that recording; 0.0125)
+    plan = run_recorded(
+        monkeypatch, {**first, "runoff": {**runoff, "ZBH2": [99.0] * 16 + [101.0] * 10}}, names, runoff=True
+    )
     assert plan.recommended is plan.baseline and plan.closest_contender().name == "ZBH2"
-    needed = rounds_to_decide(16 / 26, 0.05 / 3)
-    assert needed is not None and needed > 26
+    needed = rounds_to_decide(16 / 26, 0.0125)
+    assert needed is not None and needed > rounds_to_decide(16 / 26, 0.05 / 3) > 26
     assert (
-        "; closest in the run-off (most of its rounds won): ZBH2, faster in 16 of its 26 rounds (p = 0.16)"
+        "; closest (the largest share of rounds won, the run-off's alone for its finalists): ZBH2, faster in "
+        "16 of the run-off's 26 rounds (p = 0.16)"
     ) in plan.table()
     assert (
-        f"at its win fraction (16 of 26, 62%) a sign test at p < 0.017 would need about {needed} rounds to "
-        f"decide (--steps {needed})"
+        f"at its win fraction (16 of 26, 62%, in the run-off) a sign test at p < 0.013 would need about "
+        f"{needed} rounds to decide (--steps {needed})"
     ) in plan.table()
+
+    # a schedule the run-off left out (at most three go: CostAware, 12 of 15 at 0.999x, came fourth) is still
+    # the closest where every finalist lost the run-off
+    losing = {"1F1B": [100.0] * 26, "GPipe": [101.0] * 26, "ZBH1": [101.0] * 26, "ZBH2": [102.0] * 26}
+    plan = run_recorded(
+        monkeypatch,
+        {**first, "CostAware": [99.9] * 12 + [130.0] * 3, "runoff": losing},
+        names,
+        runoff=True,
+    )
+    assert plan.runoff["finalists"] == ["GPipe", "ZBH1", "ZBH2"]
+    assert plan.recommended is plan.baseline and plan.closest_contender().name == "CostAware"
+    assert (
+        "; closest (the largest share of rounds won): CostAware, faster in 12 of 15 rounds (p = 0.018), 1.00x "
+        f"in the median round; at its win fraction (12 of 15, 80%) a sign test at p < 0.013 would need about "
+        f"{rounds_to_decide(12 / 15, 0.0125)} rounds"
+    ) in plan.table()
+
+    # wins beyond chance in the run-off, but not beyond the noise floor: no count of rounds to ask for
+    # (20 of 26, p = 0.005, 0.999x over all 41 rounds; the A/A control's copies 1% apart)
+    beyond = {**losing, "control": [101.0] * 26, "ZBH2": [99.9] * 20 + [101.0] * 6}
+    plan = run_recorded(monkeypatch, {**first, "control": [101.0] * 15, "runoff": beyond}, names, runoff=True)
+    assert plan.recommended is plan.baseline and plan.closest_contender().name == "ZBH2"
+    assert sign_test_p_value(20, 26) < plan.runoff_significance
+    table = plan.table()
+    assert (
+        "; its wins are already beyond chance (p < 0.017): what kept 1F1B is that it measured 1.00x 1F1B there, "
+        "not below it by more than the noise floor (1.0%)"
+    ) in table
+    assert "rounds to decide" not in table
 
 
 def test_a_run_off_past_the_budget_is_named_not_recorded(monkeypatch):

@@ -439,7 +439,7 @@ def test_setup_newest_installs_the_index_newest_torch_in_its_own_environment_wit
         "venv-python -m pip install -q torch==9.11.0" + NO_CONFIG,
     ]
     assert "9.10.0 is installed but torch==9.11.0 is asked for" in third.stdout
-    assert "GB free" not in first.stdout + third.stdout  # no df here: no warning, and no failure
+    assert "GiB free" not in first.stdout + third.stdout  # no df here: no warning, and no failure
 
 
 def short_disk_sandbox(root: Path, repo_root: Path, available_kib: int) -> SetupSandbox:
@@ -448,9 +448,8 @@ def short_disk_sandbox(root: Path, repo_root: Path, available_kib: int) -> Setup
     (sandbox.bin / "awk").symlink_to(shutil.which("awk"))
     sandbox._script(
         "df",
-        "#!/usr/bin/env bash\n"
-        'echo "Filesystem 1024-blocks Used Available Capacity Mounted on"\n'
-        f'echo "/dev/vda 264241152 1 {available_kib} 97% /"\n',
+        '#!/usr/bin/env bash\n[[ "$1 $2" == "--output=avail -k" ]] || exit 1\n'
+        f'echo "    Avail"\necho "{available_kib}"\n',
     )
     return sandbox
 
@@ -465,15 +464,15 @@ def test_setup_newest_warns_before_installing_where_the_disk_is_short(
         result = sandbox.run("--venv", f".venv-{case}", torch_spec="newest", FAKE_NEWEST="9.10.0")
         assert result.returncode == 0, result.stderr
         warning = (
-            f"[setup] warning: 7 GB free on the disk of .venv-{case}; torch==9.10.0 from the index (a CUDA "
-            "build) takes about 10 GB while it installs: free some, or give --venv a folder on a larger disk"
+            f"[setup] warning: 7.6 GiB free on the disk of .venv-{case}; torch==9.10.0 from the index (a CUDA "
+            "build) takes about 10 GiB while it installs: free some, or give --venv a folder on a larger disk"
         )
         assert (warning in result.stdout) == (case == "short"), result.stdout
-        assert result.stdout.index("pip install torch==9.10.0") > result.stdout.find("GB free")
+        assert result.stdout.index("pip install torch==9.10.0") > result.stdout.find("GiB free")
     # the pinned CPU build is a file on the machine's disk: no warning for it, however short the disk
     result = short_disk_sandbox(tmp_path / "pinned", repo_root, 1024).run()
     assert result.returncode == 0 and "pip install torch==9.9.9+cpu" in result.stdout
-    assert "GB free" not in result.stdout
+    assert "GiB free" not in result.stdout
 
 
 def test_setup_torchtitan_installs_it_and_its_imports_without_resolving_torch_then_keeps_it(

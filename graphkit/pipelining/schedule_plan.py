@@ -658,18 +658,16 @@ class SchedulePlan:
         return min(measured, key=lambda item: self.round_ratio(item) or math.inf, default=None)
 
     def closest_contender(self) -> PlannedSchedule | None:
-        """The recorded schedule other than 1F1B that won most rounds against it (ties: the lower median
-        round ratio), or None. After a run-off, the finalist that won most of the run-off's rounds alone
-        (:meth:`contest_rounds_won`; ties: the lower :meth:`runoff_ratio`): the first recording chose the
-        finalists, so its rounds flatter them, and a finalist's rounds outnumber those of a schedule that
-        was recorded once."""
-        others = [item for item in self.schedules if self.recorded_in_runoff(item)] or [
-            item for item in self.schedules if item.measured_steps and item is not self.baseline
-        ]
+        """The recorded schedule other than 1F1B that won the largest share of its deciding rounds against it
+        (:meth:`contest_rounds_won`; ties: the lower ratio over them), or None. Without a run-off every
+        schedule's rounds are the same ones, so that is the one that won most rounds. After a run-off a
+        finalist's share is of the run-off's rounds alone (the first recording chose the finalists, so its
+        rounds flatter them), the others' of the first recording's."""
+        others = [item for item in self.schedules if item.measured_steps and item is not self.baseline]
 
-        def closeness(item: PlannedSchedule) -> tuple[int, float]:
-            (won, _), ratio, _ = self.contest_rounds_won(item)
-            return -won, ratio or math.inf
+        def closeness(item: PlannedSchedule) -> tuple[float, float]:
+            (won, rounds), ratio, _ = self.contest_rounds_won(item)
+            return -won / max(rounds, 1), ratio or math.inf
 
         return min(others, key=closeness, default=None)
 
@@ -1250,29 +1248,26 @@ def _verdict(plan: SchedulePlan) -> str:
             + ")"
         )
         recommended = plan.recommended
-        needed = plan.rounds_needed()
         if recommended is base:
-            text += (
-                "\nrecommended: keep 1F1B - no schedule measured faster than 1F1B in the median round and in "
-                + (
-                    f"at least {needed} of the {rounds} rounds (fewer wins could be chance: sign test, "
-                    f"p < {plan.significance:.2g}, {SIGNIFICANCE} split among the schedules recorded)"
-                    if needed is not None
-                    else f"enough rounds: {rounds} cannot tell a schedule from chance, record 9 or more (--steps)"
-                )
-            )
+            text += "\nrecommended: keep 1F1B - " + _none_beat_1f1b(plan)
             contender = plan.closest_contender()
             if contender is not None:
                 (won, rounds), ratio, _ = plan.contest_rounds_won(contender)
                 if plan.recorded_in_runoff(contender):  # the run-off's rounds alone
+                    median = (
+                        "its median round"
+                        if len(plan.runoff_sets()) == 1
+                        else "the mean of its sets' median rounds"
+                    )
                     text += (
-                        f"; closest in the run-off (most of its rounds won): {contender.name}, faster in {won} "
-                        f"of its {rounds} rounds (p = {sign_test_p_value(won, rounds):.2g}), {_ratio(ratio)} "
-                        "in the mean of its sets' median rounds"
+                        f"; closest (the largest share of rounds won, the run-off's alone for its finalists): "
+                        f"{contender.name}, faster in {won} of the run-off's {rounds} rounds "
+                        f"(p = {sign_test_p_value(won, rounds):.2g}), {_ratio(ratio)} in the run-off ({median})"
                     )
                 else:
+                    share = "most rounds won" if plan.runoff is None else "the largest share of rounds won"
                     text += (
-                        f"; closest (most rounds won): {contender.name}, faster in {won} of {rounds} rounds "
+                        f"; closest ({share}): {contender.name}, faster in {won} of {rounds} rounds "
                         f"(p = {sign_test_p_value(won, rounds):.2g}), {_ratio(ratio)} in the median round"
                     )
                 text += _power_note(plan, contender)
@@ -1481,21 +1476,56 @@ def _listed(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
+def _none_beat_1f1b(plan: SchedulePlan) -> str:
+    """Why 1F1B is kept: no schedule beat it in the median round and in enough of its rounds, with how many
+    wins were enough for each count of rounds recorded (after a run-off, its finalists have more)."""
+    totals = sorted(
+        {len(item.measured_steps) for item in plan.schedules if item.measured_steps}, reverse=True
+    )
+    needed = [(fewest_wins_beyond_chance(total, plan.significance), total) for total in totals]
+    if needed[0][0] is None:
+        return (
+            f"no schedule measured faster than 1F1B in enough rounds: {needed[0][1]} cannot tell a schedule "
+            "from chance, record 9 or more (--steps)"
+        )
+    counts = ", ".join(f"{wins} of {total}" for wins, total in needed if wins is not None)
+    whose = " (1F1B's and the run-off's finalists, then the others')" if len(needed) > 1 else ""
+    untold = [str(total) for wins, total in needed if wins is None]
+    return (
+        f"no schedule measured faster than 1F1B in the median round and in at least {counts} rounds{whose} "
+        f"(fewer wins could be chance: sign test, p < {plan.significance:.2g}, {SIGNIFICANCE} split among the "
+        "schedules recorded)"
+        + (f"; {_listed(untold)} rounds cannot tell a schedule from chance" if untold else "")
+    )
+
+
 def _power_note(plan: SchedulePlan, contender: PlannedSchedule) -> str:
     """Where 1F1B is kept but ``contender`` measured faster in most rounds: how many rounds a sign test
     would need, at the win fraction measured, to decide; empty otherwise."""
-    (won, rounds), _, level = plan.contest_rounds_won(contender)
+    (won, rounds), ratio, level = plan.contest_rounds_won(contender)
     if not rounds or 2 * won <= rounds:
         return ""
-    needed = rounds_to_decide(won / rounds, level)
+    if sign_test_p_value(won, rounds) < level:  # not the rounds: its median round or step did not beat 1F1B's
+        why = (
+            "its median step was not below 1F1B's"
+            if plan.beyond_noise(ratio)
+            else f"it measured {_ratio(ratio)} 1F1B there, not below it by more than the noise floor "
+            f"({plan.noise_floor or 0.0:.1%})"
+        )
+        return f"; its wins are already beyond chance (p < {level:.2g}): what kept 1F1B is that {why}"
+    # --steps sets the first recording's rounds, tested at the level every recorded schedule shares
+    needed = rounds_to_decide(won / rounds, plan.significance)
+    fraction = f"{won} of {rounds}, {won / rounds:.0%}" + (
+        ", in the run-off" if plan.recorded_in_runoff(contender) else ""
+    )
     if needed is None:
         return (
-            f"; at its win fraction ({won} of {rounds}, {won / rounds:.0%}) more than 5,000 rounds would be "
-            "needed to decide: too close to tell on this machine"
+            f"; at its win fraction ({fraction}) more than 5,000 rounds would be needed to decide: too close to "
+            "tell on this machine"
         )
     return (
-        f"; at its win fraction ({won} of {rounds}, {won / rounds:.0%}) a sign test at p < "
-        f"{level:.2g} would need about {needed} rounds to decide (--steps {needed})"
+        f"; at its win fraction ({fraction}) a sign test at p < {plan.significance:.2g} would need about "
+        f"{needed} rounds to decide (--steps {needed})"
     )
 
 
