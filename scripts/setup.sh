@@ -172,7 +172,7 @@ else
         # pip unpacks them; short of space, pip ends with "No space left on device" alone
         free_kib="$(df --output=avail -k "$venv" 2>/dev/null | awk 'NR == 2 { print $1 }' 2>/dev/null)" ||
             free_kib=""
-        if [[ "$free_kib" =~ ^[0-9]+$ ]] && ((10#$free_kib < 10 * 1024 * 1024)); then
+        if [[ "$free_kib" =~ ^[0-9]{1,15}$ ]] && ((10#$free_kib < 10 * 1024 * 1024)); then
             free_gib="$(awk -v kib="$free_kib" 'BEGIN { printf "%.1f", kib / 1048576 }')"
             say "warning: $free_gib GiB free on the disk of $venv; $torch_spec from the index (a CUDA build)" \
                 "takes about 10 GiB while it installs: free some, or give --venv a folder on a larger disk"

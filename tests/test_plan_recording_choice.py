@@ -695,9 +695,9 @@ def test_keep_1f1b_after_a_run_off_names_the_closest_by_its_share_of_the_rounds_
     # what keeping 1F1B means, for each count of rounds recorded: 41 for the finalists, 15 for CostAware
     wins = fewest_wins_beyond_chance(41, 0.0125), fewest_wins_beyond_chance(15, 0.0125)
     assert (
-        f"recommended: keep 1F1B - no schedule measured faster than 1F1B in the median round and in at least "
-        f"{wins[0]} of 41, {wins[1]} of 15 rounds (1F1B's and the run-off's finalists, then the others') (fewer "
-        "wins could be chance"
+        f"recommended: keep 1F1B - no schedule measured faster than 1F1B in the median round, with a median step "
+        f"below 1F1B's, and in at least {wins[0]} of 41, {wins[1]} of 15 rounds (those the run-off recorded "
+        "again, then the others) (fewer wins could be chance"
     ) in table
 
     # a finalist that won most of the run-off's rounds, not enough of them: its win fraction there, and the
@@ -741,8 +741,14 @@ def test_keep_1f1b_after_a_run_off_names_the_closest_by_its_share_of_the_rounds_
     assert plan.recommended is plan.baseline and plan.closest_contender().name == "ZBH2"
     assert sign_test_p_value(20, 26) < plan.runoff_significance
     table = plan.table()
+    # the reason 1F1B is kept names the noise floor, which ZBH2's 30 wins of 41 (0.999x) did not pass
+    assert plan.rounds_won(plan.by_name("ZBH2")) == (30, 41)
     assert (
-        "; its wins are already beyond chance (p < 0.017): what kept 1F1B is that it measured 1.00x 1F1B there, "
+        "recommended: keep 1F1B - no schedule measured faster than 1F1B by more than the noise floor (1.0%) in "
+        "the median round, with a median step below 1F1B's, and in at least"
+    ) in table
+    assert (
+        "; its wins are already beyond chance (p < 0.017): what kept 1F1B is that it measured 1.003x 1F1B there, "
         "not below it by more than the noise floor (1.0%)"
     ) in table
     assert "rounds to decide" not in table

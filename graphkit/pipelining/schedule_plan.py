@@ -10,6 +10,7 @@ in a notebook; :func:`what_if_table` for :meth:`SchedulePlan.what_if`'s rows). :
 from __future__ import annotations
 
 import html
+import itertools
 import json
 import math
 import statistics
@@ -662,7 +663,7 @@ class SchedulePlan:
         (:meth:`contest_rounds_won`; ties: the lower ratio over them), or None. Without a run-off every
         schedule's rounds are the same ones, so that is the one that won most rounds. After a run-off a
         finalist's share is of the run-off's rounds alone (the first recording chose the finalists, so its
-        rounds flatter them), the others' of the first recording's."""
+        rounds flatter them), the others' over every round they recorded."""
         others = [item for item in self.schedules if item.measured_steps and item is not self.baseline]
 
         def closeness(item: PlannedSchedule) -> tuple[float, float]:
@@ -1477,24 +1478,33 @@ def _listed(names: list[str]) -> str:
 
 
 def _none_beat_1f1b(plan: SchedulePlan) -> str:
-    """Why 1F1B is kept: no schedule beat it in the median round and in enough of its rounds, with how many
-    wins were enough for each count of rounds recorded (after a run-off, its finalists have more)."""
+    """Why 1F1B is kept: no schedule beat it by more than the noise floor in the median round, with a median
+    step below 1F1B's, in enough of its rounds; with how many wins were enough for each count of rounds
+    recorded (after a run-off, the schedules it recorded again have more)."""
     totals = sorted(
         {len(item.measured_steps) for item in plan.schedules if item.measured_steps}, reverse=True
     )
     needed = [(fewest_wins_beyond_chance(total, plan.significance), total) for total in totals]
     if needed[0][0] is None:
+        fewest = next(
+            count
+            for count in itertools.count(needed[0][1] + 1)
+            if fewest_wins_beyond_chance(count, plan.significance)
+        )
         return (
             f"no schedule measured faster than 1F1B in enough rounds: {needed[0][1]} cannot tell a schedule "
-            "from chance, record 9 or more (--steps)"
+            f"from chance at p < {plan.significance:.2g}, record {fewest} or more (--steps)"
         )
     counts = ", ".join(f"{wins} of {total}" for wins, total in needed if wins is not None)
-    whose = " (1F1B's and the run-off's finalists, then the others')" if len(needed) > 1 else ""
+    whose = " (those the run-off recorded again, then the others)" if len(needed) > 1 else ""
     untold = [str(total) for wins, total in needed if wins is None]
+    floor = plan.noise_floor
     return (
-        f"no schedule measured faster than 1F1B in the median round and in at least {counts} rounds{whose} "
-        f"(fewer wins could be chance: sign test, p < {plan.significance:.2g}, {SIGNIFICANCE} split among the "
-        "schedules recorded)"
+        "no schedule measured faster than 1F1B"
+        + (f" by more than the noise floor ({floor:.1%})" if floor else "")
+        + " in the median round, with a median step below 1F1B's, and in at least "
+        f"{counts} rounds{whose} (fewer wins could be chance: sign test, p < {plan.significance:.2g}, "
+        f"{SIGNIFICANCE} split among the schedules recorded)"
         + (f"; {_listed(untold)} rounds cannot tell a schedule from chance" if untold else "")
     )
 
@@ -1509,7 +1519,7 @@ def _power_note(plan: SchedulePlan, contender: PlannedSchedule) -> str:
         why = (
             "its median step was not below 1F1B's"
             if plan.beyond_noise(ratio)
-            else f"it measured {_ratio(ratio)} 1F1B there, not below it by more than the noise floor "
+            else f"it measured {ratio:.3f}x 1F1B there, not below it by more than the noise floor "
             f"({plan.noise_floor or 0.0:.1%})"
         )
         return f"; its wins are already beyond chance (p < {level:.2g}): what kept 1F1B is that {why}"
