@@ -692,13 +692,37 @@ def test_keep_1f1b_after_a_run_off_names_the_closest_by_its_share_of_the_rounds_
         "of the run-off's 26 rounds (p = 0.96), 1.00x in the run-off (the mean of its sets' median rounds)"
     ) in table
     assert "rounds to decide" not in table  # it lost most of them: no power estimate
-    # what keeping 1F1B means, for each count of rounds recorded: 41 for the finalists, 15 for CostAware
-    wins = fewest_wins_beyond_chance(41, 0.0125), fewest_wins_beyond_chance(15, 0.0125)
+    # what keeping 1F1B means for each: the finalists had to win enough of the run-off's 26 rounds at its
+    # level, CostAware enough of its 15 at the level every recorded schedule shares
+    wins = fewest_wins_beyond_chance(26, 0.05 / 3), fewest_wins_beyond_chance(15, 0.0125)
     assert (
         f"recommended: keep 1F1B - no schedule measured faster than 1F1B in the median round, with a median step "
-        f"below 1F1B's, and in at least {wins[0]} of 41, {wins[1]} of 15 rounds (those the run-off recorded "
-        "again, then the others) (fewer wins could be chance"
+        f"below 1F1B's, and in at least {wins[0]} of the run-off's 26 rounds for its finalists (p < 0.017), "
+        f"{wins[1]} of 15 rounds for the others (fewer wins could be chance: sign test, p < 0.013 for the "
+        "others, 0.05 split among the schedules recorded)"
     ) in table
+
+    # a finalist the first recording's rounds and the run-off's together would call (GPipe: 11 of 15, then
+    # 18 of 26, 29 of 41 in all: p = 0.006, 0.99x over them) but the run-off's alone do not (18 of 26:
+    # p = 0.038; its sets 0.99x, 0.99x and 1.03x): the first recording chose it for the rounds it won there,
+    # so 1F1B is kept
+    mixed = {
+        "1F1B": [100.0] * 26,
+        "GPipe": [99.0] * 18 + [103.0] * 8,
+        "ZBH1": [101.0] * 26,
+        "ZBH2": [102.0] * 26,
+    }
+    plan = run_recorded(monkeypatch, {**first, "runoff": mixed}, names, runoff=True)
+    gpipe = plan.by_name("GPipe")
+    assert plan.rounds_won(gpipe) == (29, 41) and sign_test_p_value(29, 41) < plan.significance
+    assert plan.round_ratio(gpipe) == pytest.approx(0.99) and plan.runoff_decides_alone
+    assert sign_test_p_value(18, 26) > plan.runoff_significance
+    assert plan.recommended is plan.baseline
+    assert next(line for line in plan.table().splitlines() if line.startswith("run-off")).endswith(
+        "recommended: the best of them there that beat 1F1B beyond the noise floor and beyond chance in the "
+        "run-off's rounds alone (p < 0.017; the first recording's rounds chose them, so they do not count "
+        "again): none of them did: keep 1F1B"
+    )
 
     # a finalist that won most of the run-off's rounds, not enough of them: its win fraction there, and the
     # rounds --steps would need at the first recording's level (--steps sets that recording; 0.0125)

@@ -452,6 +452,8 @@ class SchedulePlan:
         if level:  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
             # of finalists no set of processes could order, the one that holds less memory
             return min(level, key=lambda item: (peak_memory_bytes(item), self.runoff_ratio(item) or math.inf))
+        if self.runoff_decides_alone:  # the run-off confirmed none of the finalists the first run chose
+            return base
         return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
 
     def measured_winners(self) -> list[PlannedSchedule]:
@@ -480,7 +482,9 @@ class SchedulePlan:
         if not runoff.get("rounds"):
             return []
         base = self.baseline
-        winners = self.measured_winners()
+        # a run-off held because 1F1B would be kept tests on its own rounds alone: the first recording's
+        # rounds chose its finalists for winning most of them, so counting them again flatters the finalists
+        winners = [] if self.runoff_decides_alone else self.measured_winners()
         confirmed = [
             item
             for item in (self.by_name(name) for name in runoff["finalists"])
@@ -497,6 +501,14 @@ class SchedulePlan:
             fastest,
             *(item for item in confirmed if item is not fastest and self.level_with(item, fastest)),
         ]
+
+    @property
+    def runoff_decides_alone(self) -> bool:
+        """Whether a run-off was recorded because 1F1B would have been kept (its first pick), so that its
+        rounds alone confirm a finalist (:meth:`runoff_level`): the first recording chose the finalists for
+        the rounds they won, and those rounds must not count again towards the sign test."""
+        runoff = self.runoff or {}
+        return bool(runoff.get("rounds")) and runoff.get("first_pick") == self.baseline.name
 
     @property
     def runoff_significance(self) -> float | None:
@@ -1279,7 +1291,9 @@ def _verdict(plan: SchedulePlan) -> str:
                 how = f"run it as --schedule {recommended.run_name}"
             won, rounds = plan.rounds_won(recommended)
             level, where = plan.significance, "rounds"
-            if not plan.won_beyond_chance(recommended) and plan.won_runoff_beyond_chance(recommended):
+            if plan.runoff_decides_alone or (
+                not plan.won_beyond_chance(recommended) and plan.won_runoff_beyond_chance(recommended)
+            ):
                 # confirmed on the run-off's rounds alone, at the level split among its finalists
                 won, rounds = plan.runoff_rounds_won(recommended)
                 level, where = plan.runoff_significance or level, "rounds of the run-off"
@@ -1404,8 +1418,15 @@ def _runoff_note(plan: SchedulePlan) -> str:
             else f" (1F1B's and theirs now count {total})"
         )
         + f", {alone}: {measured}; recommended: the best of them there that beat 1F1B beyond the noise floor "
-        f"and beyond chance, over all {total} rounds or in the run-off's alone (p < "
-        f"{plan.runoff_significance:.2g}): {outcome}" + _level_note(plan)
+        + (
+            f"and beyond chance in the run-off's rounds alone (p < {plan.runoff_significance:.2g}; the first "
+            "recording's rounds chose them, so they do not count again)"
+            if plan.runoff_decides_alone
+            else f"and beyond chance, over all {total} rounds or in the run-off's alone (p < "
+            f"{plan.runoff_significance:.2g})"
+        )
+        + f": {outcome}"
+        + _level_note(plan)
     )
 
 
@@ -1479,32 +1500,47 @@ def _listed(names: list[str]) -> str:
 
 def _none_beat_1f1b(plan: SchedulePlan) -> str:
     """Why 1F1B is kept: no schedule beat it by more than the noise floor in the median round, with a median
-    step below 1F1B's, in enough of its rounds; with how many wins were enough for each count of rounds
-    recorded (after a run-off, the schedules it recorded again have more)."""
-    totals = sorted(
-        {len(item.measured_steps) for item in plan.schedules if item.measured_steps}, reverse=True
-    )
-    needed = [(fewest_wins_beyond_chance(total, plan.significance), total) for total in totals]
-    if needed[0][0] is None:
+    step below 1F1B's, in enough of the rounds that decide it (:meth:`SchedulePlan.contest_rounds_won`); with
+    how many wins were enough for each count of those rounds (after a run-off, its finalists' are the
+    run-off's own, at its level; a schedule it recorded again for its placement has more than the rest)."""
+    groups = {(len(plan.baseline.measured_steps), plan.significance, False): None}
+    recorded = [item for item in plan.schedules if item.measured_steps and item is not plan.baseline]
+    if recorded:
+        groups = {}
+        for item in recorded:
+            (_, rounds), _, level = plan.contest_rounds_won(item)
+            groups[(rounds, level, plan.recorded_in_runoff(item))] = None
+    ordered = sorted(groups, key=lambda group: (not group[2], -group[0]))
+    runoff = any(in_runoff for _, _, in_runoff in ordered)
+    first_rounds, first_level, _ = ordered[0]
+    if not runoff and fewest_wins_beyond_chance(first_rounds, first_level) is None:
         fewest = next(
             count
-            for count in itertools.count(needed[0][1] + 1)
-            if fewest_wins_beyond_chance(count, plan.significance)
+            for count in itertools.count(first_rounds + 1)
+            if fewest_wins_beyond_chance(count, first_level)
         )
         return (
-            f"no schedule measured faster than 1F1B in enough rounds: {needed[0][1]} cannot tell a schedule "
-            f"from chance at p < {plan.significance:.2g}, record {fewest} or more (--steps)"
+            f"no schedule measured faster than 1F1B in enough rounds: {first_rounds} cannot tell a schedule "
+            f"from chance at p < {first_level:.2g}, record {fewest} or more (--steps)"
         )
-    counts = ", ".join(f"{wins} of {total}" for wins, total in needed if wins is not None)
-    whose = " (those the run-off recorded again, then the others)" if len(needed) > 1 else ""
-    untold = [str(total) for wins, total in needed if wins is None]
+    counts, untold = [], []
+    for rounds, level, in_runoff in ordered:
+        wins = fewest_wins_beyond_chance(rounds, level)
+        if wins is None:
+            untold.append(str(rounds))
+        elif in_runoff:
+            counts.append(f"{wins} of the run-off's {rounds} rounds for its finalists (p < {level:.2g})")
+        else:
+            counts.append(f"{wins} of {rounds} rounds" + (" for the others" if runoff else ""))
     floor = plan.noise_floor
     return (
         "no schedule measured faster than 1F1B"
         + (f" by more than the noise floor ({floor:.1%})" if floor else "")
         + " in the median round, with a median step below 1F1B's, and in at least "
-        f"{counts} rounds{whose} (fewer wins could be chance: sign test, p < {plan.significance:.2g}, "
-        f"{SIGNIFICANCE} split among the schedules recorded)"
+        + ", ".join(counts)
+        + f" (fewer wins could be chance: sign test, p < {plan.significance:.2g}"
+        + (" for the others" if runoff else "")
+        + f", {SIGNIFICANCE} split among the schedules recorded)"
         + (f"; {_listed(untold)} rounds cannot tell a schedule from chance" if untold else "")
     )
 
