@@ -696,10 +696,11 @@ def test_keep_1f1b_after_a_run_off_names_the_closest_by_its_share_of_the_rounds_
     # level, CostAware enough of its 15 at the level every recorded schedule shares
     wins = fewest_wins_beyond_chance(26, 0.05 / 3), fewest_wins_beyond_chance(15, 0.0125)
     assert (
-        f"recommended: keep 1F1B - no schedule measured faster than 1F1B in the median round, with a median step "
-        f"below 1F1B's, and in at least {wins[0]} of the run-off's 26 rounds for its finalists (p < 0.017), "
-        f"{wins[1]} of 15 rounds for the others (fewer wins could be chance: sign test, p < 0.013 for the "
-        "others, 0.05 split among the schedules recorded)"
+        "recommended: keep 1F1B - no schedule measured faster than 1F1B in the median round, with a median step "
+        "below 1F1B's, and in more rounds than chance would give (sign test, 0.05 split among the schedules "
+        "recorded, and in the run-off among its finalists; wins needed: the run-off's finalists: at least "
+        f"{wins[0]} of its 26 rounds at p < 0.017; the others: at least {wins[1]} of 15 rounds at p < 0.013); "
+        "closest"
     ) in table
 
     # a finalist the first recording's rounds and the run-off's together would call (GPipe: 11 of 15, then
@@ -769,13 +770,75 @@ def test_keep_1f1b_after_a_run_off_names_the_closest_by_its_share_of_the_rounds_
     assert plan.rounds_won(plan.by_name("ZBH2")) == (30, 41)
     assert (
         "recommended: keep 1F1B - no schedule measured faster than 1F1B by more than the noise floor (1.0%) in "
-        "the median round, with a median step below 1F1B's, and in at least"
+        "the median round, with a median step below 1F1B's, and in more rounds than chance would give"
     ) in table
     assert (
         "; its wins are already beyond chance (p < 0.017): what kept 1F1B is that it measured 1.003x 1F1B there, "
         "not below it by more than the noise floor (1.0%)"
     ) in table
     assert "rounds to decide" not in table
+
+
+def test_a_run_off_held_because_1f1b_would_be_kept_confirms_its_finalists_on_its_own_rounds(monkeypatch):
+    # DualPipeV won 10 of 15 rounds (p = 0.15 at 0.025): a run-off of 30 rounds records it again with
+    # Interleaved1F1B, its placement. There DualPipeV loses every round and Interleaved1F1B wins every one
+    # (0.90x): Interleaved1F1B, not chosen by the first recording (it lost all 15 there), counts all its 45
+    # rounds (30 won, p = 0.018 at 0.025) and is recommended
+    first = {"1F1B": [100.0] * 15, "Interleaved1F1B": [101.0] * 15, "DualPipeV": [95.0] * 10 + [101.0] * 5}
+    runoff = {"1F1B": [100.0] * 30, "Interleaved1F1B": [90.0] * 30, "DualPipeV": [101.0] * 30}
+    plan = run_recorded(monkeypatch, {**first, "runoff": runoff}, list(first), runoff=True)
+    assert plan.runoff["finalists"] == ["DualPipeV"] and plan.runoff["placements"] == ["Interleaved1F1B"]
+    assert plan.runoff_decides_alone and plan.recommended.name == "Interleaved1F1B"
+    assert (
+        "recommended: Interleaved1F1B (faster than 1F1B in its median step, in the median round and in 30 of 45 "
+        "rounds: p = 0.018 that chance did it, below 0.025"
+    ) in plan.table()
+
+    # a run-off of that kind past the --record-budget: 1F1B is kept, and the line does not call it a pick
+    plan = run_recorded(monkeypatch, dict(first), list(first), runoff=True, record_budget_s=2.0)
+    assert "skipped" in plan.runoff and plan.recommended is plan.baseline
+    assert next(line for line in plan.table().splitlines() if line.startswith("run-off")).endswith(
+        "would pass the --record-budget: 1F1B is kept, though any of them may beat it"
+    )
+
+    # ZBH1 (1F1B's placement) won 11 of 15, then 18 of the run-off's 26 (6 of each set's 9, 9 and 8 at 0.99x):
+    # 29 of 41 over all of them, but 18 of 26 is not beyond chance at 0.017. Every line reads the run-off's
+    # rounds for it: best measured, the keep-1F1B verdict, and the zero-bubble line, which calls splitting
+    # "not shown to pay" rather than "pays" on the first recording's flattering rounds
+    first = {
+        "1F1B": [100.0] * 15,
+        "GPipe": [101.0] * 15,
+        "ZBH1": [95.0] * 11 + [101.0] * 4,
+        "ZBH2": [97.0] * 10 + [101.0] * 5,
+        "CostAware": [96.0] * 11 + [101.0] * 4,
+    }
+
+    def one_set(rounds: int) -> dict[str, list[float]]:
+        return {
+            "1F1B": [100.0] * rounds,
+            "ZBH1": [99.0] * 6 + [103.0] * (rounds - 6),
+            "ZBH2": [102.0] * rounds,
+            "CostAware": [102.0] * rounds,
+            "GPipe": [101.0] * rounds,
+        }
+
+    plan = run_recorded(
+        monkeypatch, {**first, "runoff": [one_set(9), one_set(9), one_set(8)]}, list(first), runoff=True
+    )
+    zbh1 = plan.by_name("ZBH1")
+    assert plan.runoff["rounds"] == 26 and plan.rounds_won(zbh1) == (29, 41)
+    assert plan.runoff_rounds_won(zbh1) == (18, 26) and plan.recommended is plan.baseline
+    table = plan.table()
+    assert (
+        "best measured: ZBH1 (median step 99.00 ms, 0.99x of 1F1B in the median round, faster in 18 of 26 "
+        in (table)
+    )
+    assert "rounds of the run-off, p = 0.038)" in table
+    verdict = plan.zero_bubble_verdict()
+    assert verdict.startswith(
+        "zero bubble is not shown to pay here (ZBH1 measured 0.99x 1F1B in the median round, faster in 18 of 26 "
+        "rounds (p = 0.038)"
+    ), verdict
 
 
 def test_a_run_off_past_the_budget_is_named_not_recorded(monkeypatch):

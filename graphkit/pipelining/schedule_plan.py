@@ -447,14 +447,19 @@ class SchedulePlan:
             if best is base or not base.fits_memory:
                 return best
             return best if best.predicted_seconds < PREDICTED_MARGIN * base.predicted_seconds else base
-        winners = self.measured_winners()
         level = self.runoff_level()
         if level:  # ordered by the run-off's rounds alone: the first run chose them, so it flatters them
             # of finalists no set of processes could order, the one that holds less memory
             return min(level, key=lambda item: (peak_memory_bytes(item), self.runoff_ratio(item) or math.inf))
-        if self.runoff_decides_alone:  # the run-off confirmed none of the finalists the first run chose
-            return base
-        return min(winners, key=lambda item: self.round_ratio(item) or math.inf, default=base)
+        return min(self.eligible_winners(), key=lambda item: self.round_ratio(item) or math.inf, default=base)
+
+    def eligible_winners(self) -> list[PlannedSchedule]:
+        """:meth:`measured_winners`, less the finalists of a run-off held because 1F1B would be kept
+        (:attr:`runoff_decides_alone`): the first recording chose them for the rounds they won there, so
+        only the run-off's rounds can confirm them (:meth:`runoff_level`). A schedule that run-off recorded
+        again for its placement was not chosen so, and stays."""
+        finalists = set((self.runoff or {}).get("finalists", ())) if self.runoff_decides_alone else set()
+        return [item for item in self.measured_winners() if item.name not in finalists]
 
     def measured_winners(self) -> list[PlannedSchedule]:
         """The recorded schedules that beat 1F1B over every recorded round: within the memory limit, beyond
@@ -476,15 +481,13 @@ class SchedulePlan:
         """After a run-off, the finalist it confirmed with the lowest :meth:`runoff_ratio` first, then the
         confirmed finalists level with it (:meth:`level_with`); [] without a run-off or where it confirmed
         none. Confirmed: within the memory limit, median step below 1F1B's, beyond the noise floor in the
-        run-off's rounds, and among :meth:`measured_winners` or beyond chance in the run-off's rounds alone
+        run-off's rounds, and among :meth:`eligible_winners` or beyond chance in the run-off's rounds alone
         (:meth:`won_runoff_beyond_chance`)."""
         runoff = self.runoff or {}
         if not runoff.get("rounds"):
             return []
         base = self.baseline
-        # a run-off held because 1F1B would be kept tests on its own rounds alone: the first recording's
-        # rounds chose its finalists for winning most of them, so counting them again flatters the finalists
-        winners = [] if self.runoff_decides_alone else self.measured_winners()
+        winners = self.eligible_winners()
         confirmed = [
             item
             for item in (self.by_name(name) for name in runoff["finalists"])
@@ -509,6 +512,21 @@ class SchedulePlan:
         the rounds they won, and those rounds must not count again towards the sign test."""
         runoff = self.runoff or {}
         return bool(runoff.get("rounds")) and runoff.get("first_pick") == self.baseline.name
+
+    def verdict_rounds(self, item: PlannedSchedule, placement: PlannedSchedule | None) -> tuple[slice, float]:
+        """The rounds the zero-bubble line reads for ``item`` (against 1F1B and ``placement``), as a slice of
+        the measured steps, and its level against 1F1B there: after a run-off held because 1F1B would be
+        kept (:attr:`runoff_decides_alone`), the run-off's rounds alone at :attr:`runoff_significance` for
+        one of its finalists recorded there with its placement (the first recording chose it for the rounds
+        it won); else every round, at :attr:`significance`."""
+        total = len(self.baseline.measured_steps)
+        if (
+            self.runoff_decides_alone
+            and self.recorded_in_runoff(item)
+            and (placement is None or len(placement.measured_steps) == total)
+        ):
+            return slice(total - self.runoff["rounds"], None), self.runoff_significance or 0.0
+        return slice(None), self.significance
 
     @property
     def runoff_significance(self) -> float | None:
@@ -789,24 +807,40 @@ class SchedulePlan:
             False  # splitting measured faster than its placement, beyond the noise floor, not beyond chance
         )
         if best.measured_steps:
-            ratio = self.round_ratio(best) or math.inf
-            won, rounds = self.rounds_won(best)
             placement = self.placement_baseline(best)
+            window, level = self.verdict_rounds(best, placement)
+
+            def round_ratio(item: PlannedSchedule, against: PlannedSchedule = base) -> float | None:
+                return paired_rounds.median_round_ratio(
+                    item.measured_steps[window], against.measured_steps[window]
+                )
+
+            def rounds_won(item: PlannedSchedule, against: PlannedSchedule = base) -> tuple[int, int]:
+                return paired_rounds.rounds_won(item.measured_steps[window], against.measured_steps[window])
+
+            def won_beyond_chance(item: PlannedSchedule) -> bool:
+                return sign_test_p_value(*rounds_won(item)) < level
+
+            ratio = round_ratio(best) or math.inf
+            won, rounds = rounds_won(best)
             if placement is None:  # nothing of its placement recorded: only 1F1B to compare with
-                pays = self.beyond_noise(ratio) and self.won_beyond_chance(best)
+                pays = self.beyond_noise(ratio) and won_beyond_chance(best)
                 evidence = (
                     f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of {rounds} "
                     f"rounds (p = {sign_test_p_value(won, rounds):.2g}); no non-splitting schedule of its "
                     "placement was recorded, so part of that may be the placement's"
                 )
             else:
-                split_ratio = self.round_ratio(best, placement) or math.inf
-                split_won, split_rounds = self.rounds_won(best, placement)
+                split_ratio = round_ratio(best, placement) or math.inf
+                split_won, split_rounds = rounds_won(best, placement)
                 split_p = sign_test_p_value(split_won, split_rounds)
-                placement_ratio = self.round_ratio(placement) or math.inf
+                placement_ratio = round_ratio(placement) or math.inf
                 pays = self.beyond_noise(split_ratio) and split_p < self.splitting_significance
                 by_set = self.ratio_by_process_set(best, placement)
                 deciding, which = self.deciding_sets(by_set)
+                if window.start:  # the run-off's rounds alone: its sets alone
+                    deciding = by_set[-len(self.runoff_sets()) :]
+                    which = f"the run-off's {_count_word(len(deciding))} sets"
                 # the sets are the independent draws: a sign change among them is outweighed where their
                 # mean still lies below 1 beyond chance (a t-test over the sets, at the line's level)
                 sets_p = t_test_p_value([math.log(ratio) for ratio in deciding]) if len(deciding) > 2 else 1.0
@@ -830,7 +864,7 @@ class SchedulePlan:
                         f"({_placement(best)}), so that is what splitting gains"
                     )
                 elif placement.stages_per_rank == base.stages_per_rank:  # GPipe: 1F1B's placement
-                    placement_won, placement_rounds = self.rounds_won(placement)
+                    placement_won, placement_rounds = rounds_won(placement)
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round; it has 1F1B's placement "
                         f"({_placement(best)}), where {placement.name}, which splits nothing, measured "
@@ -840,7 +874,7 @@ class SchedulePlan:
                         f"over {placement.name} ({head_to_head})"
                     )
                 else:
-                    placement_won, placement_rounds = self.rounds_won(placement)
+                    placement_won, placement_rounds = rounds_won(placement)
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round; its placement "
                         f"({_placement(best)}) gains {_gain(placement_ratio)} over 1F1B ({placement.name}, "
@@ -852,7 +886,7 @@ class SchedulePlan:
                 placement_wins = (
                     placement is not base
                     and self.beyond_noise(placement_ratio)
-                    and self.won_beyond_chance(placement)
+                    and won_beyond_chance(placement)
                 )
                 # the sets' disagreement stops a "pays", and a "does not pay" where their mean leans to
                 # splitting (a tie, or slower in most sets, stays "does not pay")
@@ -1250,11 +1284,15 @@ def _verdict(plan: SchedulePlan) -> str:
     winner = plan.measured_best
     if winner is not None and base.measured_seconds:
         won, rounds = plan.rounds_won(winner)
+        where = "rounds"
+        if plan.runoff_decides_alone and plan.recorded_in_runoff(winner):  # its first rounds chose it
+            won, rounds = plan.runoff_rounds_won(winner)
+            where = "rounds of the run-off"
         text += (
             f"; best measured: {winner.name} (median step {winner.measured_seconds * 1e3:.2f} ms, "
             f"{_ratio(plan.round_ratio(winner))} of 1F1B in the median round"
             + (
-                f", faster in {won} of {rounds} rounds, p = {sign_test_p_value(won, rounds):.2g}"
+                f", faster in {won} of {rounds} {where}, p = {sign_test_p_value(won, rounds):.2g}"
                 if winner is not base and rounds
                 else ""
             )
@@ -1291,7 +1329,7 @@ def _verdict(plan: SchedulePlan) -> str:
                 how = f"run it as --schedule {recommended.run_name}"
             won, rounds = plan.rounds_won(recommended)
             level, where = plan.significance, "rounds"
-            if plan.runoff_decides_alone or (
+            if (plan.runoff_decides_alone and plan.recorded_in_runoff(recommended)) or (
                 not plan.won_beyond_chance(recommended) and plan.won_runoff_beyond_chance(recommended)
             ):
                 # confirmed on the run-off's rounds alone, at the level split among its finalists
@@ -1361,7 +1399,15 @@ def _runoff_note(plan: SchedulePlan) -> str:
             f"{RUNOFF_MARGIN:.0%}): too close for one run to order"
         )
     if "skipped" in runoff:
-        return why + f"; not recorded again, {runoff['skipped']}: the pick may be any of them"
+        return (
+            why
+            + f"; not recorded again, {runoff['skipped']}: "
+            + (
+                "1F1B is kept, though any of them may beat it"
+                if runoff["first_pick"] == plan.baseline.name
+                else "the pick may be any of them"
+            )
+        )
     finalists = [plan.by_name(name) for name in names]
     rounds = runoff["rounds"]
 
@@ -1500,48 +1546,57 @@ def _listed(names: list[str]) -> str:
 
 def _none_beat_1f1b(plan: SchedulePlan) -> str:
     """Why 1F1B is kept: no schedule beat it by more than the noise floor in the median round, with a median
-    step below 1F1B's, in enough of the rounds that decide it (:meth:`SchedulePlan.contest_rounds_won`); with
-    how many wins were enough for each count of those rounds (after a run-off, its finalists' are the
-    run-off's own, at its level; a schedule it recorded again for its placement has more than the rest)."""
-    groups = {(len(plan.baseline.measured_steps), plan.significance, False): None}
-    recorded = [item for item in plan.schedules if item.measured_steps and item is not plan.baseline]
-    if recorded:
-        groups = {}
-        for item in recorded:
-            (_, rounds), _, level = plan.contest_rounds_won(item)
-            groups[(rounds, level, plan.recorded_in_runoff(item))] = None
-    ordered = sorted(groups, key=lambda group: (not group[2], -group[0]))
-    runoff = any(in_runoff for _, _, in_runoff in ordered)
-    first_rounds, first_level, _ = ordered[0]
-    if not runoff and fewest_wins_beyond_chance(first_rounds, first_level) is None:
+    step below 1F1B's, in more of its rounds than chance would give; with how many wins were enough for each
+    count of rounds recorded. After a run-off held because 1F1B would be kept
+    (:attr:`SchedulePlan.runoff_decides_alone`) its finalists had to win the run-off's own rounds, at its
+    level; a schedule it recorded again for its placement has more rounds than the rest."""
+    groups: dict[tuple[bool, int, float], None] = {}
+    for item in plan.schedules:
+        if item.measured_steps and item is not plan.baseline:
+            if plan.runoff_decides_alone and plan.recorded_in_runoff(item):
+                groups[(True, plan.runoff["rounds"], plan.runoff_significance or 0.0)] = None
+            else:
+                groups[(False, len(item.measured_steps), plan.significance)] = None
+    if not groups:
+        groups[(False, len(plan.baseline.measured_steps), plan.significance)] = None
+    ordered = sorted(groups, key=lambda group: (not group[0], -group[1]))
+    finalists = any(in_runoff for in_runoff, _, _ in ordered)
+    others = any(not in_runoff for in_runoff, _, _ in ordered)
+    if (
+        not finalists
+        and len(ordered) == 1
+        and fewest_wins_beyond_chance(ordered[0][1], ordered[0][2]) is None
+    ):
+        _, rounds, level = ordered[0]
         fewest = next(
-            count
-            for count in itertools.count(first_rounds + 1)
-            if fewest_wins_beyond_chance(count, first_level)
+            count for count in itertools.count(rounds + 1) if fewest_wins_beyond_chance(count, level)
         )
         return (
-            f"no schedule measured faster than 1F1B in enough rounds: {first_rounds} cannot tell a schedule "
-            f"from chance at p < {first_level:.2g}, record {fewest} or more (--steps)"
+            f"no schedule measured faster than 1F1B in enough rounds: {rounds} cannot tell a schedule from "
+            f"chance at p < {level:.2g}, record {fewest} or more (--steps)"
         )
-    counts, untold = [], []
-    for rounds, level, in_runoff in ordered:
+    terms = []
+    for in_runoff, rounds, level in ordered:
         wins = fewest_wins_beyond_chance(rounds, level)
-        if wins is None:
-            untold.append(str(rounds))
-        elif in_runoff:
-            counts.append(f"{wins} of the run-off's {rounds} rounds for its finalists (p < {level:.2g})")
-        else:
-            counts.append(f"{wins} of {rounds} rounds" + (" for the others" if runoff else ""))
+        whose = "the run-off's finalists: " if in_runoff else ("the others: " if finalists else "")
+        count = f"at least {wins} of" if wins is not None else "no count of"
+        terms.append(f"{whose}{count} {'its ' if in_runoff else ''}{rounds} rounds at p < {level:.2g}")
     floor = plan.noise_floor
     return (
         "no schedule measured faster than 1F1B"
         + (f" by more than the noise floor ({floor:.1%})" if floor else "")
-        + " in the median round, with a median step below 1F1B's, and in at least "
-        + ", ".join(counts)
-        + f" (fewer wins could be chance: sign test, p < {plan.significance:.2g}"
-        + (" for the others" if runoff else "")
-        + f", {SIGNIFICANCE} split among the schedules recorded)"
-        + (f"; {_listed(untold)} rounds cannot tell a schedule from chance" if untold else "")
+        + " in the median round, with a median step below 1F1B's, and in more rounds than chance would give "
+        f"(sign test, {SIGNIFICANCE} split "
+        + (
+            "among the schedules recorded, and in the run-off among its finalists"
+            if finalists and others
+            else "in the run-off among its finalists"
+            if finalists
+            else "among the schedules recorded"
+        )
+        + "; wins needed: "
+        + "; ".join(terms)
+        + ")"
     )
 
 
