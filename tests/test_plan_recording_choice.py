@@ -821,9 +821,9 @@ def test_a_run_off_held_because_1f1b_would_be_kept_confirms_its_finalists_on_its
     assert plan.runoff_rounds_won(zbh1) == (18, 26) and plan.recommended is plan.baseline
     table = plan.table()
     assert (
-        "best measured: ZBH1 (median step 99.00 ms, 0.99x of 1F1B in the median round, faster in 18 of 26 "
-        in (table)
-    )
+        "best measured: ZBH1 (median step 99.00 ms, 0.99x of 1F1B in the median round, 0.990x in the run-off (the "
+        "mean of its sets' median rounds), faster in 18 of 26 "
+    ) in table
     assert "rounds of the run-off, p = 0.038)" in table
     verdict = plan.zero_bubble_verdict()
     assert verdict.startswith(

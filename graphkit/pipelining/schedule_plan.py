@@ -483,12 +483,23 @@ class SchedulePlan:
         none. Confirmed: within the memory limit, median step below 1F1B's, beyond the noise floor in the
         run-off's rounds, and among :meth:`eligible_winners` or beyond chance in the run-off's rounds alone
         (:meth:`won_runoff_beyond_chance`)."""
+        confirmed = self.runoff_confirmed()
+        if not confirmed:
+            return []
+        fastest = min(confirmed, key=lambda item: self.runoff_ratio(item) or math.inf)
+        return [
+            fastest,
+            *(item for item in confirmed if item is not fastest and self.level_with(item, fastest)),
+        ]
+
+    def runoff_confirmed(self) -> list[PlannedSchedule]:
+        """The run-off's finalists it confirmed against 1F1B (:meth:`runoff_level`); [] without one."""
         runoff = self.runoff or {}
         if not runoff.get("rounds"):
             return []
         base = self.baseline
         winners = self.eligible_winners()
-        confirmed = [
+        return [
             item
             for item in (self.by_name(name) for name in runoff["finalists"])
             if item.fits_memory
@@ -497,13 +508,11 @@ class SchedulePlan:
             and self.beyond_noise(self.runoff_ratio(item))
             and (item in winners or self.won_runoff_beyond_chance(item))
         ]
-        if not confirmed:
-            return []
-        fastest = min(confirmed, key=lambda item: self.runoff_ratio(item) or math.inf)
-        return [
-            fastest,
-            *(item for item in confirmed if item is not fastest and self.level_with(item, fastest)),
-        ]
+
+    def beats_1f1b(self, item: PlannedSchedule) -> bool:
+        """Whether ``item`` passed what :attr:`recommended` asks of a schedule against 1F1B: among
+        :meth:`eligible_winners`, or a finalist the run-off confirmed (:meth:`runoff_confirmed`)."""
+        return item in self.eligible_winners() or item in self.runoff_confirmed()
 
     @property
     def runoff_decides_alone(self) -> bool:
@@ -513,20 +522,23 @@ class SchedulePlan:
         runoff = self.runoff or {}
         return bool(runoff.get("rounds")) and runoff.get("first_pick") == self.baseline.name
 
-    def verdict_rounds(self, item: PlannedSchedule, placement: PlannedSchedule | None) -> tuple[slice, float]:
-        """The rounds the zero-bubble line reads for ``item`` (against 1F1B and ``placement``), as a slice of
-        the measured steps, and its level against 1F1B there: after a run-off held because 1F1B would be
-        kept (:attr:`runoff_decides_alone`), the run-off's rounds alone at :attr:`runoff_significance` for
-        one of its finalists recorded there with its placement (the first recording chose it for the rounds
-        it won); else every round, at :attr:`significance`."""
-        total = len(self.baseline.measured_steps)
-        if (
-            self.runoff_decides_alone
-            and self.recorded_in_runoff(item)
-            and (placement is None or len(placement.measured_steps) == total)
-        ):
+    def deciding_rounds(self, item: PlannedSchedule) -> tuple[slice, float]:
+        """The rounds that decide whether ``item`` beats 1F1B, as a slice of the measured steps, and the
+        sign test's level there: after a run-off held because 1F1B would be kept
+        (:attr:`runoff_decides_alone`), the run-off's rounds alone at :attr:`runoff_significance` for one of
+        its finalists (the first recording chose it for the rounds it won there); else every round, at
+        :attr:`significance`."""
+        if self.runoff_decides_alone and self.recorded_in_runoff(item):
+            total = len(self.baseline.measured_steps)
             return slice(total - self.runoff["rounds"], None), self.runoff_significance or 0.0
         return slice(None), self.significance
+
+    def deciding_ratio(self, item: PlannedSchedule) -> float | None:
+        """``item``'s ratio to 1F1B over the rounds that decide it (:meth:`deciding_rounds`), as
+        :attr:`recommended` reads it: :meth:`runoff_ratio` over the run-off's (the mean of each set's
+        median round), else :meth:`round_ratio`."""
+        window, _ = self.deciding_rounds(item)
+        return self.runoff_ratio(item) if window.start else self.round_ratio(item)
 
     @property
     def runoff_significance(self) -> float | None:
@@ -808,43 +820,61 @@ class SchedulePlan:
         )
         if best.measured_steps:
             placement = self.placement_baseline(best)
-            window, level = self.verdict_rounds(best, placement)
+            total = len(base.measured_steps)
+            window, level = self.deciding_rounds(best)
 
-            def round_ratio(item: PlannedSchedule, against: PlannedSchedule = base) -> float | None:
-                return paired_rounds.median_round_ratio(
-                    item.measured_steps[window], against.measured_steps[window]
-                )
+            def rounds_won(item: PlannedSchedule, against: PlannedSchedule, rounds: slice) -> tuple[int, int]:
+                return paired_rounds.rounds_won(item.measured_steps[rounds], against.measured_steps[rounds])
 
-            def rounds_won(item: PlannedSchedule, against: PlannedSchedule = base) -> tuple[int, int]:
-                return paired_rounds.rounds_won(item.measured_steps[window], against.measured_steps[window])
-
-            def won_beyond_chance(item: PlannedSchedule) -> bool:
-                return sign_test_p_value(*rounds_won(item)) < level
-
-            ratio = round_ratio(best) or math.inf
-            won, rounds = rounds_won(best)
+            # what the recommendation reads against 1F1B: each one's own deciding rounds
+            ratio = self.deciding_ratio(best) or math.inf
+            won, rounds = rounds_won(best, base, window)
             if placement is None:  # nothing of its placement recorded: only 1F1B to compare with
-                pays = self.beyond_noise(ratio) and won_beyond_chance(best)
+                pays = self.beats_1f1b(best)
                 evidence = (
                     f"{best.name} measured {ratio:.2f}x 1F1B in the median round, faster in {won} of {rounds} "
                     f"rounds (p = {sign_test_p_value(won, rounds):.2g}); no non-splitting schedule of its "
                     "placement was recorded, so part of that may be the placement's"
                 )
             else:
-                split_ratio = round_ratio(best, placement) or math.inf
-                split_won, split_rounds = rounds_won(best, placement)
+                placement_window, _ = self.deciding_rounds(placement)
+                # the two against each other: over the run-off's rounds where either is decided there and
+                # both were recorded in it, else over every round they share
+                pair = next(
+                    (
+                        candidate
+                        for candidate in (window, placement_window)
+                        if candidate.start
+                        and len(best.measured_steps) == total
+                        and len(placement.measured_steps) == total
+                    ),
+                    slice(None),
+                )
+                split_won, split_rounds = rounds_won(best, placement, pair)
                 split_p = sign_test_p_value(split_won, split_rounds)
-                placement_ratio = round_ratio(placement) or math.inf
-                pays = self.beyond_noise(split_ratio) and split_p < self.splitting_significance
+                placement_ratio = self.deciding_ratio(placement) or math.inf
+                placement_won, placement_rounds = rounds_won(placement, base, placement_window)
+                if placement is base:  # splitting's gain is its gain over 1F1B: the recommendation's question
+                    split_ratio, split_level = ratio, level
+                    pays = self.beats_1f1b(best)
+                else:
+                    split_ratio = (
+                        paired_rounds.median_round_ratio(
+                            best.measured_steps[pair], placement.measured_steps[pair]
+                        )
+                        or math.inf
+                    )
+                    split_level = self.splitting_significance
+                    pays = self.beyond_noise(split_ratio) and split_p < split_level
                 by_set = self.ratio_by_process_set(best, placement)
                 deciding, which = self.deciding_sets(by_set)
-                if window.start:  # the run-off's rounds alone: its sets alone
+                if pair.start:  # the run-off's rounds alone: its sets alone
                     deciding = by_set[-len(self.runoff_sets()) :]
                     which = f"the run-off's {_count_word(len(deciding))} sets"
                 # the sets are the independent draws: a sign change among them is outweighed where their
                 # mean still lies below 1 beyond chance (a t-test over the sets, at the line's level)
                 sets_p = t_test_p_value([math.log(ratio) for ratio in deciding]) if len(deciding) > 2 else 1.0
-                sets_disagree = _sets_disagree(deciding) and not sets_p < self.splitting_significance
+                sets_disagree = _sets_disagree(deciding) and not sets_p < split_level
                 head_to_head = (
                     (
                         f"{best.name} against {placement.name} in the same rounds: {split_ratio:.2f}x in the median "
@@ -864,7 +894,6 @@ class SchedulePlan:
                         f"({_placement(best)}), so that is what splitting gains"
                     )
                 elif placement.stages_per_rank == base.stages_per_rank:  # GPipe: 1F1B's placement
-                    placement_won, placement_rounds = rounds_won(placement)
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round; it has 1F1B's placement "
                         f"({_placement(best)}), where {placement.name}, which splits nothing, measured "
@@ -874,7 +903,6 @@ class SchedulePlan:
                         f"over {placement.name} ({head_to_head})"
                     )
                 else:
-                    placement_won, placement_rounds = rounds_won(placement)
                     evidence = (
                         f"{best.name} measured {ratio:.2f}x 1F1B in the median round; its placement "
                         f"({_placement(best)}) gains {_gain(placement_ratio)} over 1F1B ({placement.name}, "
@@ -883,11 +911,7 @@ class SchedulePlan:
                         f"p = {sign_test_p_value(placement_won, placement_rounds):.2g}), "
                         f"splitting gains {_gain(split_ratio)} over its placement ({head_to_head})"
                     )
-                placement_wins = (
-                    placement is not base
-                    and self.beyond_noise(placement_ratio)
-                    and won_beyond_chance(placement)
-                )
+                placement_wins = placement is not base and self.beats_1f1b(placement)
                 # the sets' disagreement stops a "pays", and a "does not pay" where their mean leans to
                 # splitting (a tie, or slower in most sets, stays "does not pay")
                 if sets_disagree and (pays or statistics.fmean(deciding) < 1.0):
@@ -918,14 +942,10 @@ class SchedulePlan:
                     )
                 elif not pays and split_ratio < 1:
                     undecided = True
-                    needed = (
-                        rounds_to_decide(split_won / split_rounds, self.splitting_significance)
-                        if split_rounds
-                        else None
-                    )
+                    needed = rounds_to_decide(split_won / split_rounds, split_level) if split_rounds else None
                     reason = (
                         f"splitting's {_gain(split_ratio)} over its placement could be chance "
-                        f"(p = {split_p:.2g}, not below {self.splitting_significance:.2g})"
+                        f"(p = {split_p:.2g}, not below {split_level:.2g})"
                     ) + (
                         f"; at its win fraction ({split_won} of {split_rounds}) a sign test would need about "
                         f"{needed} rounds to decide (--steps {needed})"
@@ -1285,12 +1305,15 @@ def _verdict(plan: SchedulePlan) -> str:
     if winner is not None and base.measured_seconds:
         won, rounds = plan.rounds_won(winner)
         where = "rounds"
+        median = f"{_ratio(plan.round_ratio(winner))} of 1F1B in the median round"
         if plan.runoff_decides_alone and plan.recorded_in_runoff(winner):  # its first rounds chose it
             won, rounds = plan.runoff_rounds_won(winner)
             where = "rounds of the run-off"
+            median += f", {plan.runoff_ratio(winner) or math.inf:.3f}x in the run-off" + (
+                " (the mean of its sets' median rounds)" if len(plan.runoff_sets()) > 1 else ""
+            )
         text += (
-            f"; best measured: {winner.name} (median step {winner.measured_seconds * 1e3:.2f} ms, "
-            f"{_ratio(plan.round_ratio(winner))} of 1F1B in the median round"
+            f"; best measured: {winner.name} (median step {winner.measured_seconds * 1e3:.2f} ms, {median}"
             + (
                 f", faster in {won} of {rounds} {where}, p = {sign_test_p_value(won, rounds):.2g}"
                 if winner is not base and rounds
@@ -1576,9 +1599,10 @@ def _none_beat_1f1b(plan: SchedulePlan) -> str:
             f"chance at p < {level:.2g}, record {fewest} or more (--steps)"
         )
     terms = []
-    for in_runoff, rounds, level in ordered:
+    for index, (in_runoff, rounds, level) in enumerate(ordered):
         wins = fewest_wins_beyond_chance(rounds, level)
-        whose = "the run-off's finalists: " if in_runoff else ("the others: " if finalists else "")
+        first_other = finalists and not in_runoff and ordered[index - 1][0]
+        whose = "the run-off's finalists: " if in_runoff else ("the others: " if first_other else "")
         count = f"at least {wins} of" if wins is not None else "no count of"
         terms.append(f"{whose}{count} {'its ' if in_runoff else ''}{rounds} rounds at p < {level:.2g}")
     floor = plan.noise_floor
