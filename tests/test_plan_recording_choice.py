@@ -1325,3 +1325,19 @@ def test_after_a_run_off_longer_than_the_first_recording_its_sets_decide_whether
     assert plan.runoff["rounds"] == 21
     by_set = plan.ratio_by_process_set(dual, interleaved)
     assert plan.deciding_sets(by_set) == (by_set, "the six sets") and len(by_set) == 6
+
+
+def test_splitting_that_pays_on_a_placement_slower_than_1f1b_says_the_schedule_is_not_recommended(
+    monkeypatch,
+):
+    # DualPipeV beats Interleaved1F1B, its placement, in every round (0.95x), but that placement is 1.06x
+    # 1F1B, and DualPipeV 1.01x: splitting pays on this placement, 1F1B is kept, and the line says both
+    rounds = {"1F1B": [100.0] * 21, "Interleaved1F1B": [106.0] * 21, "DualPipeV": [101.0] * 21}
+    plan = run_recorded(monkeypatch, rounds, list(rounds))
+    assert plan.recommended is plan.baseline
+    verdict = plan.zero_bubble_verdict()
+    assert verdict.startswith("zero bubble pays here (DualPipeV measured 1.01x 1F1B"), verdict
+    assert (
+        "the bubble it fills is worth more than the extra work of splitting; yet DualPipeV itself did not beat "
+        "1F1B as a pick must (it measured 1.01x 1F1B), so it is not recommended"
+    ) in verdict

@@ -962,6 +962,11 @@ class SchedulePlan:
             if pays
             else "the extra work of splitting costs more than the bubble it fills"
         )
+        if pays and best.measured_steps and not self.beats_1f1b(best):  # splitting gains, its placement loses
+            reason += (
+                f"; yet {best.name} itself did not beat 1F1B as a pick must (it measured {_ratio(ratio)} 1F1B), "
+                "so it is not recommended"
+            )
         if not base.fits_memory:
             reason = (
                 "1F1B itself is over the memory limit, so these ratios compare with a schedule that cannot run: "
