@@ -1341,3 +1341,16 @@ def test_splitting_that_pays_on_a_placement_slower_than_1f1b_says_the_schedule_i
         "the bubble it fills is worth more than the extra work of splitting; yet DualPipeV itself did not beat "
         "1F1B as a pick must (it measured 1.01x 1F1B), so it is not recommended"
     ) in verdict
+
+
+def test_splitting_that_pays_beside_a_faster_schedule_of_another_placement_names_the_pick(monkeypatch):
+    # ZBH1 beats 1F1B, its placement, in every round (0.97x); LoopedBFS, on two stages per rank, measured
+    # 0.90x: splitting pays on one stage per rank, and the line says which schedule is the pick
+    rounds = {"1F1B": [100.0] * 21, "ZBH1": [97.0] * 21, "LoopedBFS": [90.0] * 21}
+    plan = run_recorded(monkeypatch, rounds, list(rounds))
+    assert plan.recommended.name == "LoopedBFS"
+    verdict = plan.zero_bubble_verdict()
+    assert verdict.startswith("zero bubble pays here (ZBH1 measured 0.97x 1F1B"), verdict
+    assert (
+        "; LoopedBFS, which splits nothing, on two stages per rank, measured faster still and is recommended"
+    ) in verdict

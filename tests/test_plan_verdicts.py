@@ -17,6 +17,7 @@ from graphkit.pipelining import planner
 from graphkit.pipelining.planner import plan_schedules
 from graphkit.pipelining.planning import CommModel, StageCost, read_schedule_csv, simulate
 from graphkit.pipelining.record_selection import choose_recorded
+from graphkit.pipelining.schedule_plan import _apart
 from graphkit.pipelining.schedules import schedule_name, schedule_order
 
 MS = 1e-3
@@ -568,3 +569,9 @@ def test_a_generated_schedule_that_came_out_as_another_generated_ones_order_is_t
         ranks=2, microbatches=4, costs=costs, overhead=0.0, schedules=names[:2] + names[3:1:-1]
     )
     assert plan.by_name("ZBH2").same_order_as == "Adaptive"
+
+
+def test_a_p_value_and_its_level_print_apart():
+    assert _apart(0.002, 0.0125) == ("0.002", "0.013")  # two significant figures where they differ
+    assert _apart(0.0245, 0.025) == ("0.0245", "0.025")  # 0.025 twice would read as not below
+    assert _apart(0.0249999, 0.025) == ("0.0249999", "0.025")

@@ -967,6 +967,11 @@ class SchedulePlan:
                 f"; yet {best.name} itself did not beat 1F1B as a pick must (it measured {_ratio(ratio)} 1F1B), "
                 "so it is not recommended"
             )
+        elif pays and best.measured_steps and recommended not in (best, base):  # another placement won
+            reason += (
+                f"; {recommended.name}, which splits nothing, on {_placement(recommended)}, measured faster still "
+                "and is recommended"
+            )
         if not base.fits_memory:
             reason = (
                 "1F1B itself is over the memory limit, so these ratios compare with a schedule that cannot run: "
@@ -1363,10 +1368,11 @@ def _verdict(plan: SchedulePlan) -> str:
                 # confirmed on the run-off's rounds alone, at the level split among its finalists
                 won, rounds = plan.runoff_rounds_won(recommended)
                 level, where = plan.runoff_significance or level, "rounds of the run-off"
+            shown, bound = _apart(sign_test_p_value(won, rounds), level)
             text += (
                 f"\nrecommended: {recommended.name} (faster than 1F1B in its median step, in the median round and "
-                f"in {won} of {rounds} {where}: p = {sign_test_p_value(won, rounds):.2g} that chance did it, below "
-                f"{level:.2g}; {how})" + _memory_note(plan, recommended)
+                f"in {won} of {rounds} {where}: p = {shown} that chance did it, below {bound}; {how})"
+                + _memory_note(plan, recommended)
             )
             if plan.shared_cores_warning:
                 text += " - measured while other processes took CPU from the ranks: see the warning below"
@@ -1814,6 +1820,16 @@ def _gain(ratio: float) -> str:
     if not math.isfinite(ratio):
         return "nothing measured"
     return f"{1 - ratio:.1%}" + (" (slower)" if ratio > 1 else "")
+
+
+def _apart(value: float, level: float) -> tuple[str, str]:
+    """A p-value and the level it is tested at, each to two significant figures, or to as many more as tell
+    them apart: ``("0.0245", "0.025")``, where two figures would print 0.025 for both."""
+    for digits in range(2, 10):
+        shown, bound = f"{value:.{digits}g}", f"{level:.{digits}g}"
+        if shown != bound:
+            break
+    return shown, bound
 
 
 def _placement(item: PlannedSchedule) -> str:
