@@ -528,10 +528,15 @@ class SchedulePlan:
         (:attr:`runoff_decides_alone`), the run-off's rounds alone at :attr:`runoff_significance` for one of
         its finalists (the first recording chose it for the rounds it won there); else every round, at
         :attr:`significance`."""
-        if self.runoff_decides_alone and self.recorded_in_runoff(item):
+        if self.decided_in_runoff(item):
             total = len(self.baseline.measured_steps)
             return slice(total - self.runoff["rounds"], None), self.runoff_significance or 0.0
         return slice(None), self.significance
+
+    def decided_in_runoff(self, item: PlannedSchedule) -> bool:
+        """Whether the run-off's rounds alone decide ``item`` against 1F1B: one of the finalists of a run-off
+        held because 1F1B would be kept (:attr:`runoff_decides_alone`)."""
+        return self.runoff_decides_alone and self.recorded_in_runoff(item)
 
     def deciding_ratio(self, item: PlannedSchedule) -> float | None:
         """``item``'s ratio to 1F1B over the rounds that decide it (:meth:`deciding_rounds`), as
@@ -726,7 +731,7 @@ class SchedulePlan:
     def recorded_in_runoff(self, item: PlannedSchedule) -> bool:
         """Whether a run-off recorded ``item`` again (one of its finalists, with rounds recorded)."""
         runoff = self.runoff or {}
-        return bool(self.runoff_rounds_won(self.baseline)[1]) and item.name in runoff.get("finalists", ())
+        return bool(runoff.get("rounds")) and item.name in runoff.get("finalists", ())
 
     def rows(self) -> list[dict[str, Any]]:
         """One dict per schedule (JSON-ready): name, predicted and measured step, bubble, peak memory, ..."""
@@ -1316,7 +1321,7 @@ def _verdict(plan: SchedulePlan) -> str:
         won, rounds = plan.rounds_won(winner)
         where = "rounds"
         median = f"{_ratio(plan.round_ratio(winner))} of 1F1B in the median round"
-        if plan.runoff_decides_alone and plan.recorded_in_runoff(winner):  # its first rounds chose it
+        if plan.decided_in_runoff(winner):  # its first rounds chose it
             won, rounds = plan.runoff_rounds_won(winner)
             where = "rounds of the run-off"
             median += f", {plan.runoff_ratio(winner) or math.inf:.3f}x in the run-off" + (
@@ -1362,7 +1367,7 @@ def _verdict(plan: SchedulePlan) -> str:
                 how = f"run it as --schedule {recommended.run_name}"
             won, rounds = plan.rounds_won(recommended)
             level, where = plan.significance, "rounds"
-            if (plan.runoff_decides_alone and plan.recorded_in_runoff(recommended)) or (
+            if plan.decided_in_runoff(recommended) or (
                 not plan.won_beyond_chance(recommended) and plan.won_runoff_beyond_chance(recommended)
             ):
                 # confirmed on the run-off's rounds alone, at the level split among its finalists
@@ -1587,7 +1592,7 @@ def _none_beat_1f1b(plan: SchedulePlan) -> str:
     groups: dict[tuple[bool, int, float], None] = {}
     for item in plan.schedules:
         if item.measured_steps and item is not plan.baseline:
-            if plan.runoff_decides_alone and plan.recorded_in_runoff(item):
+            if plan.decided_in_runoff(item):
                 groups[(True, plan.runoff["rounds"], plan.runoff_significance or 0.0)] = None
             else:
                 groups[(False, len(item.measured_steps), plan.significance)] = None
